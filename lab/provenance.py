@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -22,20 +23,49 @@ def _git(*args: str) -> str | None:
         return None
 
 
-def provenance(parameters: dict | None = None) -> dict:
-    import transformers
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
-    device = "cuda:" + torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+def gpu_info() -> dict | None:
+    if not torch.cuda.is_available():
+        return None
+    driver = None
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        pass
+    return {"name": torch.cuda.get_device_name(), "driver": driver, "cuda": torch.version.cuda}
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def provenance(parameters: dict | None = None) -> dict:
+    """Everything needed to trace a result back: code, packages, machine, parameters, start time."""
     return {
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": _git("rev-parse", "HEAD"),
         "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
         "lab_version": lab.__version__,
         "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "machine": f"{platform.machine()}, {platform.processor() or platform.platform()}",
-        "device": device,
+        "packages": {p: _version(p) for p in ("torch", "transformers", "triton", "numpy")},
+        "cpu": cpu_model(),
+        "cpu_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "gpu": gpu_info(),
         "parameters": {k: v for k, v in (parameters or {}).items() if not callable(v)},
     }

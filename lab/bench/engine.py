@@ -64,6 +64,7 @@ def forward_flops(model, num_tokens: int, total_context: int) -> float:
 class EngineBenchResult:
     num_requests: int
     max_tokens: int
+    dtype: str
     prompt_tokens: int
     engine_seconds: float
     engine_tokens_per_s: float
@@ -78,13 +79,14 @@ class EngineBenchResult:
     torch_version: str
 
 
-def run_engine_bench(num_requests: int = 32, max_tokens: int = 128, model: str = "smollm2-135m") -> EngineBenchResult:
+def run_engine_bench(num_requests: int = 32, max_tokens: int = 128, model: str = "smollm2-135m",
+                     dtype: torch.dtype = torch.float32) -> EngineBenchResult:
     from transformers import AutoModelForCausalLM
 
     from lab.engine import LLM, SamplingParams
     from lab.models import resolve_model_dir
 
-    llm = LLM(model, max_num_seqs=num_requests, num_kv_blocks=num_requests * 64)
+    llm = LLM(model, dtype=dtype, max_num_seqs=num_requests, num_kv_blocks=num_requests * 64)
     tok = llm.tokenizer
     prompts = workload_prompts(tok, num_requests)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -100,7 +102,7 @@ def run_engine_bench(num_requests: int = 32, max_tokens: int = 128, model: str =
                   for o in outs for p in [len(o.prompt_token_ids)])
     engine_flops = forward_flops(llm.model, n_prompt + new_tokens - num_requests, context) / engine_s
 
-    hf = AutoModelForCausalLM.from_pretrained(resolve_model_dir(model), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(resolve_model_dir(model), dtype=dtype).eval()
     tok.padding_side = "left"
     batch = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     with torch.inference_mode():
@@ -110,9 +112,10 @@ def run_engine_bench(num_requests: int = 32, max_tokens: int = 128, model: str =
         hf_out = hf.generate(**batch, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False)
         hf_s = time.perf_counter() - t
     hf_new = (hf_out.shape[1] - batch["input_ids"].shape[1]) * num_requests
-    gemm = measure_gemm_flops()
+    gemm = measure_gemm_flops(dtype=dtype)
     return EngineBenchResult(
-        num_requests=num_requests, max_tokens=max_tokens, prompt_tokens=n_prompt,
+        num_requests=num_requests, max_tokens=max_tokens, dtype=str(dtype).removeprefix("torch."),
+        prompt_tokens=n_prompt,
         engine_seconds=engine_s, engine_tokens_per_s=new_tokens / engine_s,
         transformers_seconds=hf_s, transformers_tokens_per_s=hf_new / hf_s,
         ratio=(new_tokens / engine_s) / (hf_new / hf_s), gemm_flops=gemm, engine_flops=engine_flops,
@@ -124,11 +127,12 @@ def run_engine_bench(num_requests: int = 32, max_tokens: int = 128, model: str =
 
 def format_result(r: EngineBenchResult) -> str:
     return "\n".join([
-        f"workload: {r.num_requests} requests x {r.max_tokens} new tokens, greedy, {r.prompt_tokens} prompt tokens",
+        f"workload: {r.num_requests} requests x {r.max_tokens} new tokens, greedy, {r.dtype}, "
+        f"{r.prompt_tokens} prompt tokens",
         f"lab engine    : {r.engine_tokens_per_s:8.1f} tokens/s ({r.engine_seconds:.2f} s)",
         f"transformers  : {r.transformers_tokens_per_s:8.1f} tokens/s ({r.transformers_seconds:.2f} s)",
         f"ratio         : {r.ratio:8.2f}x (engine / transformers)",
-        f"fp32 GEMM rate: {r.gemm_flops / 1e9:8.1f} GFLOP/s (1024^3 matmul, {r.torch_threads} threads)",
+        f"GEMM rate     : {r.gemm_flops / 1e9:8.1f} GFLOP/s ({r.dtype} 1024^3 matmul, {r.torch_threads} threads)",
         f"engine FLOP/s : {r.engine_flops / 1e9:8.1f} GFLOP/s = {100 * r.engine_fraction_of_gemm:.0f}% of the GEMM rate",
     ])
 

@@ -28,8 +28,8 @@ class PagedAttentionMetadata:
 
     slot_mapping: torch.Tensor  # [T] flat slot of each new token
     decode_rows: torch.Tensor  # [Bd] token index of each single-query sequence
-    decode_block_tables: torch.Tensor  # [Bd, max_blocks] (padded with block 0)
-    decode_mask: torch.Tensor  # [Bd, max_blocks * block_size] True where the position is in the context
+    decode_blocks: torch.Tensor  # [Bd * max_blocks] the decodes' block tables, flattened (padded with block 0)
+    decode_bias: torch.Tensor  # [Bd, 1, 1, max_blocks * block_size] 0 inside the context, -inf past its end
     prefills: list[tuple[int, int, torch.Tensor, int]]  # (first token row, query length, block ids, context length)
 
 
@@ -45,15 +45,20 @@ class TorchPagedAttention:
         n_kv, d = kc.shape[-2:]
         kc.view(-1, n_kv, d).index_copy_(0, m.slot_mapping, k)
         vc.view(-1, n_kv, d).index_copy_(0, m.slot_mapping, v)
+        bd = m.decode_rows.numel()
+        if bd:
+            # index_select copies whole blocks (~2x faster than advanced indexing here).
+            keys = kc.index_select(0, m.decode_blocks).view(bd, -1, n_kv, d).transpose(1, 2)  # [Bd, n_kv, L, d]
+            values = vc.index_select(0, m.decode_blocks).view(bd, -1, n_kv, d).transpose(1, 2)
+            # The n_heads / n_kv query heads that share a KV head become the query rows of that head:
+            # one small matmul per (sequence, KV head) and no copy of K/V per query head.
+            qd = (q if not m.prefills else q[m.decode_rows]).view(bd, n_kv, -1, d)
+            o = F.scaled_dot_product_attention(qd, keys, values, attn_mask=m.decode_bias).view(bd, -1, d)
+            if not m.prefills:
+                return o
         out = torch.empty_like(q)
-        if m.decode_rows.numel():
-            bd = m.decode_rows.shape[0]
-            keys = kc[m.decode_block_tables].view(bd, -1, n_kv, d).transpose(1, 2)  # [Bd, n_kv, L, d]
-            values = vc[m.decode_block_tables].view(bd, -1, n_kv, d).transpose(1, 2)
-            qd = q[m.decode_rows].unsqueeze(2)  # [Bd, n_heads, 1, d]
-            o = F.scaled_dot_product_attention(qd, keys, values, attn_mask=m.decode_mask[:, None, None, :],
-                                               enable_gqa=True)
-            out[m.decode_rows] = o.squeeze(2)
+        if bd:
+            out[m.decode_rows] = o
         for start, qlen, blocks, ctx_len in m.prefills:
             keys = kc[blocks].view(-1, n_kv, d)[:ctx_len]
             values = vc[blocks].view(-1, n_kv, d)[:ctx_len]

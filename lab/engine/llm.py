@@ -95,17 +95,18 @@ class LLM:
         self.eos_token_ids = set(self.model.config.eos_token_ids)
         self.sequences: dict[int, Sequence] = {}
         self.num_prefill_tokens = self.num_decode_tokens = self.num_steps = 0
+        self.last_schedule = None
 
     def _default_num_blocks(self, per_block: int) -> int:
         """Enough blocks for max_num_seqs sequences of max_model_len, within a share of free memory."""
         c = self.config
-        wanted = max_blocks = c.max_num_seqs * -(-c.max_model_len // c.block_size)
+        per_seq = -(-c.max_model_len // c.block_size)
         affordable = int(_available_memory(self.device) * KV_CACHE_MEMORY_FRACTION) // per_block
-        num = min(wanted, affordable)
-        if num < -(-c.max_model_len // c.block_size):
+        num = min(c.max_num_seqs * per_seq, affordable)
+        if num < per_seq:
             raise ValueError(f"the KV pool that fits in memory ({num} blocks of {c.block_size} tokens) cannot hold "
                              f"one sequence of max_model_len {c.max_model_len}; lower max_model_len")
-        return min(num, max_blocks)
+        return num
 
     # ---- requests -----------------------------------------------------------------------------
     def _tokenize(self, prompt) -> tuple[list[int], str | None]:
@@ -160,6 +161,7 @@ class LLM:
     def step(self) -> list[RequestOutput]:
         """One scheduler step and one model forward; returns the requests that finished in it."""
         out = self.scheduler.schedule()
+        self.last_schedule = out  # for tracing: what this step ran (see lab.engine.trace)
         if not out.scheduled:
             return []
         tokens = self.runner.execute(out.scheduled)

@@ -60,11 +60,13 @@ class ModelRunner:
         width = max((len(t) for t in decode_tables), default=0)
         tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long, device=dev)
         lens = torch.tensor(decode_lens, dtype=torch.long, device=dev)
+        outside = torch.arange(width * bs, device=dev)[None, :] >= lens[:, None]
+        bias = torch.zeros(outside.shape, dtype=self.k_cache.dtype, device=dev).masked_fill_(outside, float("-inf"))
         meta = PagedAttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             decode_rows=torch.tensor(decode_rows, dtype=torch.long, device=dev),
-            decode_block_tables=tables.view(len(decode_tables), width),
-            decode_mask=torch.arange(width * bs, device=dev)[None, :] < lens[:, None],
+            decode_blocks=tables.view(-1),
+            decode_bias=bias[:, None, None, :],
             prefills=prefills,
         )
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(positions, dtype=torch.long, device=dev),

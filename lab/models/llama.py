@@ -43,10 +43,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 whatever the activation dtype, as the reference implementation does.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        # x / rms(x) * weight, computed in float32 whatever the activation dtype.
+        return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(x.dtype)
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -86,15 +84,18 @@ class RotaryEmbedding(nn.Module):
         self.sin.copy_(freqs.sin())
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [T, 1, d/2] for `positions`, looked up once per forward and shared by all layers."""
+        """(cos, cos) and (-sin, sin) [T, 1, d] for `positions`, built once per forward for all layers."""
         if positions.numel() and int(positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(positions.max())} is beyond the rotary table of {self.max_positions}")
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        return torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """[x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin], as x * cos + [x2, x1] * [-sin, sin]."""
+    xf = x.float()
+    half = xf.shape[-1] // 2
+    return torch.addcmul(xf * cos, torch.cat((xf[..., half:], xf[..., :half]), -1), signed_sin).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -107,10 +108,11 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ctx: AttentionContext) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rope(q.view(-1, self.n_heads, self.d), *rope)
-        k = apply_rope(k.view(-1, self.n_kv, self.d), *rope)
-        out = ctx.attend(self.layer, q, k, v.view(-1, self.n_kv, self.d))
+        qkv = self.qkv_proj(x)
+        # q and k sit side by side in qkv: rotate them in one pass, as heads n_heads + n_kv.
+        qk = apply_rope(qkv[:, :self.q_size + self.kv_size].view(-1, self.n_heads + self.n_kv, self.d), *rope)
+        q, k = qk.split([self.n_heads, self.n_kv], dim=1)
+        out = ctx.attend(self.layer, q, k, qkv[:, self.q_size + self.kv_size:].view(-1, self.n_kv, self.d))
         return self.o_proj(out.reshape(-1, self.q_size))
 
 
@@ -122,7 +124,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate).mul_(up))
 
 
 class DecoderLayer(nn.Module):

@@ -1,0 +1,55 @@
+"""`results/README.md`: an index of study runs, regenerated after every run and by `lab results`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+HEADER = """# Results
+
+Measured results, written by `make run` (`lab run all`) and `lab run NOTEBOOK`. Each run directory
+holds `params.json` (parameters and provenance: git commit, package versions, machine, start time),
+`metrics.json` (key numbers and duration), CSV tables, PNG plots and the executed notebook. Nothing
+here is typed by hand, and this index is regenerated after every run.
+"""
+
+
+def list_runs(root: Path) -> list[dict]:
+    """Every run under `root`, oldest first, with its notebook, id, metrics and plots."""
+    runs = []
+    for params in sorted(root.glob("*/*/params.json")):
+        run_dir = params.parent
+        metrics_path = run_dir / "metrics.json"
+        runs.append({
+            "notebook": run_dir.parent.name,
+            "run_id": run_dir.name,
+            "dir": run_dir,
+            "params": json.loads(params.read_text()),
+            "metrics": json.loads(metrics_path.read_text()) if metrics_path.exists() else {},
+            "plots": sorted(p.name for p in run_dir.glob("*.png")),
+        })
+    return sorted(runs, key=lambda r: (r["notebook"], r["run_id"]))
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def write_index(root: Path) -> Path:
+    latest = {}
+    runs = list_runs(root)
+    for r in runs:
+        latest[r["notebook"]] = r  # sorted by run id, so the last one wins
+    lines = [HEADER, "| notebook | latest run | runs | key metrics | plots |", "| --- | --- | --- | --- | --- |"]
+    for name, r in sorted(latest.items()):
+        count = sum(1 for x in runs if x["notebook"] == name)
+        metrics = "<br>".join(f"{k}: {_fmt(v)}" for k, v in r["metrics"].items() if not isinstance(v, (list, dict)))
+        rel = f"{name}/{r['run_id']}"
+        plots = " ".join(f'<a href="{rel}/{p}"><img src="{rel}/{p}" width="160"></a>' for p in r["plots"])
+        lines.append(f"| {name} | [{r['run_id']}]({rel}/) | {count} | {metrics} | {plots} |")
+    path = root / "README.md"
+    root.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,103 @@
+"""Study runs: validated parameters in, results with provenance out, one directory per run.
+
+Every study notebook follows one convention (see notebooks/README.md). Its parameters cell (tagged
+`parameters` for papermill) holds plain assignments; the next cell turns them into the study's
+parameter dataclass, whose `__post_init__` rejects a bad value before any heavy work, and calls
+`start_run`. Results go to `results/<notebook>/<run-id>/`:
+
+    params.json      the parameters and the provenance (git commit, versions, machine, start time)
+    metrics.json     the key numbers of the run, and its duration once finished
+    *.csv, *.png     tidy tables and plots
+    <notebook>.ipynb the executed notebook (written by `lab run`, image outputs stripped)
+
+A run id is a UTC timestamp (to the microsecond) plus a random suffix, so two runs never share a
+directory and ids sort in the order the runs started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+
+from .provenance import provenance
+
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def results_root() -> Path:
+    """`$LAB_RESULTS_DIR`, else `results/` in the checkout."""
+    return Path(os.environ.get("LAB_RESULTS_DIR") or _ROOT / "results")
+
+
+def new_run_id() -> str:
+    """UTC time to the microsecond (so ids sort in run order) plus a random suffix (so they never collide)."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ") + "-" + secrets.token_hex(3)
+
+
+def params_from_namespace(cls, namespace: dict):
+    """Build the parameter dataclass `cls` from a notebook's globals (fields are the UPPERCASE names)."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    return cls(**{n: namespace[n] for n in names if n in namespace})
+
+
+def check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"parameter {name}={value!r} is not one of {list(choices)}")
+
+
+def check_range(name: str, value, lo=None, hi=None, kind=(int, float)) -> None:
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ValueError(f"parameter {name}={value!r} must be a number")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ValueError(f"parameter {name}={value!r} is outside [{lo}, {hi}]")
+
+
+@dataclasses.dataclass
+class Run:
+    notebook: str
+    dir: Path
+    params: dict
+    started: float = dataclasses.field(default_factory=time.perf_counter)
+
+    def save_table(self, name: str, df) -> Path:
+        path = self.dir / f"{name}.csv"
+        df.to_csv(path, index=False)
+        return path
+
+    def save_figure(self, name: str, fig, dpi: int = 110) -> Path:
+        path = self.dir / f"{name}.png"
+        fig.savefig(path, dpi=dpi, bbox_inches="tight")
+        return path
+
+    def save_metrics(self, **metrics) -> dict:
+        """Merge key numbers into metrics.json (the index shows them)."""
+        path = self.dir / "metrics.json"
+        current = json.loads(path.read_text()) if path.exists() else {}
+        current.update(metrics)
+        path.write_text(json.dumps(current, indent=2, default=float) + "\n")
+        return current
+
+    def finish(self) -> Path:
+        """Record the duration and refresh the results index; returns the run directory."""
+        self.save_metrics(duration_s=round(time.perf_counter() - self.started, 3))
+        from .results_index import write_index
+
+        write_index(self.dir.parents[1])
+        return self.dir
+
+
+def start_run(notebook: str, params) -> Run:
+    """Create the run directory (or use `$LAB_RUN_DIR`, set by `lab run`) and write params.json."""
+    values = dataclasses.asdict(params) if dataclasses.is_dataclass(params) else dict(params)
+    run_dir = Path(os.environ.get("LAB_RUN_DIR") or results_root() / notebook / new_run_id())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if (run_dir / "params.json").exists():
+        raise FileExistsError(f"{run_dir} already holds a run; a run never overwrites another")
+    record = {"notebook": notebook, "run_id": run_dir.name, **provenance(values)}
+    (run_dir / "params.json").write_text(json.dumps(record, indent=2) + "\n")
+    return Run(notebook, run_dir, values)

@@ -1,0 +1,1 @@
+"""Study-specific parameters and helpers that the notebooks call; one module per notebook."""

@@ -1,0 +1,118 @@
+"""The engine tour (notebook 00): one batch of requests followed through tokenize, schedule, allocate,
+prefill, decode and a prefix-cache hit on a repeated system prompt, with the KV pool over time.
+
+The notebook only calls these functions; every number it shows is measured on the lab engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from lab.engine import LLM, SamplingParams
+from lab.engine.trace import traced_generate
+from lab.runs import check_range
+
+SYSTEM_PROMPT = ("You are a concise assistant for an inference-optimization lab. Answer in at most three "
+                 "sentences, prefer numbers to adjectives, and say when you are unsure.")
+QUESTIONS = [
+    "What is a KV cache?", "Why is decoding memory-bound?", "What does paged attention change?",
+    "What is continuous batching?", "Why chunk a long prefill?", "What is prefix caching good for?",
+    "When does recomputation beat loading?", "What limits speculative decoding?",
+    "What is time to first token?", "What is goodput?", "Why quantize weights to 4 bits?",
+    "Is an FP8 KV cache safe?",
+]
+
+
+@dataclass
+class TourParams:
+    SMOKE: bool = False
+    INTERACTIVE: bool = False
+    MODEL: str = "smollm2-135m"
+    NUM_REQUESTS: int = 8
+    MAX_TOKENS: int = 48
+    BLOCK_SIZE: int = 16
+    NUM_KV_BLOCKS: int = 256
+    MAX_NUM_SEQS: int = 4
+    MAX_NUM_BATCHED_TOKENS: int = 64
+
+    def __post_init__(self):
+        check_range("NUM_REQUESTS", self.NUM_REQUESTS, 1, len(QUESTIONS), int)
+        check_range("MAX_TOKENS", self.MAX_TOKENS, 1, 1024, int)
+        check_range("BLOCK_SIZE", self.BLOCK_SIZE, 1, 256, int)
+        check_range("NUM_KV_BLOCKS", self.NUM_KV_BLOCKS, 1, None, int)
+        check_range("MAX_NUM_SEQS", self.MAX_NUM_SEQS, 1, 256, int)
+        check_range("MAX_NUM_BATCHED_TOKENS", self.MAX_NUM_BATCHED_TOKENS, 1, None, int)
+        if self.SMOKE:  # seconds, not minutes: few requests, few tokens
+            self.NUM_REQUESTS, self.MAX_TOKENS = min(self.NUM_REQUESTS, 3), min(self.MAX_TOKENS, 8)
+
+
+def make_engine(p: TourParams, model=None, tokenizer=None, **overrides) -> LLM:
+    kw = dict(block_size=p.BLOCK_SIZE, num_kv_blocks=p.NUM_KV_BLOCKS, max_num_seqs=p.MAX_NUM_SEQS,
+              max_num_batched_tokens=p.MAX_NUM_BATCHED_TOKENS, max_model_len=1024) | overrides
+    return LLM(model if model is not None else p.MODEL, tokenizer=tokenizer, **kw)
+
+
+def chat_prompts(tokenizer, n: int) -> list[str]:
+    return [tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM_PROMPT},
+                                           {"role": "user", "content": q}], add_generation_prompt=True,
+                                          tokenize=False) for q in QUESTIONS[:n]]
+
+
+def token_table(tokenizer, text: str) -> pd.DataFrame:
+    """Each token of `text`: position, id, and the piece of text it stands for."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return pd.DataFrame({"position": range(len(ids)), "token_id": ids,
+                         "piece": [tokenizer.decode([i]) for i in ids]})
+
+
+def block_table_view(llm: LLM) -> pd.DataFrame:
+    """The block table of every running sequence, with how many of its tokens have KV computed."""
+    rows = [{"request": s.request_id, "tokens": len(s), "computed": s.num_computed_tokens,
+             "blocks": list(s.block_table)} for s in llm.scheduler.running]
+    return pd.DataFrame(rows)
+
+
+def run_batch(llm: LLM, prompts, max_tokens: int):
+    """Greedy generation with a step trace; returns (per-request DataFrame, per-step DataFrame)."""
+    outs, steps = traced_generate(llm, prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    requests = pd.DataFrame([{
+        "request": o.request_id, "prompt_tokens": len(o.prompt_token_ids),
+        "cached_tokens": o.metrics.num_cached_tokens, "output_tokens": len(o.token_ids),
+        "ttft_ms": 1000 * o.metrics.ttft, "tpot_ms": None if o.metrics.tpot is None else 1000 * o.metrics.tpot,
+        "preemptions": o.metrics.num_preemptions, "finish": o.finish_reason, "text": o.text,
+    } for o in outs])
+    return requests, pd.DataFrame(steps)
+
+
+def plot_kv_over_time(steps: pd.DataFrame, num_blocks: int, title: str = ""):
+    """KV blocks in use after each step, over the tokens each step ran (prefill vs decode)."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 5), sharex=True, height_ratios=[2, 1])
+    ax1.step(steps["step"], steps["kv_blocks_used"], where="post", label="KV blocks in use")
+    ax1.axhline(num_blocks, color="grey", ls="--", lw=1, label=f"pool ({num_blocks} blocks)")
+    ax1.set_ylabel("blocks")
+    ax1.legend(loc="upper right")
+    ax1.set_title(title or "KV blocks in use, step by step")
+    ax2.bar(steps["step"], steps["prefill_tokens"], label="prefill tokens", color="tab:orange")
+    ax2.bar(steps["step"], steps["decode_tokens"], bottom=steps["prefill_tokens"], label="decode tokens",
+            color="tab:blue")
+    ax2.set_xlabel("engine step")
+    ax2.set_ylabel("tokens")
+    ax2.legend(loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def budget_sweep(llm_factory, prompts, max_tokens: int, budgets: list[int]) -> pd.DataFrame:
+    """Steps, peak KV blocks and mean TTFT for each per-step token budget (the widget's table)."""
+    rows = []
+    for budget in budgets:
+        llm = llm_factory(max_num_batched_tokens=budget)
+        requests, steps = run_batch(llm, prompts, max_tokens)
+        rows.append({"max_num_batched_tokens": budget, "steps": len(steps),
+                     "peak_kv_blocks": int(steps["kv_blocks_used"].max()),
+                     "mean_ttft_ms": requests["ttft_ms"].mean(), "mean_tpot_ms": requests["tpot_ms"].mean()})
+    return pd.DataFrame(rows)

@@ -1,0 +1,132 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 00 · Engine tour: one batch of requests through the lab engine
+#
+# We follow a batch of chat requests through `lab.engine.LLM` on the real model (SmolLM2-135M-Instruct):
+# tokenize, schedule (continuous batching with chunked prefill), allocate KV blocks, prefill, decode,
+# and then a second batch that shares the system prompt and hits the prefix cache. Every number here is
+# measured in this run; the code is in `lab/studies/engine_tour.py` and `lab/engine/`.
+
+# %% tags=["parameters"]
+SMOKE = False  # tiny sizes, for tests
+INTERACTIVE = False  # show the widget cells
+MODEL = "smollm2-135m"
+NUM_REQUESTS = 8
+MAX_TOKENS = 48
+BLOCK_SIZE = 16
+NUM_KV_BLOCKS = 256
+MAX_NUM_SEQS = 4
+MAX_NUM_BATCHED_TOKENS = 64
+
+# %%
+import pandas as pd
+
+from lab.engine import SamplingParams
+from lab.runs import params_from_namespace, start_run
+from lab.studies import engine_tour as tour
+
+params = params_from_namespace(tour.TourParams, globals())  # validates every value before heavy work
+run = start_run("00_engine_tour", params)
+llm = tour.make_engine(params)
+prompts = tour.chat_prompts(llm.tokenizer, params.NUM_REQUESTS)
+print(run.dir)
+
+# %% [markdown]
+# ## 1. Tokenize
+# The chat template wraps each question in a shared system prompt. The engine sees token ids only.
+
+# %%
+tokens = tour.token_table(llm.tokenizer, prompts[0])
+print(f"{len(tokens)} tokens; the first {min(24, len(tokens))}:")
+tokens.head(24)
+
+# %% [markdown]
+# ## 2. Schedule and allocate: the first steps
+# Each step has a budget of `MAX_NUM_BATCHED_TOKENS` tokens and at most `MAX_NUM_SEQS` running requests.
+# A prompt longer than what is left of the budget is prefilled in chunks; decodes take one token each.
+
+# %%
+for p in prompts:
+    llm.add_request(p, SamplingParams(temperature=0.0, max_tokens=params.MAX_TOKENS))
+for _ in range(2):
+    llm.step()
+    print("scheduled (request, tokens):", [(s.request_id, n) for s, n in llm.last_schedule.scheduled])
+tour.block_table_view(llm)
+
+# %% [markdown]
+# ## 3. Run to completion with a trace of every step
+
+# %%
+while llm.has_unfinished():
+    llm.step()
+llm = tour.make_engine(params, model=llm.model, tokenizer=llm.tokenizer)  # fresh pool, same weights
+cold, cold_steps = tour.run_batch(llm, prompts, params.MAX_TOKENS)
+run.save_table("requests_cold", cold)
+run.save_table("steps_cold", cold_steps.drop(columns="scheduled"))
+cold[["request", "prompt_tokens", "cached_tokens", "output_tokens", "ttft_ms", "tpot_ms", "text"]]
+
+# %%
+fig = tour.plot_kv_over_time(cold_steps, params.NUM_KV_BLOCKS, "Cold batch: KV blocks in use per step")
+run.save_figure("kv_blocks_over_time", fig)
+
+# %% [markdown]
+# ## 4. Prefix cache: the same system prompt again
+# The second batch asks the same questions in the same engine. Full blocks of the shared prefix (and here
+# of the whole prompts) are found by their chained hash; the last prompt token is always recomputed.
+
+# %%
+warm, warm_steps = tour.run_batch(llm, prompts, params.MAX_TOKENS)
+run.save_table("requests_warm", warm)
+comparison = pd.DataFrame({"cold_ttft_ms": cold["ttft_ms"], "warm_ttft_ms": warm["ttft_ms"],
+                                "cached_tokens": warm["cached_tokens"], "prompt_tokens": warm["prompt_tokens"],
+                                "same_output": cold["text"] == warm["text"]})
+comparison
+
+# %%
+stats = llm.stats()
+metrics = run.save_metrics(
+    requests=len(prompts), steps_cold=len(cold_steps), peak_kv_blocks_cold=int(cold_steps["kv_blocks_used"].max()),
+    mean_ttft_ms_cold=float(cold["ttft_ms"].mean()), mean_ttft_ms_warm=float(warm["ttft_ms"].mean()),
+    mean_tpot_ms=float(cold["tpot_ms"].mean()), prefix_cache_hit_rate=stats["prefix_cache_hit_rate"],
+    outputs_identical_hit_vs_miss=bool(comparison["same_output"].all()))
+metrics
+
+# %% [markdown]
+# ## 5. Sweep the per-step token budget (widget when `INTERACTIVE`)
+# A larger budget prefills more per step (fewer steps, earlier first tokens for queued requests) at
+# the cost of longer steps for the requests already decoding. The sweep is a plain library loop, so a
+# papermill rerun prints the same table the slider shows.
+
+# %%
+budgets = [16, 64] if params.SMOKE else [16, 32, 64, 128, 256]
+factory = lambda **kw: tour.make_engine(params, model=llm.model, tokenizer=llm.tokenizer, **kw)  # noqa: E731
+sweep = tour.budget_sweep(factory, prompts, params.MAX_TOKENS, budgets)
+run.save_table("budget_sweep", sweep)
+sweep
+
+# %%
+if INTERACTIVE:
+    import ipywidgets as w
+
+    budget = w.SelectionSlider(options=budgets, value=budgets[-1], description="budget", continuous_update=False)
+
+    def show(budget):
+        _, steps = tour.run_batch(factory(max_num_batched_tokens=budget), prompts, params.MAX_TOKENS)
+        tour.plot_kv_over_time(steps, params.NUM_KV_BLOCKS, f"max_num_batched_tokens = {budget}")
+
+    display(w.VBox([budget, w.interactive_output(show, {"budget": budget})]))  # noqa: F821
+
+# %%
+run.finish()

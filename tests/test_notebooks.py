@@ -1,0 +1,99 @@
+"""The notebook convention: every study notebook runs headless with SMOKE=True, records provenance,
+keeps its jupytext pair in sync, and rejects bad parameters before heavy work."""
+
+import json
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+
+from lab.run_notebook import NOTEBOOKS_DIR, declared_parameters, run_notebook, study_notebooks
+from lab.runs import start_run
+
+NOTEBOOKS = [p.stem for p in study_notebooks()]
+PROVENANCE_FIELDS = ["created", "git_commit", "git_dirty", "python", "packages", "cpu", "cpu_cores", "gpu",
+                     "parameters", "notebook", "run_id"]
+
+
+def test_there_are_study_notebooks():
+    assert "00_engine_tour" in NOTEBOOKS
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_runs_in_smoke_mode_with_provenance(name, tmp_path):
+    run_dir = run_notebook(name, {"SMOKE": True}, root=tmp_path)
+    params = json.loads((run_dir / "params.json").read_text())
+    assert all(f in params for f in PROVENANCE_FIELDS)
+    assert params["parameters"]["SMOKE"] is True and params["notebook"] == name
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["duration_s"] > 0
+    assert (run_dir / f"{name}.ipynb").exists() and list(run_dir.glob("*.png")) and list(run_dir.glob("*.csv"))
+    executed = nbformat.read(run_dir / f"{name}.ipynb", as_version=4)
+    assert not any("image/png" in o.get("data", {}) for c in executed.cells for o in c.get("outputs", []))
+    assert name in (tmp_path / "README.md").read_text()
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_parameters_cell_comes_first_and_pair_is_in_sync(name):
+    nb = nbformat.read(NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert "parameters" in code[0].metadata.get("tags", [])
+    assert {"SMOKE", "INTERACTIVE"} <= set(declared_parameters(NOTEBOOKS_DIR / f"{name}.ipynb"))
+    assert not any(c.get("outputs") for c in code), "commit notebooks without outputs"
+    twin = jupytext.read(NOTEBOOKS_DIR / f"{name}.py")
+    assert [(c.cell_type, c.source) for c in twin.cells] == [(c.cell_type, c.source) for c in nb.cells], \
+        "the .ipynb and its .py twin differ: run `make sync-notebooks`"
+
+
+def test_unknown_parameter_is_rejected_before_running(tmp_path):
+    with pytest.raises(ValueError, match="NOT_A_PARAMETER"):
+        run_notebook("00_engine_tour", {"NOT_A_PARAMETER": 1}, root=tmp_path)
+    assert not list(tmp_path.glob("*/*"))
+
+
+def test_bad_value_stops_the_run_with_a_message(tmp_path):
+    import papermill
+
+    with pytest.raises(papermill.PapermillExecutionError, match="NUM_REQUESTS"):
+        run_notebook("00_engine_tour", {"SMOKE": True, "NUM_REQUESTS": 0}, root=tmp_path)
+
+
+def test_unknown_notebook_names_the_available_ones():
+    with pytest.raises(ValueError, match="00_engine_tour"):
+        run_notebook("99_nope")
+
+
+def test_runs_never_collide_or_overwrite(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_RESULTS_DIR", str(tmp_path))
+    monkeypatch.delenv("LAB_RUN_DIR", raising=False)
+    a, b = start_run("xx_test", {"A": 1}), start_run("xx_test", {"A": 1})
+    assert a.dir != b.dir and a.dir.parent == b.dir.parent
+    monkeypatch.setenv("LAB_RUN_DIR", str(a.dir))
+    with pytest.raises(FileExistsError):
+        start_run("xx_test", {"A": 2})
+    assert json.loads((a.dir / "params.json").read_text())["parameters"] == {"A": 1}
+
+
+def test_results_index_lists_latest_run_and_metrics(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAB_RESULTS_DIR", str(tmp_path))
+    monkeypatch.delenv("LAB_RUN_DIR", raising=False)
+    first = start_run("yy_test", {})
+    first.save_metrics(answer=41)
+    first.finish()
+    second = start_run("yy_test", {})
+    second.save_metrics(answer=42)
+    second.finish()
+    index = (tmp_path / "README.md").read_text()
+    assert second.dir.name in index and "answer: 42" in index and "answer: 41" not in index
+    assert "| 2 |" in index  # two runs of that notebook
+
+
+def test_lab_run_cli_prints_the_run_directory(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "lab.cli", "run", "00_engine_tour", "-p", "NOT_A_PARAMETER", "1",
+                          "--results-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "NOT_A_PARAMETER" in out.stderr
+    assert not list(Path(tmp_path).glob("*/*")), "a rejected run must not leave a run directory"
