@@ -40,7 +40,10 @@ def _bench_engine(args) -> int:
     from lab.bench.engine import as_dict, format_result, run_engine_bench
     from lab.provenance import provenance
 
-    result = run_engine_bench(num_requests=args.num_requests, max_tokens=args.max_tokens, model=args.model)
+    import torch
+
+    result = run_engine_bench(num_requests=args.num_requests, max_tokens=args.max_tokens, model=args.model,
+                              dtype=getattr(torch, args.dtype))
     print(format_result(result))
     if args.json:
         path = Path(args.json)
@@ -108,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--model", default="smollm2-135m")
     eng.add_argument("--num-requests", type=int, default=32)
     eng.add_argument("--max-tokens", type=int, default=128)
+    eng.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                     help="weights and activations of both engines (default float32, the reference workload)")
     eng.add_argument("--json", default=None, help="also write the result with provenance to this JSON file")
     eng.set_defaults(func=_bench_engine)
 

@@ -9,7 +9,6 @@ from what the hardware does on large matrices.
 
 from __future__ import annotations
 
-import platform
 import time
 from dataclasses import asdict, dataclass
 
@@ -75,8 +74,6 @@ class EngineBenchResult:
     engine_flops: float
     engine_fraction_of_gemm: float
     torch_threads: int
-    machine: str
-    torch_version: str
 
 
 def run_engine_bench(num_requests: int = 32, max_tokens: int = 128, model: str = "smollm2-135m",
@@ -120,8 +117,6 @@ def run_engine_bench(num_requests: int = 32, max_tokens: int = 128, model: str =
         transformers_seconds=hf_s, transformers_tokens_per_s=hf_new / hf_s,
         ratio=(new_tokens / engine_s) / (hf_new / hf_s), gemm_flops=gemm, engine_flops=engine_flops,
         engine_fraction_of_gemm=engine_flops / gemm, torch_threads=torch.get_num_threads(),
-        machine=f"{platform.machine()} {platform.processor() or platform.platform()}, {torch.get_num_threads()} threads",
-        torch_version=torch.__version__,
     )
 
 

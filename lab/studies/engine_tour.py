@@ -33,7 +33,7 @@ class TourParams:
     NUM_REQUESTS: int = 8
     MAX_TOKENS: int = 48
     BLOCK_SIZE: int = 16
-    NUM_KV_BLOCKS: int = 256
+    NUM_KV_BLOCKS: int = 20  # small on purpose: the pool fills and the scheduler has to preempt
     MAX_NUM_SEQS: int = 4
     MAX_NUM_BATCHED_TOKENS: int = 64
 
@@ -93,6 +93,9 @@ def plot_kv_over_time(steps: pd.DataFrame, num_blocks: int, title: str = ""):
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 5), sharex=True, height_ratios=[2, 1])
     ax1.step(steps["step"], steps["kv_blocks_used"], where="post", label="KV blocks in use")
     ax1.axhline(num_blocks, color="grey", ls="--", lw=1, label=f"pool ({num_blocks} blocks)")
+    preempted = steps[steps["preempted"] > 0]
+    if len(preempted):
+        ax1.plot(preempted["step"], preempted["kv_blocks_used"], "rx", label="preemption")
     ax1.set_ylabel("blocks")
     ax1.legend(loc="upper right")
     ax1.set_title(title or "KV blocks in use, step by step")
@@ -106,13 +109,31 @@ def plot_kv_over_time(steps: pd.DataFrame, num_blocks: int, title: str = ""):
     return fig
 
 
+def ttft_hit_vs_miss(model, tokenizer, prompt: str, p: TourParams, repeats: int = 3) -> pd.DataFrame:
+    """TTFT of one request alone: on a fresh engine (prefix miss) and right after (hit), `repeats` times.
+
+    Alone, so queueing does not mix into the number; the hit skips the cached full blocks' prefill.
+    """
+    rows = []
+    one = SamplingParams(temperature=0.0, max_tokens=1)
+    for i in range(repeats):
+        llm = make_engine(p, model=model, tokenizer=tokenizer)
+        for case in ("miss", "hit"):
+            out = llm.generate([prompt], one)[0]
+            rows.append({"repeat": i, "case": case, "ttft_ms": 1000 * out.metrics.ttft,
+                         "cached_tokens": out.metrics.num_cached_tokens, "prompt_tokens": len(out.prompt_token_ids)})
+    return pd.DataFrame(rows)
+
+
 def budget_sweep(llm_factory, prompts, max_tokens: int, budgets: list[int]) -> pd.DataFrame:
     """Steps, peak KV blocks and mean TTFT for each per-step token budget (the widget's table)."""
+    from tqdm.auto import tqdm
+
     rows = []
-    for budget in budgets:
+    for budget in tqdm(budgets, desc="budgets"):
         llm = llm_factory(max_num_batched_tokens=budget)
         requests, steps = run_batch(llm, prompts, max_tokens)
         rows.append({"max_num_batched_tokens": budget, "steps": len(steps),
-                     "peak_kv_blocks": int(steps["kv_blocks_used"].max()),
+                     "peak_kv_blocks": int(steps["kv_blocks_used"].max()), "preemptions": int(steps["preempted"].sum()),
                      "mean_ttft_ms": requests["ttft_ms"].mean(), "mean_tpot_ms": requests["tpot_ms"].mean()})
     return pd.DataFrame(rows)
