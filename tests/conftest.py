@@ -13,6 +13,17 @@ QUESTIONS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for modules of tiny-model tests: their ops are too small to split, and with
+    another process on the two cores OpenMP's spinning threads made each step 30-80x slower (measured:
+    ~1 ms a step with one thread, 30-80 ms with two)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def smollm():
     from lab.models import load_model

@@ -15,13 +15,7 @@ from lab.models import load_model
 VOCAB = 512  # the tiny preset
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model's ops are too small to split across threads (and contend with other processes)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @functools.lru_cache(maxsize=None)

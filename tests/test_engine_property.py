@@ -31,14 +31,7 @@ SETTINGS = dict(deadline=None, report_multiple_bugs=False,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: the tiny model's ops are too small to split, and with another process on the
-    two cores, OpenMP's spinning threads make each step 30-80x slower (measured: 1 ms vs 30-80 ms)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @functools.lru_cache(maxsize=None)
