@@ -87,6 +87,16 @@ def _results(args) -> int:
     return 0
 
 
+def _memory(args) -> int:
+    from lab.memory import format_report, memory_report
+
+    report = memory_report(args.model, weights=args.weights, kv_dtype=args.kv_dtype, seq_len=args.seq_len,
+                           concurrency=args.concurrency, gpu=args.gpu, block_size=args.block_size,
+                           utilization=args.utilization)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lab", description="Inference Lab: a reference engine and studies.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -123,6 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--results-dir", default=None, help="where run directories go (default: results/)")
     run.add_argument("--log-output", action="store_true", help="stream the notebook's output to this terminal")
     run.set_defaults(func=_run)
+
+    mem = sub.add_parser("memory", help="memory account of a model: parameters, weights, KV cache, capacity")
+    mem.add_argument("model", help="a preset (e.g. llama-3-70b) or a config.json path")
+    mem.add_argument("--weights", default="bf16", help="fp32, bf16, fp8, int8, int4-g128[-asym], gguf-q4_0, ...")
+    mem.add_argument("--kv-dtype", default="bf16", help="bf16, fp8, int8, int4, int2")
+    mem.add_argument("--seq-len", type=int, default=8192)
+    mem.add_argument("--concurrency", type=int, default=1)
+    mem.add_argument("--gpu", default=None, help="a100-sxm-80gb, h100-sxm, h200, l40s, rtx-4090, ...")
+    mem.add_argument("--block-size", type=int, default=16)
+    mem.add_argument("--utilization", type=float, default=0.9)
+    mem.add_argument("--json", action="store_true")
+    mem.set_defaults(func=_memory)
 
     res = sub.add_parser("results", help="list study runs with their key metrics and refresh results/README.md")
     res.add_argument("--results-dir", default=None)

@@ -1,0 +1,246 @@
+"""Memory accounting and the roofline (notebook 01): the calculator, checked against the engine.
+
+Tables and figures for the notebook; the arithmetic lives in `lab.memory`, `lab.roofline` and
+`lab.hardware`. Two checks against measurement: the engine's real allocations against the account,
+and the engine's measured decode-step time on this machine against the roofline's lower bound
+(from `lab.hardware.probe`). The claims table recomputes the source articles' numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+
+from lab import memory as mem
+from lab import roofline
+from lab.hardware import GPUS, Hardware, get_gpu
+from lab.runs import check_choice, check_range
+
+KV_DTYPES = ["bf16", "fp8", "int8", "int4", "int2"]
+PRESETS = ["smollm2-135m", "llama-2-7b", "llama-3-8b", "llama-3-70b", "qwen2.5-7b", "qwen2.5-72b", "mistral-7b",
+           "mixtral-8x7b", "deepseek-v3", "gemma-2-9b"]
+
+
+@dataclass
+class MemoryParams:
+    SMOKE: bool = False
+    INTERACTIVE: bool = False
+    MODEL: str = "llama-3-8b"
+    WEIGHTS: str = "int4-g128"
+    KV_DTYPE: str = "bf16"
+    SEQ_LEN: int = 8192
+    CONCURRENCY: int = 16
+    GPU: str = "h100-sxm"
+    BLOCK_SIZE: int = 16
+    LENGTH_P50: int = 600  # request lengths (prompt + output) for the paging-waste study
+    LENGTH_P90: int = 2000
+    LENGTH_P99: int = 6000
+    ENGINE_BATCHES: tuple = (1, 4, 16, 32)  # batch sizes timed on the lab engine for the roofline check
+
+    def __post_init__(self):
+        check_choice("MODEL", self.MODEL, PRESETS)
+        mem.weight_format(self.WEIGHTS)  # raises with the known formats
+        check_choice("KV_DTYPE", self.KV_DTYPE, KV_DTYPES)
+        check_choice("GPU", self.GPU, sorted(GPUS))
+        check_range("SEQ_LEN", self.SEQ_LEN, 1, 1 << 20, int)
+        check_range("CONCURRENCY", self.CONCURRENCY, 1, 4096, int)
+        check_range("BLOCK_SIZE", self.BLOCK_SIZE, 1, 1024, int)
+        if not 0 < self.LENGTH_P50 <= self.LENGTH_P90 <= self.LENGTH_P99:
+            raise ValueError(f"need 0 < LENGTH_P50 <= LENGTH_P90 <= LENGTH_P99, got "
+                             f"{self.LENGTH_P50}, {self.LENGTH_P90}, {self.LENGTH_P99}")
+        if self.SMOKE:
+            self.ENGINE_BATCHES = (1, 4)
+
+
+def parameter_table() -> pd.DataFrame:
+    rows = []
+    for name in PRESETS:
+        s = mem.ModelShape.preset(name)
+        c = mem.param_counts(s)
+        rows.append({"model": name, "computed_B": c["total"] / 1e9, "published_B": s.published_params / 1e9,
+                     "error_%": 100 * (c["total"] / s.published_params - 1), "active_B": c["active"] / 1e9,
+                     "kv_elements_per_token_per_layer": mem.kv_elements_per_token_per_layer(s)})
+    return pd.DataFrame(rows)
+
+
+def memory_vs_context(p: MemoryParams, contexts: list[int]) -> pd.DataFrame:
+    s = mem.ModelShape.preset(p.MODEL)
+    w = mem.weight_bytes(s, p.WEIGHTS)
+    return pd.DataFrame([{"context": n, "weights_GiB": w["total"] / mem.GIB,
+                          "kv_GiB": mem.kv_cache_bytes(s, n, p.CONCURRENCY, dtype=p.KV_DTYPE) / mem.GIB}
+                         for n in contexts])
+
+
+def plot_memory_vs_context(df: pd.DataFrame, p: MemoryParams):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.stackplot(df["context"], df["weights_GiB"], df["kv_GiB"], labels=[f"weights ({p.WEIGHTS})",
+                                                                         f"KV cache ({p.KV_DTYPE})"], alpha=0.8)
+    gpu = get_gpu(p.GPU)
+    ax.axhline(gpu.memory_bytes / mem.GIB, color="k", ls="--", lw=1, label=gpu.name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("GiB")
+    ax.set_title(f"{p.MODEL}, {p.CONCURRENCY} concurrent sequences")
+    ax.legend(loc="upper left")
+    return fig
+
+
+def concurrency_vs_context(p: MemoryParams, contexts: list[int]) -> pd.DataFrame:
+    s, gpu = mem.ModelShape.preset(p.MODEL), get_gpu(p.GPU)
+    rows = []
+    for kv in KV_DTYPES:
+        kw = {"granularity": mem.default_kv_granularity(kv)}
+        for n in contexts:
+            cap = mem.capacity(s, gpu.memory_bytes, p.WEIGHTS, kv, max_model_len=n, block_size=p.BLOCK_SIZE, **kw)
+            rows.append({"kv_dtype": kv, "context": n, "max_concurrency": cap.max_concurrency,
+                         "operating_concurrency": cap.operating_concurrency})
+    return pd.DataFrame(rows)
+
+
+def plot_concurrency(df: pd.DataFrame, p: MemoryParams):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for kv, g in df.groupby("kv_dtype", sort=False):
+        ax.plot(g["context"], g["max_concurrency"], marker="o", ms=3, label=kv)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("max_model_len (tokens)")
+    ax.set_ylabel("sequences that fit")
+    ax.set_title(f"{p.MODEL} ({p.WEIGHTS}) on {p.GPU}: concurrency by KV dtype\n(fp8: one static scale, vLLM's default; int: per-token scales)", fontsize=10)
+    ax.legend(title="KV dtype")
+    return fig
+
+
+def paging_table(p: MemoryParams, block_sizes=(1, 8, 16, 32, 64, 128, 256)) -> pd.DataFrame:
+    lengths = mem.lognormal_lengths(p.LENGTH_P50, p.LENGTH_P90, p.LENGTH_P99)
+    return pd.DataFrame([mem.paging_waste(lengths, b, p.SEQ_LEN) for b in block_sizes])
+
+
+def plot_paging(df: pd.DataFrame, p: MemoryParams):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(df["block_size"], 100 * df["paged_waste_fraction"], marker="o", label="paged: last block's tail")
+    ax.axhline(100 * df["contiguous_waste_fraction"].iloc[0], color="tab:red", ls="--",
+               label=f"contiguous preallocation to {p.SEQ_LEN}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("block size (tokens)")
+    ax.set_ylabel("wasted KV slots (%)")
+    ax.set_title(f"log-normal lengths P50/P90/P99 = {p.LENGTH_P50}/{p.LENGTH_P90}/{p.LENGTH_P99}")
+    ax.legend()
+    return fig
+
+
+def model_cost(s: mem.ModelShape, weights: str, kv_dtype: str) -> roofline.ModelCost:
+    heads_dim = (s.qk_nope_head_dim + s.qk_rope_head_dim) if s.is_mla else s.head_dim
+    return roofline.ModelCost(
+        weight_bytes=mem.weight_bytes(s, weights)["total"], active_params=mem.param_counts(s)["active"],
+        kv_bytes_per_token=mem.kv_bytes_per_token(s, kv_dtype),
+        attn_flops_per_ctx_token=roofline.attention_flops_per_context_token(s.num_layers, s.num_heads, heads_dim))
+
+
+def roofline_points(hw: Hardware, cost: roofline.ModelCost, context: int, prefill_tokens: int = 2048,
+                    batches=(1, 8, 64, 256)) -> list:
+    pts = [roofline.RooflinePoint(f"prefill {prefill_tokens}",
+                                  roofline.prefill_flops(cost, prefill_tokens) / roofline.prefill_bytes(cost, prefill_tokens))]
+    for row in roofline.decode_table(hw, cost, context, batches):
+        pts.append(roofline.RooflinePoint(f"decode B={row.batch}", row.intensity))
+    return pts
+
+
+def measure_engine_decode(model, tokenizer, batches, context: int = 128, steps: int = 8) -> pd.DataFrame:
+    """Mean decode-step time of the lab engine at each batch size, every sequence at ~`context` tokens."""
+    from lab.engine import LLM, SamplingParams
+
+    rows = []
+    for b in batches:
+        llm = LLM(model, tokenizer=tokenizer, max_num_seqs=b, num_kv_blocks=b * (-(-(context + steps + 8) // 16)),
+                  max_model_len=context + steps + 8, max_num_batched_tokens=max(4096, b * context))
+        for i in range(b):
+            llm.add_request([(7 * i + j) % 1000 + 10 for j in range(context)],
+                            SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True))
+        llm.step()  # prefill everything
+        llm.step()  # one warm decode step
+        t = time.perf_counter()
+        for _ in range(steps):
+            llm.step()
+        rows.append({"batch": b, "context": context, "measured_step_ms": 1000 * (time.perf_counter() - t) / steps})
+    return pd.DataFrame(rows)
+
+
+def predicted_vs_measured(measured: pd.DataFrame, hw: Hardware, cost: roofline.ModelCost) -> pd.DataFrame:
+    rows = []
+    for r in measured.itertuples():
+        step = roofline.decode_step_time(hw, cost.weight_bytes, r.batch * r.context * cost.kv_bytes_per_token,
+                                         roofline.decode_flops(cost, r.batch, r.context))
+        rows.append({"batch": r.batch, "predicted_lower_bound_ms": 1000 * step.seconds, "bound": step.bound,
+                     "measured_ms": r.measured_step_ms, "measured / bound": r.measured_step_ms / (1000 * step.seconds)})
+    return pd.DataFrame(rows)
+
+
+def engine_allocation_check(llm) -> pd.DataFrame:
+    """The engine's real bytes (weights, KV pool) beside what `lab.memory` predicts for its shape."""
+    s = mem.ModelShape.preset("smollm2-135m")
+    dtype = str(next(llm.model.parameters()).dtype).removeprefix("torch.").replace("float32", "fp32").replace(
+        "bfloat16", "bf16")
+    params = {p.data_ptr(): p for p in llm.model.parameters()}
+    rows = [("weights", sum(p.numel() * p.element_size() for p in params.values()),
+             mem.weight_bytes(s, dtype, unquantized=dtype)["total"]),
+            ("KV pool", llm.stats()["kv_cache_bytes"],
+             llm.stats()["kv_blocks_total"] * llm.config.block_size * mem.kv_bytes_per_token(s, dtype))]
+    return pd.DataFrame([{"what": w, "measured_bytes": m, "predicted_bytes": p, "measured / predicted": m / p}
+                         for w, m, p in rows])
+
+
+def verdict(claimed, computed: float, rel_tol: float = 0.02) -> str:
+    """'correct' when the recomputation agrees within rounding (a range: falls inside it), else by how much."""
+    lo, hi = claimed if isinstance(claimed, tuple) else (claimed, claimed)
+    if lo * (1 - rel_tol) <= computed <= hi * (1 + rel_tol):
+        return "correct"
+    ref = lo if computed < lo else hi
+    return f"wrong: the lab gets {computed / ref:.4g}x the claim"
+
+
+def claims_table() -> pd.DataFrame:
+    """The source articles' numbers beside the lab's recomputation; the verdict is computed, not typed."""
+    article = mem.ModelShape("32L-8KV-128", 1, 1, 1, 32, 8, 8, 128)
+    mha = mem.ModelShape("32L-32KV-128", 1, 1, 1, 32, 32, 32, 128)
+    replay = mem.ModelShape("80L-8KV-128", 1, 1, 1, 80, 64, 8, 128)
+    l70 = mem.ModelShape.preset("llama-3-70b")
+    weights_6_2 = mem.weight_bytes_for_params(70e9, 0.55) / mem.GIB
+    kv_128k = mem.kv_cache_bytes(replay, 131072, dtype="fp16")
+    # (source, claim, what the article says, its number in the unit of the computed one, the lab's number, unit)
+    rows = [
+        ("003 §1.1", "KV per token, 32 layers x 8 KV heads x 128, fp16", "131072 B (128 KB)", 131072,
+         mem.kv_bytes_per_token(article, "fp16"), "B"),
+        ("003 §1.1", "same model, one request of 8K tokens", "1 GB", 1.0,
+         mem.kv_cache_bytes(article, 8192, dtype="fp16") / mem.GIB, "GiB"),
+        ("003 §1.1", "MHA (32 KV heads), one request of 8K tokens", "4 GB", 4.0,
+         mem.kv_cache_bytes(mha, 8192, dtype="fp16") / mem.GIB, "GiB"),
+        ("003 §1.1", "70B in INT4 with group scales (Llama-3-70B, int4 g128, bf16 embeddings/LM head)", "38-42 GB",
+         (38.0, 42.0), mem.weight_bytes(l70, "int4-g128")["total"] / 1e9, "GB"),
+        ("003 §1.2", "decode lower bound for 40 GB of weights at 2 TB/s", "20 ms", 20.0,
+         1000 * roofline.decode_step_time(Hardware("2 TB/s", 1, 1e30, 2e12, "the article's example"), 40e9, 0, 0).seconds,
+         "ms"),
+        ("003 §1.2", "prefill FLOPs of a 70B model on 4096 tokens", "5.7e14 (573 TFLOPs)", 5.73e14,
+         roofline.prefill_flops(roofline.ModelCost(0, 70e9, 0), 4096), "FLOPs"),
+        ("003 §6.2", "weights of 70B at 0.55 bytes/param (its code prints 35.9)", "35.8 GB (prose)", 35.8,
+         weights_6_2, "GiB"),
+        ("003 §6.2", "KV of 8K x 32 requests, 32 layers x 8 KV heads x 128, fp16", "32 GB", 32.0,
+         mem.kv_cache_bytes(article, 8192, 32, dtype="fp16") / mem.GIB, "GiB"),
+        ("000 §1.1", "KV per token per layer, 8 KV heads x 128, fp16", "8 KB", 8192,
+         mem.kv_bytes_per_token(replay, "fp16") / replay.num_layers, "B"),
+        ("000 §1.1", "one 128K-token request, 80 layers", "about 1 GB", 1.0, kv_128k / mem.GIB, "GiB"),
+        ("000 §2.2", "KV bytes read per decode step at 128K (its 80 x 131072 x 512)", "5.4 GB", 5.4, kv_128k / 1e9, "GB"),
+    ]
+    # 35.86 rounds to 35.9, not 35.8: a rounding slip, so this one row is held to rounding precision.
+    return pd.DataFrame([{"source": src, "claim": claim, "the article says": says,
+                          "the lab computes": f"{computed:.4g} {unit}",
+                          "verdict": verdict(number, computed, rel_tol=0.0005 if src == "003 §6.2" and "prose" in says
+                                             else 0.02)}
+                         for src, claim, says, number, computed, unit in rows])

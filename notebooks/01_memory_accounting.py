@@ -1,0 +1,161 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Memory accounting and the roofline
+#
+# Every inference argument opens with two accounts: bytes (weights + KV cache + activations: does it fit,
+# how many requests) and time (is a step bound by compute or by memory bandwidth). This notebook is that
+# calculator (`lab.memory`, `lab.roofline`, `lab.hardware`), checked against the lab engine's real
+# allocations and its measured step times, and used to recompute the source articles' numbers.
+
+# %% tags=["parameters"]
+SMOKE = False  # tiny sizes, for tests
+INTERACTIVE = False  # show the widget cells
+MODEL = "llama-3-8b"  # a preset: see the first table
+WEIGHTS = "int4-g128"  # fp32, bf16, fp8, int8, int4-g128[-asym], int3-g64, gguf-q4_0, ...
+KV_DTYPE = "bf16"  # bf16, fp8, int8, int4, int2
+SEQ_LEN = 8192
+CONCURRENCY = 16
+GPU = "h100-sxm"
+BLOCK_SIZE = 16
+LENGTH_P50 = 600  # request length distribution for the paging-waste study (log-normal fit)
+LENGTH_P90 = 2000
+LENGTH_P99 = 6000
+ENGINE_BATCHES = (1, 4, 16, 32)
+
+# %%
+import pandas as pd
+
+from lab import memory as mem
+from lab import roofline
+from lab.hardware import get_gpu, probe
+from lab.runs import params_from_namespace, start_run
+from lab.studies import memory_accounting as study
+
+params = params_from_namespace(study.MemoryParams, globals())  # validates every value before heavy work
+run = start_run("01_memory_accounting", params)
+contexts = [2**k for k in range(9, 18)]
+
+# %% [markdown]
+# ## 1. Parameters from shapes
+# Counted from each preset's config (explicit head_dim, GQA, tied embeddings, MoE, MLA) and compared
+# with the published totals.
+
+# %%
+table = study.parameter_table()
+run.save_table("parameters", table)
+table.round(3)
+
+# %% [markdown]
+# ## 2. The account for one model
+
+# %%
+report = mem.memory_report(MODEL, WEIGHTS, KV_DTYPE, SEQ_LEN, CONCURRENCY, GPU, BLOCK_SIZE)
+print(mem.format_report(report))
+by_context = study.memory_vs_context(params, contexts)
+run.save_table("memory_vs_context", by_context)
+run.save_figure("memory_vs_context", study.plot_memory_vs_context(by_context, params))
+
+# %% [markdown]
+# ## 3. How many requests fit: concurrency against context, per KV dtype
+# vLLM's rule: KV blocks = (memory x 0.9 - weights - activation peak) / block bytes; a sequence of
+# `max_model_len` tokens needs ceil(max_model_len / block_size) of them. Operate at 80% of that.
+
+# %%
+conc = study.concurrency_vs_context(params, contexts)
+run.save_table("concurrency_vs_context", conc)
+run.save_figure("concurrency_vs_context", study.plot_concurrency(conc, params))
+conc.pivot(index="context", columns="kv_dtype", values="max_concurrency").round(1)
+
+# %% [markdown]
+# ## 4. Paging waste
+# With blocks, a sequence wastes at most its last block's tail; preallocating `SEQ_LEN` per request
+# wastes the rest of the context. Lengths follow a log-normal fitted to the given P50/P90/P99.
+
+# %%
+paging = study.paging_table(params)
+run.save_table("paging_waste", paging)
+run.save_figure("paging_waste", study.plot_paging(paging, params))
+paging.round(3)
+
+# %% [markdown]
+# ## 5. The roofline: prefill is compute-bound, decode bandwidth-bound until the batch is large
+
+# %%
+gpu = get_gpu(GPU)
+shape = mem.ModelShape.preset(MODEL)
+cost = study.model_cost(shape, WEIGHTS, KV_DTYPE)
+fig = roofline.plot_roofline(gpu, study.roofline_points(gpu, cost, SEQ_LEN))
+run.save_figure("roofline", fig)
+decode = roofline.decode_table(gpu, cost, SEQ_LEN)
+print(f"ridge point {roofline.ridge_point(gpu):.0f} FLOP/byte; decode turns compute-bound at batch "
+      f"{roofline.crossover_batch(gpu, cost, SEQ_LEN):.0f} (context {SEQ_LEN})")
+pd.DataFrame(decode)[["batch", "tpot_s", "tokens_per_s", "intensity", "bound", "fits_in_memory"]]
+
+# %% [markdown]
+# ## 6. Checked against the lab engine
+# The account must match what the engine really allocates, and the roofline's decode bound, with this
+# machine's measured ceilings, must sit below the engine's measured step time (how far below is the
+# engine's efficiency).
+
+# %%
+from lab.engine import LLM
+from lab.models import load_model
+
+model, tok = load_model("smollm2-135m")
+alloc = study.engine_allocation_check(LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=512))
+run.save_table("engine_allocations", alloc)
+alloc
+
+# %%
+here = probe(seconds_budget=2.0 if SMOKE else 4.0)
+print(here)
+measured = study.measure_engine_decode(model, tok, params.ENGINE_BATCHES, steps=3 if SMOKE else 8)
+smol = study.model_cost(mem.ModelShape.preset("smollm2-135m"), "fp32", "fp32")
+check = study.predicted_vs_measured(measured, here, smol)
+run.save_table("roofline_vs_engine", check)
+check.round(2)
+
+# %% [markdown]
+# ## 7. The articles' numbers, recomputed
+
+# %%
+claims = study.claims_table()
+run.save_table("claims", claims)
+claims
+
+# %%
+run.save_metrics(
+    model=MODEL, weights_GiB=report["weight_bytes"]["total"] / mem.GIB, kv_bytes_per_token=report["kv_bytes_per_token"],
+    max_param_error_pct=float(table["error_%"].abs().max()),
+    engine_alloc_max_rel_error=float((alloc["measured / predicted"] - 1).abs().max()),
+    engine_decode_vs_bound_batch1=float(check["measured / bound"].iloc[0]),
+    wrong_claims=int(claims["verdict"].str.startswith("wrong").sum()))
+
+# %%
+if INTERACTIVE:
+    import ipywidgets as w
+
+    controls = {"model": w.Dropdown(options=study.PRESETS, value=MODEL),
+                "weights": w.Dropdown(options=["bf16", "fp8", "int8", "int4-g128", "gguf-q4_0"], value=WEIGHTS),
+                "kv": w.Dropdown(options=study.KV_DTYPES, value=KV_DTYPE),
+                "seq_len": w.IntSlider(value=SEQ_LEN, min=512, max=131072, step=512, continuous_update=False),
+                "concurrency": w.IntSlider(value=CONCURRENCY, min=1, max=256, continuous_update=False),
+                "gpu": w.Dropdown(options=sorted(study.GPUS), value=GPU)}
+    show = lambda model, weights, kv, seq_len, concurrency, gpu: print(mem.format_report(  # noqa: E731
+        mem.memory_report(model, weights, kv, seq_len, concurrency, gpu, BLOCK_SIZE)))
+    display(w.VBox([*controls.values(), w.interactive_output(show, controls)]))  # noqa: F821
+
+# %%
+run.finish()
