@@ -116,8 +116,11 @@ def load_model(model: str | os.PathLike = "smollm2-135m", dtype: torch.dtype | N
         torch.manual_seed(seed)
         with torch.device(device):
             net = LlamaModel(config, max_positions)
-        for p in net.parameters():
-            torch.nn.init.normal_(p, std=0.02) if p.dim() > 1 else torch.nn.init.ones_(p)
+        for p in net.parameters():  # matrices ~ N(0, 0.02) as in GPT-2 and Llama's init; norms at 1
+            if p.dim() > 1:
+                torch.nn.init.normal_(p, std=0.02)
+            else:
+                torch.nn.init.ones_(p)
         net.store_weights_transposed()
         return net.to(dtype).eval(), None
     model_dir = resolve_model_dir(model)
