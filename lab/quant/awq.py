@@ -1,0 +1,418 @@
+"""AWQ: activation-aware weight quantization. Salient input channels (large mean |x|) are protected
+by scaling them up before rounding, the inverse scale being folded into the op that feeds them.
+
+Lin, Tang, Tang, Yang, Chen, Wang, Xiao, Dang, Gan, Han, "AWQ: Activation-aware Weight Quantization
+for On-Device LLM Compression and Acceleration", MLSys 2024 (section 3). Written for the lab after
+the method of the paper and the behaviour of the AutoAWQ reference (no code copied).
+
+For a linear y = x W^T, any per-input-channel s > 0 gives y = (x / s)(W diag(s))^T. Quantizing
+W diag(s) instead of W shrinks the relative rounding error of the channels with s > 1. The x / s
+costs nothing when it is folded into the previous op: an RMSNorm's weight, or the rows of a linear
+that produce x. Per *scaling group* (the linears sharing one input):
+
+- statistic: s_x = mean |x| per input channel over the calibration tokens; with `duo_scaling`,
+  also s_w = mean over output rows of |w| / max|w| of its quantization group;
+- grid: alpha = k / n_grid, k = 0 .. n_grid - 1 (so in [0, 1)), scales = s_x^alpha
+  (duo: s_x^alpha / s_w^(1 - alpha)), clamped to >= 1e-4 and divided by sqrt(max * min);
+- loss: MSE between the inspected block's float output and its output with every linear of the
+  group replaced by fake_quantize(W diag(s)) diag(s)^-1, on the calibration inputs; the alpha with
+  the lowest loss wins. alpha = 0 without duo scaling gives s = 1, i.e. plain RTN, so the chosen
+  scales never do worse than RTN on this loss.
+
+Scaling groups of a Llama layer and the block each one inspects:
+
+- input_layernorm -> qkv_proj: the whole attention block (q, k, v, RoPE, causal attention over
+  each calibration sequence on its own, through a fresh `ContiguousKVCache`, and o_proj). This is
+  practical here because the captured inputs are kept per sequence;
+- v -> o_proj (the v rows of qkv_proj feed o_proj through attention, which is linear in v per head):
+  only when n_kv_heads == n_heads. With GQA (SmolLM2: v has 3 * 64 = 192 outputs, o_proj 576 inputs)
+  one v channel feeds several o_proj inputs, so a per-channel scale cannot be folded; the group is
+  skipped and the reason recorded in the stats;
+- post_attention_layernorm -> gate_up_proj: the MLP's output;
+- up -> down_proj (the `up` half of gate_up_proj's rows, since silu(gate) * up is linear in up):
+  down_proj's output.
+
+Clipping (after scaling, before rounding): for every linear except q and k (their rows of qkv_proj
+are left alone, as in the reference: their error goes through softmax, which the per-linear
+objective does not see) and for every (row, quantization group), the weights are clamped to
++-ratio * max|w| with ratio on a grid from 1.0 down to 1 - max_shrink; the ratio minimising
+mean over tokens of (x_g (Q(clamp(w_g)) - w_g)^T)^2 (the group's share of the output error) on a
+subsample of the inputs is applied. Ratio 1.0 is plain rounding, so that per-group error never rises.
+
+The model is processed layer by layer, in order: a layer's inputs come from the earlier layers as
+already quantized, each scaling group's inputs are captured again after the groups before it were
+folded (in float), and the layer's linears are fake-quantized at the end (as gptq_quantize_model
+does), so the model ends in float32 with weights on the RTN grid of the scaled, clipped weights.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .rtn import QuantSpec, fake_quantize, from_grid, group_params, to_grid
+
+MIN_SCALE = 1e-4  # floor on the scales (and the duo denominator), as in the reference
+
+
+# ---------------------------------------------------------------------------------------------
+# Scale search
+# ---------------------------------------------------------------------------------------------
+
+def activation_mean(x: torch.Tensor) -> torch.Tensor:
+    """s_x: mean |x| per input channel, [in], over every leading index of `x` [..., in]."""
+    return x.reshape(-1, x.shape[-1]).float().abs().mean(0)
+
+
+def weight_mean(weights: list[torch.Tensor], spec: QuantSpec) -> torch.Tensor:
+    """s_w: mean over all output rows of the weights stacked along outputs of |w| / max|w|, the max
+    taken within each row's quantization group (ragged last group included); [in]."""
+    w = torch.cat([w.detach().float() for w in weights]).abs()
+    width = spec.group_width(w.shape[1])
+    normed = torch.cat([blk / (blk.amax(dim=1, keepdim=True) + 1e-6)
+                        for blk in w.split(width, dim=1)], dim=1)
+    return normed.mean(0)
+
+
+def awq_scales(x_mean: torch.Tensor, alpha: float, w_mean: torch.Tensor | None = None) -> torch.Tensor:
+    """Scales for one grid point: s_x^alpha (or s_x^alpha / s_w^(1-alpha) when `w_mean` is given),
+    clamped to >= MIN_SCALE, normalised by sqrt(max * min) so they straddle 1."""
+    if w_mean is None:
+        s = x_mean.pow(alpha).clamp(min=MIN_SCALE)
+    else:
+        s = (x_mean.pow(alpha) / (w_mean.pow(1 - alpha) + MIN_SCALE)).clamp(min=MIN_SCALE)
+    return s / (s.max() * s.min()).sqrt()
+
+
+def scaled_fake_quantize(w: torch.Tensor, scales: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """fake_quantize(W diag(s)) diag(s)^-1: the weight the layer effectively computes with once the
+    scales are folded into the previous op and W diag(s) is rounded. s = 1 gives RTN exactly."""
+    s = scales.float()[None, :]
+    return fake_quantize(w.detach().float() * s, spec) / s
+
+
+@dataclass
+class AWQGroupStats:
+    """One scaling group: the chosen alpha, the block-output MSE with RTN (s = 1) and with the
+    chosen scales, and the loss at every grid point (alpha = k / n_grid)."""
+
+    alpha: float
+    loss_rtn: float
+    loss_awq: float
+    losses: list[float] = field(default_factory=list)
+
+
+def search_scales(x: torch.Tensor, weights: list[torch.Tensor],
+                  block: Callable[[list[torch.Tensor]], torch.Tensor], spec: QuantSpec,
+                  n_grid: int = 20, duo_scaling: bool = False) -> tuple[torch.Tensor, AWQGroupStats]:
+    """Best scales [in] for a group of linears sharing the input `x` [..., in].
+
+    `weights` are the group's float weights [out_i, in]; `block(ws)` must return the inspected
+    block's output with the group's weights replaced by `ws` (same order). The reference is
+    `block(weights)`; the loss is the MSE against it.
+    """
+    if n_grid < 1:
+        raise ValueError(f"n_grid={n_grid} must be >= 1")
+    weights = [w.detach().float() for w in weights]
+    x_mean = activation_mean(x)
+    w_mean = weight_mean(weights, spec) if duo_scaling else None
+    ref = block(weights).float()
+
+    def loss_for(scales: torch.Tensor) -> float:
+        out = block([scaled_fake_quantize(w, scales, spec) for w in weights]).float()
+        return float((out - ref).pow(2).mean())
+
+    loss_rtn = loss_for(torch.ones_like(x_mean))
+    losses, best, best_k = [], math.inf, 0
+    best_scales = torch.ones_like(x_mean)
+    for k in range(n_grid):
+        scales = awq_scales(x_mean, k / n_grid, w_mean)
+        loss = loss_rtn if (k == 0 and not duo_scaling) else loss_for(scales)
+        losses.append(loss)
+        if loss < best:
+            best, best_k, best_scales = loss, k, scales
+    if not math.isfinite(best):
+        raise ValueError(f"every AWQ grid point gave a non-finite loss ({losses[:3]} ...)")
+    return best_scales, AWQGroupStats(alpha=best_k / n_grid, loss_rtn=loss_rtn, loss_awq=best, losses=losses)
+
+
+# ---------------------------------------------------------------------------------------------
+# Clip search
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class AWQClipStats:
+    """One linear's clipping: mean and min chosen ratio over (row, group), and the clip objective
+    (sum over rows and groups of the mean squared per-group output error) before and after."""
+
+    mean_ratio: float
+    min_ratio: float
+    err_before: float
+    err_after: float
+
+
+def subsample_tokens(x: torch.Tensor, n_tokens: int) -> torch.Tensor:
+    """At most `n_tokens` rows of `x` [..., in] flattened, evenly strided over the calibration set."""
+    x = x.reshape(-1, x.shape[-1])
+    if x.shape[0] <= n_tokens:
+        return x
+    return x[torch.linspace(0, x.shape[0] - 1, n_tokens).round().long()]
+
+
+@torch.no_grad()
+def search_clip(w: torch.Tensor, x: torch.Tensor, spec: QuantSpec, n_grid: int = 20,
+                max_shrink: float = 0.5, n_tokens: int = 512,
+                row_chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor, AWQClipStats]:
+    """Clip search for `w` [out, in] with inputs `x` [..., in].
+
+    Returns (clipped weight [out, in] float32, not yet rounded; ratios [out, groups]; stats).
+    Ratios tried: linspace(1, 1 - max_shrink, n_grid); each (row, group) keeps the ratio minimising
+    mean over the subsampled tokens of (x_g (Q(clamp(w_g, -r m, r m)) - w_g)^T)^2, m = max|w_g|.
+    """
+    if not 0 <= max_shrink < 1 or n_grid < 1:
+        raise ValueError(f"max_shrink={max_shrink} must be in [0, 1) and n_grid={n_grid} >= 1")
+    w = w.detach().float()
+    x = subsample_tokens(x, n_tokens).float()
+    ratios_grid = torch.linspace(1.0, 1.0 - max_shrink, n_grid).tolist()
+    width = spec.group_width(w.shape[1])
+    clipped = w.clone()
+    ratios = torch.ones(w.shape[0], spec.num_groups(w.shape[1]))
+    before = after = 0.0
+    for g, c0 in enumerate(range(0, w.shape[1], width)):
+        xg = x[:, c0:c0 + width]
+        for r0 in range(0, w.shape[0], row_chunk):
+            wg = w[r0:r0 + row_chunk, c0:c0 + width]
+            absmax = wg.abs().amax(dim=1, keepdim=True)
+            best_err = torch.full((wg.shape[0],), math.inf)
+            best_ratio = torch.ones(wg.shape[0])
+            for i, ratio in enumerate(ratios_grid):
+                wc = wg.clamp(-ratio * absmax, ratio * absmax)
+                scale, zero = group_params(wc, spec)
+                q = from_grid(to_grid(wc, scale[:, None], zero[:, None], spec), scale[:, None], zero[:, None])
+                err = (xg @ (q - wg).t()).pow(2).mean(0)
+                if i == 0:
+                    before += float(err.sum())
+                better = err < best_err
+                best_err = torch.where(better, err, best_err)
+                best_ratio = torch.where(better, torch.tensor(ratio), best_ratio)
+            after += float(best_err.sum())
+            ratios[r0:r0 + row_chunk, g] = best_ratio
+            m = best_ratio[:, None] * absmax
+            clipped[r0:r0 + row_chunk, c0:c0 + width] = wg.clamp(-m, m)
+    stats = AWQClipStats(mean_ratio=float(ratios.mean()), min_ratio=float(ratios.min()),
+                         err_before=before, err_after=after)
+    return clipped, ratios, stats
+
+
+# ---------------------------------------------------------------------------------------------
+# Folding the scales
+# ---------------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def _set_weight(lin: nn.Linear, w: torch.Tensor, rows: slice = slice(None)) -> None:
+    # copy_ keeps the weight's storage, so its transposed layout survives.
+    lin.weight.data[rows].copy_(w.to(lin.weight.dtype))
+
+
+@torch.no_grad()
+def fold_scales(prev: nn.Module, linears: list[nn.Linear], scales: torch.Tensor,
+                prev_rows: slice = slice(None)) -> None:
+    """Divide the op feeding the group by `scales` and multiply the group's input columns by them.
+
+    `prev` is an RMSNorm (its weight is divided) or a linear whose output rows `prev_rows` produce
+    the group's input (those rows, and their bias if any, are divided)."""
+    s = scales.float()
+    if isinstance(prev, nn.Linear):
+        _set_weight(prev, prev.weight[prev_rows].float() / s[:, None], prev_rows)
+        if prev.bias is not None:
+            prev.bias.data[prev_rows].div_(s.to(prev.bias.dtype))
+    elif hasattr(prev, "weight") and prev.weight.dim() == 1:
+        prev.weight.data.copy_((prev.weight.float() / s).to(prev.weight.dtype))
+    else:
+        raise TypeError(f"cannot fold scales into {type(prev).__name__}")
+    for lin in linears:
+        _set_weight(lin, lin.weight.float() * s[None, :])
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class AWQLayerStats:
+    """One decoder layer: scale search per group, groups skipped (with the reason), clipping per
+    linear, the layer-output MSE on the calibration inputs with RTN and with AWQ, and wall time."""
+
+    groups: dict[str, AWQGroupStats]
+    skipped: dict[str, str]
+    clip: dict[str, AWQClipStats]
+    layer_loss_rtn: float
+    layer_loss_awq: float
+    seconds: float
+
+
+@dataclass
+class _Group:
+    name: str
+    prev: nn.Module
+    linears: list[str]          # names inside the layer
+    prev_rows: slice
+    inspect: str                # "attn": the attention block; "mlp"; or a linear's name
+
+
+def llama_scaling_groups(layer: nn.Module) -> tuple[list[_Group], dict[str, str]]:
+    """AWQ's scaling groups for one Llama decoder layer, and the groups skipped with the reason."""
+    attn, mlp = layer.self_attn, layer.mlp
+    inter = mlp.down_proj.in_features
+    groups = [_Group("input_layernorm->qkv_proj", layer.input_layernorm, ["self_attn.qkv_proj"],
+                     slice(None), "attn")]
+    skipped = {}
+    v_rows = slice(attn.q_size + attn.kv_size, attn.q_size + 2 * attn.kv_size)
+    if attn.kv_size == attn.o_proj.in_features:
+        groups.append(_Group("v->o_proj", attn.qkv_proj, ["self_attn.o_proj"], v_rows, "self_attn.o_proj"))
+    else:
+        skipped["v->o_proj"] = (f"grouped-query attention: v has {attn.kv_size} outputs ({attn.n_kv} kv heads) "
+                                f"but o_proj has {attn.o_proj.in_features} inputs; a v channel feeds "
+                                f"{attn.n_heads // attn.n_kv} o_proj inputs, so per-channel scales cannot fold")
+    groups.append(_Group("post_attention_layernorm->gate_up_proj", layer.post_attention_layernorm,
+                         ["mlp.gate_up_proj"], slice(None), "mlp"))
+    groups.append(_Group("up->down_proj", mlp.gate_up_proj, ["mlp.down_proj"], slice(inter, 2 * inter),
+                         "mlp.down_proj"))
+    return groups, skipped
+
+
+@torch.no_grad()
+def _with_weights(linears: list[nn.Linear], weights: list[torch.Tensor], fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+    saved = [lin.weight.detach().clone() for lin in linears]
+    try:
+        for lin, w in zip(linears, weights):
+            _set_weight(lin, w)
+        return fn()
+    finally:
+        for lin, w in zip(linears, saved):
+            _set_weight(lin, w)
+
+
+@torch.no_grad()
+def awq_quantize_model(model: nn.Module, calib_token_ids: list[list[int]], spec: QuantSpec,
+                       n_grid: int = 20, duo_scaling: bool = False, clip: bool = True,
+                       layers: list[int] | None = None, progress: bool = True,
+                       clip_grid: int = 20, clip_max_shrink: float = 0.5,
+                       clip_tokens: int = 512) -> dict[str, AWQLayerStats]:
+    """AWQ-quantize the decoder layers' linears in place (fake-quantized float weights; the norms
+    and the up rows absorb the scales), layer by layer. `layers` limits the work to those indices
+    (all by default; layers before the first listed one run unquantized). Returns stats by layer
+    ("layers.{i}")."""
+    from tqdm.auto import tqdm
+
+    from lab.models.reference import ContiguousKVCache
+
+    if not calib_token_ids or any(len(ids) == 0 for ids in calib_token_ids):
+        raise ValueError("calib_token_ids must hold at least one non-empty sequence")
+    n_layers = len(model.layers)
+    chosen = sorted(set(range(n_layers) if layers is None else layers))
+    if not chosen or chosen[0] < 0 or chosen[-1] >= n_layers:
+        raise ValueError(f"layers={layers!r} must be indices in [0, {n_layers})")
+    device = model.embed_tokens.weight.device
+
+    hidden, ropes = [], []
+    for ids in calib_token_ids:
+        ids_t = torch.tensor(ids, device=device)
+        hidden.append(model.embed_tokens(ids_t))
+        ropes.append(model.rope(torch.arange(len(ids), device=device)))
+
+    def run_layer(layer: nn.Module) -> list[torch.Tensor]:
+        return [layer(x, rope, ContiguousKVCache(n_layers)) for x, rope in zip(hidden, ropes)]
+
+    def capture(layer: nn.Module, names: list[str]) -> dict[str, list[torch.Tensor]]:
+        """Per-sequence inputs of the named linears, from one pass over the calibration set."""
+        seen = {name: [] for name in names}
+        hooks = [layer.get_submodule(name).register_forward_hook(
+            lambda _m, args, _out, acc=seen[name]: acc.append(args[0].detach()))
+            for name in names]
+        try:
+            run_layer(layer)
+        finally:
+            for h in hooks:
+                h.remove()
+        return seen
+
+    def mse(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+        return float((torch.cat(a).float() - torch.cat(b).float()).pow(2).mean())
+
+    stats: dict[str, AWQLayerStats] = {}
+    bar = tqdm(total=len(chosen), desc="AWQ", disable=not progress)
+    for index in range(chosen[-1] + 1):
+        layer = model.layers[index]
+        if index in chosen:
+            start = time.perf_counter()
+            original = {n: p.detach().clone() for n, p in layer.named_parameters()}
+            ref_out = run_layer(layer)
+            groups, skipped = llama_scaling_groups(layer)
+            group_stats: dict[str, AWQGroupStats] = {}
+            for grp in groups:
+                lins = [layer.get_submodule(n) for n in grp.linears]
+                inputs = capture(layer, grp.linears[:1])[grp.linears[0]]
+                if grp.inspect == "attn":
+                    def block_fn(inputs=inputs):
+                        return torch.cat([layer.self_attn(x, rope, ContiguousKVCache(n_layers))
+                                          for x, rope in zip(inputs, ropes)])
+                else:
+                    module = layer.get_submodule(grp.inspect)
+                    x_all = torch.cat(inputs)
+
+                    def block_fn(module=module, x_all=x_all):
+                        return module(x_all)
+                scales, gstats = search_scales(
+                    torch.cat(inputs), [lin.weight for lin in lins],
+                    lambda ws, lins=lins, block_fn=block_fn: _with_weights(lins, ws, block_fn),
+                    spec, n_grid=n_grid, duo_scaling=duo_scaling)
+                fold_scales(grp.prev, lins, scales, grp.prev_rows)
+                group_stats[grp.name] = gstats
+
+            names = [n for n, m in layer.named_modules() if isinstance(m, nn.Linear)]
+            clip_stats: dict[str, AWQClipStats] = {}
+            if clip:
+                inputs = capture(layer, names)
+                attn = layer.self_attn
+                for name in names:
+                    lin = layer.get_submodule(name)
+                    x = torch.cat(inputs[name])
+                    # q and k are not clipped: only the v rows of the fused qkv_proj.
+                    rows = slice(attn.q_size + attn.kv_size, None) if lin is attn.qkv_proj else slice(None)
+                    clipped, _, clip_stats[name] = search_clip(
+                        lin.weight[rows], x, spec, n_grid=clip_grid, max_shrink=clip_max_shrink,
+                        n_tokens=clip_tokens)
+                    _set_weight(lin, clipped, rows)
+            for name in names:
+                lin = layer.get_submodule(name)
+                _set_weight(lin, fake_quantize(lin.weight, spec))
+            awq_out = run_layer(layer)
+
+            # RTN on the original weights, for comparison; then the AWQ weights go back.
+            params = dict(layer.named_parameters())
+            awq_params = {n: p.detach().clone() for n, p in params.items()}
+            for n, p in params.items():
+                p.data.copy_(original[n])
+            for name in names:
+                lin = layer.get_submodule(name)
+                _set_weight(lin, fake_quantize(lin.weight, spec))
+            rtn_out = run_layer(layer)
+            for n, p in params.items():
+                p.data.copy_(awq_params[n])
+
+            stats[f"layers.{index}"] = AWQLayerStats(
+                groups=group_stats, skipped=skipped, clip=clip_stats,
+                layer_loss_rtn=mse(rtn_out, ref_out), layer_loss_awq=mse(awq_out, ref_out),
+                seconds=time.perf_counter() - start)
+            bar.update(1)
+            hidden = awq_out
+        else:
+            hidden = run_layer(layer)
+    bar.close()
+    return stats
