@@ -1,0 +1,1 @@
+"""Evaluation sets of the lab; see `sensitive` for the quantization-sensitive items."""
