@@ -9,6 +9,7 @@ from what the hardware does on large matrices.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass
 
@@ -74,6 +75,7 @@ class EngineBenchResult:
     engine_flops: float
     engine_fraction_of_gemm: float
     torch_threads: int
+    load_average_at_start: float  # 1-minute load average: timings mean little when other processes compete
 
 
 def run_engine_bench(num_requests: int = 32, max_tokens: int = 128, model: str = "smollm2-135m",
@@ -83,6 +85,7 @@ def run_engine_bench(num_requests: int = 32, max_tokens: int = 128, model: str =
     from lab.engine import LLM, SamplingParams
     from lab.models import resolve_model_dir
 
+    load = os.getloadavg()[0]
     llm = LLM(model, dtype=dtype, max_num_seqs=num_requests, num_kv_blocks=num_requests * 64)
     tok = llm.tokenizer
     prompts = workload_prompts(tok, num_requests)
@@ -117,10 +120,12 @@ def run_engine_bench(num_requests: int = 32, max_tokens: int = 128, model: str =
         transformers_seconds=hf_s, transformers_tokens_per_s=hf_new / hf_s,
         ratio=(new_tokens / engine_s) / (hf_new / hf_s), gemm_flops=gemm, engine_flops=engine_flops,
         engine_fraction_of_gemm=engine_flops / gemm, torch_threads=torch.get_num_threads(),
+        load_average_at_start=load,
     )
 
 
 def format_result(r: EngineBenchResult) -> str:
+    busy = r.load_average_at_start > 0.5 * r.torch_threads
     return "\n".join([
         f"workload: {r.num_requests} requests x {r.max_tokens} new tokens, greedy, {r.dtype}, "
         f"{r.prompt_tokens} prompt tokens",
@@ -129,6 +134,8 @@ def format_result(r: EngineBenchResult) -> str:
         f"ratio         : {r.ratio:8.2f}x (engine / transformers)",
         f"GEMM rate     : {r.gemm_flops / 1e9:8.1f} GFLOP/s ({r.dtype} 1024^3 matmul, {r.torch_threads} threads)",
         f"engine FLOP/s : {r.engine_flops / 1e9:8.1f} GFLOP/s = {100 * r.engine_fraction_of_gemm:.0f}% of the GEMM rate",
+        f"load average  : {r.load_average_at_start:8.2f} at start"
+        + (" -- WARNING: the machine was busy; OpenMP threads contend and these timings are unreliable" if busy else ""),
     ])
 
 

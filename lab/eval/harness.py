@@ -1,0 +1,227 @@
+"""Accuracy harness of the weight-quantization study: perplexity, logit agreement and the sensitive set.
+
+Why more than perplexity: perplexity averages the log-loss over every token, and most tokens are easy, so
+low-bit models keep a near-unchanged perplexity while exact arithmetic, runnable code, rare names and
+long-context retrieval break (Jin et al., 2024, arXiv:2402.16775; Li et al., 2024, arXiv:2402.18158). The
+deployment article 003, section 2.2, draws the same conclusion: check task metrics and a set of sensitive
+samples, not perplexity alone. So this module reports three things side by side:
+
+- `perplexity` on held-out text (`heldout_texts`), the cheap and familiar number;
+- `compare_logits`, the per-token KL(reference || quantized) and top-1 agreement against the unquantized
+  model, which see distribution shifts that perplexity averages away (the KL metric of Dettmers et al.'s
+  and llama.cpp's quantization reports);
+- `run_sensitive` over `lab.eval.sensitive` items with greedy decoding through the lab engine, with
+  `pass_rates` per category and `bad_cases`: items the reference passes and the quantized model fails.
+
+`evaluate` bundles them into a JSON-serialisable dict (for a future `lab eval --json`).
+
+Held-out text and the calibration set. `lab.quant.calibration` draws its "code" documents from the first
+`STDLIB_FILES` standard-library files in order of `sha256(relative path)`; `heldout_texts(source="stdlib")`
+takes only files *after* that cut in the same order, so no held-out file can be in any calibration set,
+whatever its seed or mix (the short_qa mix uses no stdlib files at all). The calibration "docs" pool holds
+every `pydoc_data.topics` entry, so `source="docs"` needs the calibration `datasets.Dataset` actually used
+and keeps only topics whose source label does not occur in it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from pathlib import Path
+
+import torch
+
+from lab.eval.sensitive import CATEGORIES, Item, build_prompt, check, load_items
+from lab.models.reference import forward_logits
+
+# ---- held-out text ------------------------------------------------------------------------------------
+
+
+def _heldout_stdlib() -> list[tuple[str, str]]:
+    """Standard-library files the calibration builder never reads: those ranked at or after STDLIB_FILES in
+    its path-hash order (same exclusions as `lab.quant.calibration._stdlib_texts`)."""
+    from lab.quant.calibration import STDLIB_FILES, _path_key
+
+    root = Path(os.path.dirname(os.__file__))
+    paths = [p for p in root.rglob("*.py")
+             if not ({"test", "tests", "idle_test", "site-packages"} & set(p.relative_to(root).parts))]
+    rels = sorted((p.relative_to(root).as_posix() for p in paths), key=_path_key)[STDLIB_FILES:]
+    return [(f"stdlib:{rel}", str(root / rel)) for rel in rels]
+
+
+def _heldout_docs(calibration) -> list[tuple[str, str]]:
+    from pydoc_data.topics import topics
+
+    if calibration is None:
+        raise ValueError("source='docs' needs the calibration dataset, to exclude the topics it used")
+    used = set(calibration["source"])
+    return [(label, topics[key]) for key in sorted(topics)
+            if (label := f"pydoc_data.topics[{key!r}]") not in used]
+
+
+def heldout_texts(tokenizer, n: int = 8, max_tokens: int = 256, seed: int = 0, source: str = "stdlib",
+                  calibration=None, min_tokens: int = 32, return_sources: bool = False):
+    """`n` token-id sequences of up to `max_tokens` tokens of local text disjoint from the calibration set.
+
+    Documents are drawn in a seeded order; each contributes one piece starting at a seeded offset.
+    Documents shorter than `min_tokens` are skipped. With `return_sources`, returns (sequences, labels).
+    """
+    if source == "stdlib":
+        docs = _heldout_stdlib()
+    elif source == "docs":
+        docs = _heldout_docs(calibration)
+    else:
+        raise ValueError(f"source must be 'stdlib' or 'docs', not {source!r}")
+    rng = random.Random(seed)
+    rng.shuffle(docs)
+    seqs, labels = [], []
+    for label, text in docs:
+        if len(seqs) == n:
+            break
+        if source == "stdlib":
+            text = Path(text).read_text(encoding="utf-8", errors="replace")
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) < min_tokens:
+            continue
+        start = rng.randint(0, max(len(ids) - max_tokens, 0))
+        seqs.append(ids[start:start + max_tokens])
+        labels.append(label)
+    if len(seqs) < n:
+        raise ValueError(f"only {len(seqs)} held-out documents of >= {min_tokens} tokens in source {source!r}")
+    return (seqs, labels) if return_sources else seqs
+
+
+# ---- perplexity and logit agreement -------------------------------------------------------------------
+
+
+def _log_probs(model, ids: list[int]) -> torch.Tensor:
+    return forward_logits(model, ids).double().log_softmax(-1)
+
+
+@torch.inference_mode()
+def perplexity(model, token_sequences: list[list[int]]) -> float:
+    """exp(mean next-token NLL), the mean taken over all predicted tokens of all sequences."""
+    nll, count = 0.0, 0
+    for ids in token_sequences:
+        if len(ids) < 2:
+            continue
+        logp = _log_probs(model, ids)[:-1]
+        target = torch.tensor(ids[1:], device=logp.device)
+        nll -= float(logp.gather(-1, target[:, None]).sum())
+        count += len(ids) - 1
+    if not count:
+        raise ValueError("perplexity needs at least one sequence of two or more tokens")
+    return math.exp(nll / count)
+
+
+@torch.inference_mode()
+def compare_logits(reference_model, quantized_model, token_sequences: list[list[int]]) -> dict:
+    """Mean KL(reference || quantized) per token position, and the share of positions whose top-1 token agrees."""
+    kl_sum, agree, count, kl_max = 0.0, 0, 0, 0.0
+    for ids in token_sequences:
+        ref = _log_probs(reference_model, ids)
+        out = _log_probs(quantized_model, ids)
+        kl = (ref.exp() * (ref - out)).sum(-1).clamp_min(0)
+        kl_sum += float(kl.sum())
+        kl_max = max(kl_max, float(kl.max()))
+        agree += int((ref.argmax(-1) == out.argmax(-1)).sum())
+        count += len(ids)
+    if not count:
+        raise ValueError("compare_logits needs at least one non-empty sequence")
+    return {"kl_mean": kl_sum / count, "kl_max": kl_max, "top1_agreement": agree / count, "n_tokens": count}
+
+
+# ---- sensitive set ------------------------------------------------------------------------------------
+
+
+def run_sensitive(model, tokenizer, items: list[Item], max_tokens: int = 64, engine_kwargs: dict | None = None):
+    """Greedy outputs of `model` on `items` through the lab engine, checked: a DataFrame with one row per
+    item (category, id, passed, reason, output, n_output_tokens, finish_reason).
+
+    Without `num_kv_blocks`/`max_model_len` in `engine_kwargs`, the KV pool is sized to hold every prompt
+    plus `max_tokens` at once (the memory-based default would reserve gigabytes on CPU)."""
+    import pandas as pd
+
+    from lab.engine import LLM, SamplingParams
+
+    prompts = [build_prompt(item, tokenizer) for item in items]
+    kwargs = dict(engine_kwargs or {})
+    lengths = [len(tokenizer.encode(p, add_special_tokens=False)) + max_tokens for p in prompts]
+    block = kwargs.setdefault("block_size", 16)
+    kwargs.setdefault("max_model_len", max(lengths, default=max_tokens))
+    kwargs.setdefault("num_kv_blocks", sum(-(-n // block) for n in lengths) + 1)
+    llm = LLM(model, tokenizer=tokenizer, **kwargs)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens))
+    rows = []
+    for item, out in zip(items, outputs):
+        passed, reason = check(item, out.text)
+        rows.append({"category": item.category, "id": item.id, "passed": bool(passed), "reason": reason,
+                     "output": out.text, "n_output_tokens": len(out.token_ids),
+                     "finish_reason": out.finish_reason})
+    return pd.DataFrame(rows, columns=["category", "id", "passed", "reason", "output", "n_output_tokens",
+                                       "finish_reason"])
+
+
+def pass_rates(df) -> dict:
+    """{category: {"passed": k, "total": n, "rate": k / n}} plus "all"."""
+    rates = {}
+    for category, group in df.groupby("category", sort=True):
+        k, n = int(group["passed"].sum()), len(group)
+        rates[category] = {"passed": k, "total": n, "rate": k / n}
+    k, n = int(df["passed"].sum()), len(df)
+    rates["all"] = {"passed": k, "total": n, "rate": k / n if n else float("nan")}
+    return rates
+
+
+def bad_cases(ref_df, quant_df, k: int | None = 10):
+    """Items that pass on the reference and fail on the quantized model, side by side: id, category,
+    reference_output, quantized_output, reason (the quantized output's failed check), at most `k` rows."""
+    import pandas as pd
+
+    merged = ref_df.merge(quant_df, on=["id", "category"], suffixes=("_ref", "_quant"))
+    bad = merged[merged["passed_ref"] & ~merged["passed_quant"]].sort_values(["category", "id"])
+    bad = pd.DataFrame({"id": bad["id"], "category": bad["category"], "reference_output": bad["output_ref"],
+                        "quantized_output": bad["output_quant"], "reason": bad["reason_quant"]})
+    bad = bad.reset_index(drop=True)
+    return bad if k is None else bad.head(k)
+
+
+# ---- everything ---------------------------------------------------------------------------------------
+
+
+def _records(df) -> list[dict]:
+    return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+            for row in df.to_dict(orient="records")]
+
+
+def evaluate(model, tokenizer, suite: str = "all", reference=None, *, heldout: list[list[int]] | None = None,
+             n_heldout: int = 8, heldout_tokens: int = 256, seed: int = 0, items: list[Item] | None = None,
+             categories: tuple[str, ...] = CATEGORIES, max_tokens: int = 64, engine_kwargs: dict | None = None,
+             k_bad: int = 10) -> dict:
+    """Run `suite` ("ppl", "sensitive" or "all") on `model`; with a `reference` model also its perplexity,
+    `compare_logits` and the sensitive bad cases. Returns plain JSON-serialisable data."""
+    if suite not in ("ppl", "sensitive", "all"):
+        raise ValueError(f"suite must be 'ppl', 'sensitive' or 'all', not {suite!r}")
+    result: dict = {"suite": suite}
+    if suite in ("ppl", "all"):
+        if heldout is None:
+            heldout, sources = heldout_texts(tokenizer, n_heldout, heldout_tokens, seed, return_sources=True)
+        else:
+            sources = None
+        ppl = {"perplexity": perplexity(model, heldout), "n_sequences": len(heldout),
+               "n_tokens": sum(len(s) for s in heldout), "sources": sources}
+        if reference is not None:
+            ppl["reference_perplexity"] = perplexity(reference, heldout)
+            ppl["logits_vs_reference"] = compare_logits(reference, model, heldout)
+        result["ppl"] = ppl
+    if suite in ("sensitive", "all"):
+        items = load_items(categories) if items is None else items
+        df = run_sensitive(model, tokenizer, items, max_tokens, engine_kwargs)
+        sens = {"max_tokens": max_tokens, "pass_rates": pass_rates(df), "rows": _records(df)}
+        if reference is not None:
+            ref_df = run_sensitive(reference, tokenizer, items, max_tokens, engine_kwargs)
+            sens["reference_pass_rates"] = pass_rates(ref_df)
+            sens["bad_cases"] = _records(bad_cases(ref_df, df, k_bad))
+        result["sensitive"] = sens
+    return result

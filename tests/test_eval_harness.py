@@ -1,0 +1,120 @@
+"""The accuracy harness on the real SmolLM2-135M, at small sizes."""
+
+import copy
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from lab.eval.harness import (bad_cases, compare_logits, evaluate, heldout_texts, pass_rates, perplexity,
+                              run_sensitive)
+from lab.eval.sensitive import check, load_items
+from lab.quant import QuantSpec, fake_quantize
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def heldout(smollm):
+    _, tok = smollm
+    return heldout_texts(tok, n=3, max_tokens=96, seed=0)
+
+
+@pytest.fixture(scope="module")
+def rtn_w3(smollm):
+    model, _ = smollm
+    q = copy.deepcopy(model)
+    spec = QuantSpec(3, 64)
+    with torch.no_grad():
+        for lin in q.layers.modules():
+            if isinstance(lin, torch.nn.Linear):
+                lin.weight.copy_(fake_quantize(lin.weight, spec))
+    return q
+
+
+def test_heldout_disjoint_from_calibration(smollm):
+    from lab.quant.calibration import _stdlib_texts
+
+    _, tok = smollm
+    seqs, sources = heldout_texts(tok, n=4, max_tokens=64, seed=1, return_sources=True)
+    assert len(seqs) == 4 and all(0 < len(s) <= 64 for s in seqs)
+    assert not set(sources) & {label for label, _ in _stdlib_texts()}
+    assert heldout_texts(tok, n=4, max_tokens=64, seed=1) == seqs  # deterministic
+
+
+def test_perplexity_real_and_perturbed(smollm, heldout):
+    model, _ = smollm
+    ppl = perplexity(model, heldout)
+    assert 1 < ppl < 100
+    noisy = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for lin in noisy.layers.modules():
+            if isinstance(lin, torch.nn.Linear):
+                w = lin.weight
+                w.add_(torch.randn(w.shape, generator=gen) * 0.5 * w.std())
+    assert perplexity(noisy, heldout) > ppl * 1.05
+
+
+def test_compare_logits(smollm, heldout, rtn_w3):
+    model, _ = smollm
+    same = compare_logits(model, model, heldout)
+    assert same["kl_mean"] == pytest.approx(0, abs=1e-9) and same["top1_agreement"] == 1.0
+    assert same["n_tokens"] == sum(map(len, heldout))
+    q = compare_logits(model, rtn_w3, heldout)
+    assert q["kl_mean"] > 1e-3 and q["top1_agreement"] < 1.0
+
+
+def _items():
+    items = load_items(("numbers", "proper_nouns", "multilingual", "code"))
+    by_cat = {}
+    for it in items:
+        by_cat.setdefault(it.category, []).append(it)
+    return by_cat["numbers"][:2] + by_cat["proper_nouns"][:2] + by_cat["multilingual"][:1] + by_cat["code"][:1]
+
+
+def test_run_sensitive_structure(smollm):
+    model, tok = smollm
+    items = _items()
+    df = run_sensitive(model, tok, items, max_tokens=8)
+    assert list(df["id"]) == [it.id for it in items]
+    assert {"category", "id", "passed", "reason", "output"} <= set(df.columns)
+    for it, (_, row) in zip(items, df.iterrows()):
+        assert (row["passed"], row["reason"]) == check(it, row["output"])
+        assert 0 < row["n_output_tokens"] <= 8
+    rates = pass_rates(df)
+    assert set(rates) == {"numbers", "proper_nouns", "multilingual", "code", "all"}
+    assert rates["all"]["total"] == len(items)
+    for it in items:  # a forced correct output passes
+        assert check(it, it.reference)[0]
+
+
+def test_bad_cases_finds_regression():
+    items = _items()
+    ref = pd.DataFrame([{"category": it.category, "id": it.id, "output": it.reference,
+                         "passed": True, "reason": "ok"} for it in items])
+    quant = ref.copy()
+    broken = items[1]
+    passed, reason = check(broken, "I do not know.")
+    assert not passed
+    quant.loc[1, ["output", "passed", "reason"]] = ["I do not know.", False, reason]
+    bad = bad_cases(ref, quant, k=5)
+    assert list(bad["id"]) == [broken.id]
+    row = bad.iloc[0]
+    assert row["reference_output"] == broken.reference and row["quantized_output"] == "I do not know."
+    assert row["reason"] == reason
+    # A fail on the reference too is not a regression.
+    ref.loc[1, "passed"] = False
+    assert bad_cases(ref, quant, k=5).empty
+
+
+def test_evaluate_is_json(smollm, heldout, rtn_w3):
+    model, tok = smollm
+    items = _items()[:2]
+    out = evaluate(rtn_w3, tok, suite="all", reference=model, heldout=heldout[:1], items=items, max_tokens=4)
+    text = json.dumps(out)
+    assert json.loads(text)["ppl"]["logits_vs_reference"]["kl_mean"] > 0
+    assert len(out["sensitive"]["rows"]) == 2 and "bad_cases" in out["sensitive"]
+    with pytest.raises(ValueError, match="suite"):
+        evaluate(model, tok, suite="nope")
