@@ -9,7 +9,6 @@ from what the hardware does on large matrices.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, dataclass
 
@@ -30,6 +29,22 @@ def workload_prompts(tokenizer, n: int) -> list[str]:
     return [tokenizer.apply_chat_template([{"role": "user", "content": f"Explain {TOPICS[i % len(TOPICS)]} in a few "
                                             f"sentences."}], add_generation_prompt=True, tokenize=False)
             for i in range(n)]
+
+
+def cpu_busy_fraction(seconds: float = 1.0) -> float | None:
+    """Share of all CPUs' time spent busy over `seconds` (from /proc/stat; None where it does not exist)."""
+    def snapshot():
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return fields[3] + fields[4], sum(fields)  # idle + iowait, total
+
+    try:
+        idle0, total0 = snapshot()
+        time.sleep(seconds)
+        idle1, total1 = snapshot()
+    except OSError:
+        return None
+    return 1 - (idle1 - idle0) / max(1, total1 - total0)
 
 
 def measure_gemm_flops(n: int = 1024, repeats: int = 10, dtype=torch.float32) -> float:
@@ -75,7 +90,7 @@ class EngineBenchResult:
     engine_flops: float
     engine_fraction_of_gemm: float
     torch_threads: int
-    load_average_at_start: float  # 1-minute load average: timings mean little when other processes compete
+    cpu_busy_at_start: float | None  # share of CPU time busy in the second before: timings mean little when high
 
 
 def run_engine_bench(num_requests: int = 32, max_tokens: int = 128, model: str = "smollm2-135m",
@@ -85,7 +100,7 @@ def run_engine_bench(num_requests: int = 32, max_tokens: int = 128, model: str =
     from lab.engine import LLM, SamplingParams
     from lab.models import resolve_model_dir
 
-    load = os.getloadavg()[0]
+    busy = cpu_busy_fraction()
     llm = LLM(model, dtype=dtype, max_num_seqs=num_requests, num_kv_blocks=num_requests * 64)
     tok = llm.tokenizer
     prompts = workload_prompts(tok, num_requests)
@@ -120,12 +135,12 @@ def run_engine_bench(num_requests: int = 32, max_tokens: int = 128, model: str =
         transformers_seconds=hf_s, transformers_tokens_per_s=hf_new / hf_s,
         ratio=(new_tokens / engine_s) / (hf_new / hf_s), gemm_flops=gemm, engine_flops=engine_flops,
         engine_fraction_of_gemm=engine_flops / gemm, torch_threads=torch.get_num_threads(),
-        load_average_at_start=load,
+        cpu_busy_at_start=busy,
     )
 
 
 def format_result(r: EngineBenchResult) -> str:
-    busy = r.load_average_at_start > 0.5 * r.torch_threads
+    busy = r.cpu_busy_at_start is not None and r.cpu_busy_at_start > 0.25
     return "\n".join([
         f"workload: {r.num_requests} requests x {r.max_tokens} new tokens, greedy, {r.dtype}, "
         f"{r.prompt_tokens} prompt tokens",
@@ -134,8 +149,9 @@ def format_result(r: EngineBenchResult) -> str:
         f"ratio         : {r.ratio:8.2f}x (engine / transformers)",
         f"GEMM rate     : {r.gemm_flops / 1e9:8.1f} GFLOP/s ({r.dtype} 1024^3 matmul, {r.torch_threads} threads)",
         f"engine FLOP/s : {r.engine_flops / 1e9:8.1f} GFLOP/s = {100 * r.engine_fraction_of_gemm:.0f}% of the GEMM rate",
-        f"load average  : {r.load_average_at_start:8.2f} at start"
-        + (" -- WARNING: the machine was busy; OpenMP threads contend and these timings are unreliable" if busy else ""),
+        f"CPU busy      : {100 * (r.cpu_busy_at_start or 0):7.0f}% in the second before the run"
+        + (" -- WARNING: other processes were running; OpenMP threads contend and these timings are unreliable"
+           if busy else ""),
     ])
 
 
