@@ -97,6 +97,35 @@ def _memory(args) -> int:
     return 0
 
 
+def _quant(args) -> int:
+    from lab.quant.pipeline import QuantJob, run_quant_job
+
+    job = QuantJob(model=args.model, method=args.method, bits=args.bits,
+                   group_size=None if args.group_size == 0 else args.group_size, symmetric=args.symmetric,
+                   act_order=args.act_order, calib_samples=args.calib_samples, calib_tokens=args.calib_tokens,
+                   calib_mix=args.calib_mix)
+    print(json.dumps(run_quant_job(job, args.out), indent=2))
+    return 0
+
+
+def _eval(args) -> int:
+    from lab.eval.harness import evaluate
+    from lab.models import load_model
+
+    path = Path(args.model)
+    if (path / "config.json").exists() and "quantization_config" in json.loads((path / "config.json").read_text()):
+        from lab.quant.formats import load_quantized
+
+        model, tok = load_quantized(path)
+    else:
+        model, tok = load_model(args.model)
+    reference = load_model(args.reference)[0] if args.reference else None
+    report = evaluate(model, tok, suite=args.suite, reference=reference)
+    summary = {"ppl": report.get("ppl"), "sensitive_pass_rates": report.get("sensitive", {}).get("pass_rates")}
+    print(json.dumps(report if args.json else summary, indent=2, default=str))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lab", description="Inference Lab: a reference engine and studies.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -145,6 +174,26 @@ def build_parser() -> argparse.ArgumentParser:
     mem.add_argument("--utilization", type=float, default=0.9)
     mem.add_argument("--json", action="store_true")
     mem.set_defaults(func=_memory)
+
+    q = sub.add_parser("quant", help="quantize a model's linear layers (RTN, GPTQ, AWQ) and save a checkpoint")
+    q.add_argument("model", nargs="?", default="smollm2-135m")
+    q.add_argument("--method", choices=["rtn", "gptq", "awq"], default="gptq")
+    q.add_argument("--bits", type=int, default=4)
+    q.add_argument("--group-size", type=int, default=64, help="32, 64, 128, or 0 for one scale per output channel")
+    q.add_argument("--symmetric", action="store_true")
+    q.add_argument("--act-order", action="store_true", help="GPTQ: quantize columns by descending Hessian diagonal")
+    q.add_argument("--calib-samples", type=int, default=128)
+    q.add_argument("--calib-tokens", type=int, default=512)
+    q.add_argument("--calib-mix", choices=["stratified", "short_qa"], default="stratified")
+    q.add_argument("--out", required=True, help="output directory (Hugging Face style, with quantization_config)")
+    q.set_defaults(func=_quant)
+
+    ev = sub.add_parser("eval", help="perplexity, agreement with a reference, and the sensitive-sample checks")
+    ev.add_argument("model", help="a model name or directory, or a checkpoint written by `lab quant`")
+    ev.add_argument("--suite", choices=["ppl", "sensitive", "all"], default="ppl")
+    ev.add_argument("--reference", default=None, help="unquantized model to compare logits and outputs against")
+    ev.add_argument("--json", action="store_true", help="the full report, per-item rows included")
+    ev.set_defaults(func=_eval)
 
     res = sub.add_parser("results", help="list study runs with their key metrics and refresh results/README.md")
     res.add_argument("--results-dir", default=None)

@@ -205,13 +205,15 @@ LINEAR_STEPS = (("self_attn.qkv_proj",), ("self_attn.o_proj",), ("mlp.gate_up_pr
 @torch.no_grad()
 def gptq_quantize_model(model: nn.Module, calib_token_ids: list[list[int]], spec: QuantSpec,
                         config: GPTQConfig = GPTQConfig(), layers: list[int] | None = None,
-                        progress: bool = True) -> dict[str, GPTQStats]:
+                        progress: bool = True, results: dict[str, GPTQResult] | None = None) -> dict[str, GPTQStats]:
     """Quantize the decoder layers' linears in place, layer by layer, linear by linear.
 
     Each linear's Hessian comes from inputs produced by the already-quantized parts of the model
     (earlier layers, and earlier linears of the same layer), so later layers learn to compensate
     for the errors of earlier ones. `layers` limits the work to those layer indices (all by
-    default; layers before the first listed one are run unquantized). Returns stats by module name.
+    default; layers before the first listed one are run unquantized). Returns stats by module name;
+    pass a dict as `results` to also keep each linear's GPTQResult (its codes' scales, zeros, g_idx),
+    which checkpoint export needs: scales cannot be re-derived exactly from the quantized weights.
     """
     from tqdm.auto import tqdm
 
@@ -256,6 +258,8 @@ def gptq_quantize_model(model: nn.Module, calib_token_ids: list[list[int]], spec
                     # copy_ keeps the weight's storage, so its transposed layout survives.
                     lin.weight.data.copy_(result.weight.to(lin.weight.dtype))
                     stats[f"layers.{index}.{name}"] = result.stats
+                    if results is not None:
+                        results[f"layers.{index}.{name}"] = result
                 bar.update(len(step))
         hidden = run_layer(layer)
     bar.close()
