@@ -55,7 +55,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .rtn import QuantSpec, fake_quantize, from_grid, group_params, to_grid
+from .rtn import QuantSpec, dequantize, fake_quantize, from_grid, group_params, quantize, to_grid
 
 MIN_SCALE = 1e-4  # floor on the scales (and the duo denominator), as in the reference
 
@@ -303,11 +303,12 @@ def awq_quantize_model(model: nn.Module, calib_token_ids: list[list[int]], spec:
                        n_grid: int = 20, duo_scaling: bool = False, clip: bool = True,
                        layers: list[int] | None = None, progress: bool = True,
                        clip_grid: int = 20, clip_max_shrink: float = 0.5,
-                       clip_tokens: int = 512) -> dict[str, AWQLayerStats]:
+                       clip_tokens: int = 512, results: dict | None = None) -> dict[str, AWQLayerStats]:
     """AWQ-quantize the decoder layers' linears in place (fake-quantized float weights; the norms
     and the up rows absorb the scales), layer by layer. `layers` limits the work to those indices
     (all by default; layers before the first listed one run unquantized). Returns stats by layer
-    ("layers.{i}")."""
+    ("layers.{i}"). Pass a dict as `results` to also get each linear's codes (q, scales, zeros, None)
+    of the scaled, clipped weight, which checkpoint export needs."""
     from tqdm.auto import tqdm
 
     from lab.models.reference import ContiguousKVCache
@@ -391,7 +392,10 @@ def awq_quantize_model(model: nn.Module, calib_token_ids: list[list[int]], spec:
                     _set_weight(lin, clipped, rows)
             for name in names:
                 lin = layer.get_submodule(name)
-                _set_weight(lin, fake_quantize(lin.weight, spec))
+                q, scales, zeros = quantize(lin.weight.float(), spec)
+                _set_weight(lin, dequantize(q, scales, zeros, group_size=spec.group_size))
+                if results is not None:  # the codes, for checkpoint export
+                    results[f"layers.{index}.{name}"] = (q, scales, zeros, None)
             awq_out = run_layer(layer)
 
             # RTN on the original weights, for comparison; then the AWQ weights go back.

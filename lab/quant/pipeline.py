@@ -3,9 +3,8 @@ a Hugging Face-style checkpoint (GPTQ format for RTN/GPTQ, AWQ GEMM format for A
 `lab.quant.formats.load_quantized` reads back into the engine.
 
 The embedding and LM head stay unquantized, as GPTQ and AWQ checkpoints leave them. Codes are
-exported from the algorithms' own scales and zeros: GPTQ keeps them per linear; RTN and AWQ
-weights are re-quantized with RTN, which is exact only when the fake-quantized weight is a fixed
-point of RTN, so that is checked and a mismatch is an error rather than a silently different model.
+exported from each algorithm's own scales and zeros (GPTQ's per column block, AWQ's of the scaled
+and clipped weight), never re-derived from quantized weights, which could land on another grid.
 """
 
 from __future__ import annotations
@@ -48,20 +47,15 @@ def decoder_linears(model) -> dict[str, torch.nn.Linear]:
             for i, layer in enumerate(model.layers) for step in LINEAR_STEPS for name in step}
 
 
-def _rtn_codes(model, spec: QuantSpec, quantize_weights: bool) -> dict:
-    """Codes of every decoder linear by RTN; with quantize_weights, also write their dequantized weights.
+def _rtn_codes(model, spec: QuantSpec) -> dict:
+    """RTN codes of every decoder linear, writing their dequantized weights into the model.
 
-    Without it (AWQ: the weights are already fake-quantized), the weights must be a fixed point of RTN,
-    since re-quantizing a quantized group can pick another grid (RTN widens its range to include 0)."""
+    The codes come from the original weights: re-quantizing already quantized weights can pick
+    another grid (RTN widens a group's range to include 0), so codes are never re-derived."""
     codes = {}
     for name, lin in decoder_linears(model).items():
-        w = lin.weight.detach().float()
-        q, scales, zeros = quantize(w, spec)
-        deq = dequantize(q, scales, zeros, group_size=spec.group_size)
-        if quantize_weights:
-            lin.weight.data.copy_(deq.to(lin.weight.dtype))
-        elif not torch.equal(deq, w):
-            raise ValueError(f"{name}: the quantized weight is not on an RTN grid; cannot export its codes exactly")
+        q, scales, zeros = quantize(lin.weight.detach().float(), spec)
+        lin.weight.data.copy_(dequantize(q, scales, zeros, group_size=spec.group_size).to(lin.weight.dtype))
         codes[name] = (q, scales, zeros, None)
     return codes
 
@@ -82,15 +76,15 @@ def run_quant_job(job: QuantJob, out_dir: str | Path, progress: bool = True) -> 
         calib = [list(ids) for ids in ds["input_ids"]]
     t = time.perf_counter()
     if job.method == "rtn":
-        codes = _rtn_codes(model, spec, quantize_weights=True)
+        codes = _rtn_codes(model, spec)
     elif job.method == "gptq":
         codes: dict = {}
         gptq_quantize_model(model, calib, spec, GPTQConfig(act_order=job.act_order), progress=progress, results=codes)
     else:
         from .awq import awq_quantize_model
 
-        awq_quantize_model(model, calib, spec, progress=progress)
-        codes = _rtn_codes(model, spec, quantize_weights=False)
+        codes = {}
+        awq_quantize_model(model, calib, spec, progress=progress, results=codes)
     seconds = time.perf_counter() - t
     path = save_quantized(model, codes, spec, "awq" if job.method == "awq" else "gptq", out_dir, tokenizer=tok)
     return {"out_dir": str(path), "method": job.method, "bits": job.bits, "group_size": job.group_size,
