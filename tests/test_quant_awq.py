@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lab.eval.harness import compare_logits
+from lab.models.reference import forward_logits
 from lab.quant import QuantSpec, fake_quantize
 from lab.quant.awq import (activation_mean, awq_quantize_model, awq_scales, fold_scales, scaled_fake_quantize,
                            search_clip, search_scales, weight_mean)
@@ -72,8 +74,6 @@ def test_folding_scales_keeps_the_float_layer(smollm):
 @pytest.fixture(scope="module")
 def layer3_mlp_inputs(smollm):
     """Inputs of layer 3's gate_up_proj and down_proj over the prompts, from the float model."""
-    from lab.models.reference import forward_logits
-
     model, tok = smollm
     mlp = model.layers[3].mlp
     seen = {"gate_up": [], "down": []}
@@ -128,18 +128,13 @@ def test_clip_never_increases_the_error(smollm, layer3_mlp_inputs, spec, which):
 
 
 def test_awq_model_first_layers_beats_rtn_on_logits(smollm):
-    from lab.models.reference import forward_logits
-
     model, tok = smollm
     spec, layers = QuantSpec(4, 128), [0, 1]
     calib = [tok.encode(p) for p in PROMPTS]
     probe = tok.encode("The quick brown fox jumps over the lazy dog because")
 
     def kl_to_float(quantized):
-        with torch.inference_mode():
-            ref = forward_logits(model, probe).log_softmax(-1)
-            out = forward_logits(quantized, probe).log_softmax(-1)
-        return float((ref.exp() * (ref - out)).sum(-1).mean())
+        return compare_logits(model, quantized, [probe])["kl_mean"]
 
     rtn = copy.deepcopy(model)
     for i in layers:

@@ -6,6 +6,8 @@ import copy
 import pytest
 import torch
 
+from lab.eval.harness import compare_logits
+from lab.models.reference import forward_logits
 from lab.quant import (GPTQConfig, HessianAccumulator, QuantSpec, dequantize, fake_quantize, gptq_quantize,
                        gptq_quantize_model, quantize)
 
@@ -130,8 +132,6 @@ def test_hessian_accumulator_is_running_mean():
 @pytest.fixture(scope="module")
 def layer3_inputs(smollm):
     """Inputs of layer 3's qkv_proj and gate_up_proj over the prompts, from the float model."""
-    from lab.models.reference import forward_logits
-
     model, tok = smollm
     layer = model.layers[3]
     seen = {"qkv": [], "gate_up": []}
@@ -179,18 +179,13 @@ def _quantize_rtn(model, layers, spec):
 
 
 def test_gptq_model_first_layers_beats_rtn_on_logits(smollm):
-    from lab.models.reference import forward_logits
-
     model, tok = smollm
     spec, layers = QuantSpec(4, 128), [0, 1]
     calib = [tok.encode(p) for p in PROMPTS]
     probe = tok.encode("The quick brown fox jumps over the lazy dog because")
 
     def kl_to_float(quantized):
-        with torch.inference_mode():
-            ref = forward_logits(model, probe).log_softmax(-1)
-            out = forward_logits(quantized, probe).log_softmax(-1)
-        return float((ref.exp() * (ref - out)).sum(-1).mean())
+        return compare_logits(model, quantized, [probe])["kl_mean"]
 
     rtn = copy.deepcopy(model)
     _quantize_rtn(rtn, layers, spec)

@@ -55,6 +55,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .layerwise import CalibrationPass
 from .rtn import QuantSpec, dequantize, fake_quantize, from_grid, group_params, quantize, to_grid
 
 MIN_SCALE = 1e-4  # floor on the scales (and the duo denominator), as in the reference
@@ -311,58 +312,27 @@ def awq_quantize_model(model: nn.Module, calib_token_ids: list[list[int]], spec:
     of the scaled, clipped weight, which checkpoint export needs."""
     from tqdm.auto import tqdm
 
-    from lab.models.reference import ContiguousKVCache
-
-    if not calib_token_ids or any(len(ids) == 0 for ids in calib_token_ids):
-        raise ValueError("calib_token_ids must hold at least one non-empty sequence")
-    n_layers = len(model.layers)
-    chosen = sorted(set(range(n_layers) if layers is None else layers))
-    if not chosen or chosen[0] < 0 or chosen[-1] >= n_layers:
-        raise ValueError(f"layers={layers!r} must be indices in [0, {n_layers})")
-    device = model.embed_tokens.weight.device
-
-    hidden, ropes = [], []
-    for ids in calib_token_ids:
-        ids_t = torch.tensor(ids, device=device)
-        hidden.append(model.embed_tokens(ids_t))
-        ropes.append(model.rope(torch.arange(len(ids), device=device)))
-
-    def run_layer(layer: nn.Module) -> list[torch.Tensor]:
-        return [layer(x, rope, ContiguousKVCache(n_layers)) for x, rope in zip(hidden, ropes)]
-
-    def capture(layer: nn.Module, names: list[str]) -> dict[str, list[torch.Tensor]]:
-        """Per-sequence inputs of the named linears, from one pass over the calibration set."""
-        seen = {name: [] for name in names}
-        hooks = [layer.get_submodule(name).register_forward_hook(
-            lambda _m, args, _out, acc=seen[name]: acc.append(args[0].detach()))
-            for name in names]
-        try:
-            run_layer(layer)
-        finally:
-            for h in hooks:
-                h.remove()
-        return seen
+    cal = CalibrationPass(model, calib_token_ids, layers)
 
     def mse(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
         return float((torch.cat(a).float() - torch.cat(b).float()).pow(2).mean())
 
     stats: dict[str, AWQLayerStats] = {}
-    bar = tqdm(total=len(chosen), desc="AWQ", disable=not progress)
-    for index in range(chosen[-1] + 1):
+    bar = tqdm(total=len(cal.chosen), desc="AWQ", disable=not progress)
+    for index in range(cal.chosen[-1] + 1):
         layer = model.layers[index]
-        if index in chosen:
+        if index in cal.chosen:
             start = time.perf_counter()
             original = {n: p.detach().clone() for n, p in layer.named_parameters()}
-            ref_out = run_layer(layer)
+            ref_out = cal.run(layer)
             groups, skipped = llama_scaling_groups(layer)
             group_stats: dict[str, AWQGroupStats] = {}
             for grp in groups:
                 lins = [layer.get_submodule(n) for n in grp.linears]
-                inputs = capture(layer, grp.linears[:1])[grp.linears[0]]
+                inputs = cal.capture(layer, grp.linears[:1])[grp.linears[0]]
                 if grp.inspect == "attn":
-                    def block_fn(inputs=inputs):
-                        return torch.cat([layer.self_attn(x, rope, ContiguousKVCache(n_layers))
-                                          for x, rope in zip(inputs, ropes)])
+                    def block_fn(inputs=inputs, layer=layer):
+                        return cal.attention(layer, inputs)
                 else:
                     module = layer.get_submodule(grp.inspect)
                     x_all = torch.cat(inputs)
@@ -379,7 +349,7 @@ def awq_quantize_model(model: nn.Module, calib_token_ids: list[list[int]], spec:
             names = [n for n, m in layer.named_modules() if isinstance(m, nn.Linear)]
             clip_stats: dict[str, AWQClipStats] = {}
             if clip:
-                inputs = capture(layer, names)
+                inputs = cal.capture(layer, names)
                 attn = layer.self_attn
                 for name in names:
                     lin = layer.get_submodule(name)
@@ -396,7 +366,7 @@ def awq_quantize_model(model: nn.Module, calib_token_ids: list[list[int]], spec:
                 _set_weight(lin, dequantize(q, scales, zeros, group_size=spec.group_size))
                 if results is not None:  # the codes, for checkpoint export
                     results[f"layers.{index}.{name}"] = (q, scales, zeros, None)
-            awq_out = run_layer(layer)
+            awq_out = cal.run(layer)
 
             # RTN on the original weights, for comparison; then the AWQ weights go back.
             params = dict(layer.named_parameters())
@@ -406,7 +376,7 @@ def awq_quantize_model(model: nn.Module, calib_token_ids: list[list[int]], spec:
             for name in names:
                 lin = layer.get_submodule(name)
                 _set_weight(lin, fake_quantize(lin.weight, spec))
-            rtn_out = run_layer(layer)
+            rtn_out = cal.run(layer)
             for n, p in params.items():
                 p.data.copy_(awq_params[n])
 
@@ -415,8 +385,8 @@ def awq_quantize_model(model: nn.Module, calib_token_ids: list[list[int]], spec:
                 layer_loss_rtn=mse(rtn_out, ref_out), layer_loss_awq=mse(awq_out, ref_out),
                 seconds=time.perf_counter() - start)
             bar.update(1)
-            hidden = awq_out
+            cal.hidden = awq_out  # the layer as quantized: its output feeds the next layer
         else:
-            hidden = run_layer(layer)
+            cal.advance(layer)
     bar.close()
     return stats

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .layerwise import CalibrationPass
 from .rtn import QuantSpec, from_grid, group_params, to_grid
 
 # Raising the dampening tenfold this many times covers 1% of mean(diag H) up to 100x mean(diag H),
@@ -217,39 +218,19 @@ def gptq_quantize_model(model: nn.Module, calib_token_ids: list[list[int]], spec
     """
     from tqdm.auto import tqdm
 
-    from lab.models.reference import ContiguousKVCache
-
-    if not calib_token_ids or any(len(ids) == 0 for ids in calib_token_ids):
-        raise ValueError("calib_token_ids must hold at least one non-empty sequence")
-    n_layers = len(model.layers)
-    chosen = sorted(set(range(n_layers) if layers is None else layers))
-    if not chosen or chosen[0] < 0 or chosen[-1] >= n_layers:
-        raise ValueError(f"layers={layers!r} must be indices in [0, {n_layers})")
-    device = model.embed_tokens.weight.device
-
-    # Hidden states entering the current layer, one [T, hidden] tensor per calibration sequence.
-    hidden, ropes = [], []
-    for ids in calib_token_ids:
-        ids_t = torch.tensor(ids, device=device)
-        hidden.append(model.embed_tokens(ids_t))
-        ropes.append(model.rope(torch.arange(len(ids), device=device)))
-
-    def run_layer(layer: nn.Module) -> list[torch.Tensor]:
-        # A fresh cache per sequence: each calibration sequence is attended to on its own.
-        return [layer(x, rope, ContiguousKVCache(n_layers)) for x, rope in zip(hidden, ropes)]
-
+    cal = CalibrationPass(model, calib_token_ids, layers)
     stats: dict[str, GPTQStats] = {}
-    bar = tqdm(total=len(chosen) * len(LINEAR_STEPS), desc="GPTQ", disable=not progress)
-    for index in range(chosen[-1] + 1):
+    bar = tqdm(total=len(cal.chosen) * len(LINEAR_STEPS), desc="GPTQ", disable=not progress)
+    for index in range(cal.chosen[-1] + 1):
         layer = model.layers[index]
-        if index in chosen:
+        if index in cal.chosen:
             for step in LINEAR_STEPS:
                 linears = {name: layer.get_submodule(name) for name in step}
                 accs = {name: HessianAccumulator(lin.in_features) for name, lin in linears.items()}
                 hooks = [lin.register_forward_hook(lambda _m, args, _out, acc=accs[name]: acc.add_batch(args[0]))
                          for name, lin in linears.items()]
                 try:
-                    run_layer(layer)
+                    cal.run(layer)
                 finally:
                     for hook in hooks:
                         hook.remove()
@@ -261,6 +242,6 @@ def gptq_quantize_model(model: nn.Module, calib_token_ids: list[list[int]], spec
                     if results is not None:
                         results[f"layers.{index}.{name}"] = result
                 bar.update(len(step))
-        hidden = run_layer(layer)
+        cal.advance(layer)
     bar.close()
     return stats
