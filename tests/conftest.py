@@ -43,3 +43,60 @@ def chat_prompts(smollm):
 def chat_prompt_ids(smollm, chat_prompts):
     _, tok = smollm
     return [tok.encode(p, add_special_tokens=False) for p in chat_prompts]
+
+
+# Short prompts for quantization tests: calibration inputs and captured layer activations.
+QUANT_PROMPTS = [
+    "The capital of France is",
+    "Copper is used in electrical wiring because",
+    "A bicycle stays upright when",
+    "Write a haiku about the sea.",
+    "The recipe calls for two cups of flour and",
+    "In 1969, astronauts landed on",
+    "Photosynthesis converts sunlight into",
+    "def fibonacci(n):\n    if n < 2:",
+]
+
+
+@pytest.fixture(scope="session")
+def quant_prompt_ids(smollm):
+    _, tok = smollm
+    return [tok.encode(p) for p in QUANT_PROMPTS]
+
+
+@pytest.fixture(scope="session")
+def layer3_inputs(smollm, quant_prompt_ids):
+    """Inputs of layer 3's qkv_proj, gate_up_proj and down_proj over QUANT_PROMPTS, from the float model."""
+    from lab.models.reference import forward_logits
+
+    model, _ = smollm
+    layer = model.layers[3]
+    linears = {"qkv": layer.self_attn.qkv_proj, "gate_up": layer.mlp.gate_up_proj, "down": layer.mlp.down_proj}
+    seen = {k: [] for k in linears}
+    hooks = [lin.register_forward_hook(lambda m, a, o, acc=seen[k]: acc.append(a[0])) for k, lin in linears.items()]
+    try:
+        for ids in quant_prompt_ids:
+            forward_logits(model, ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {k: torch.cat(v).clone() for k, v in seen.items()}
+
+
+def rtn_quantized_copy(model, layers, spec):
+    """A copy of `model` with every linear of `layers` round-to-nearest quantized (the baseline)."""
+    import copy
+
+    from lab.quant import fake_quantize
+
+    rtn = copy.deepcopy(model)
+    for i in layers:
+        for lin in rtn.layers[i].modules():
+            if isinstance(lin, torch.nn.Linear):
+                lin.weight.data.copy_(fake_quantize(lin.weight, spec))
+    return rtn
+
+
+@pytest.fixture(scope="session")
+def rtn_copy():
+    return rtn_quantized_copy

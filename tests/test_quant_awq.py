@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 
 from lab.eval.harness import compare_logits
-from lab.models.reference import forward_logits
 from lab.quant import QuantSpec, fake_quantize
 from lab.quant.awq import (activation_mean, awq_quantize_model, awq_scales, fold_scales, scaled_fake_quantize,
                            search_clip, search_scales, weight_mean)
@@ -17,16 +16,6 @@ from lab.quant.awq import (activation_mean, awq_quantize_model, awq_scales, fold
 # far slower than on one (see conftest.one_thread).
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PROMPTS = [
-    "The capital of France is",
-    "Copper is used in electrical wiring because",
-    "A bicycle stays upright when",
-    "Write a haiku about the sea.",
-    "The recipe calls for two cups of flour and",
-    "In 1969, astronauts landed on",
-    "Photosynthesis converts sunlight into",
-    "def fibonacci(n):\n    if n < 2:",
-]
 
 
 @pytest.mark.parametrize("spec", [QuantSpec(4, 128), QuantSpec(3, 64, True), QuantSpec(4, None)])
@@ -46,12 +35,12 @@ def test_unit_scales_are_rtn(spec):
         assert float(s.max() * s.min()) == pytest.approx(1.0, rel=1e-5)
 
 
-def test_folding_scales_keeps_the_float_layer(smollm):
+def test_folding_scales_keeps_the_float_layer(smollm, quant_prompt_ids):
     from lab.models.reference import ContiguousKVCache
 
     model, tok = smollm
     layer = copy.deepcopy(model.layers[3])
-    ids = torch.tensor(tok.encode(PROMPTS[0]))
+    ids = torch.tensor(quant_prompt_ids[0])
     x = model.embed_tokens(ids)
     rope = model.rope(torch.arange(len(ids)))
     n = len(model.layers)
@@ -71,23 +60,6 @@ def test_folding_scales_keeps_the_float_layer(smollm):
     assert float((out - ref).abs().max() / ref.abs().max()) < 1e-5
 
 
-@pytest.fixture(scope="module")
-def layer3_mlp_inputs(smollm):
-    """Inputs of layer 3's gate_up_proj and down_proj over the prompts, from the float model."""
-    model, tok = smollm
-    mlp = model.layers[3].mlp
-    seen = {"gate_up": [], "down": []}
-    hooks = [mlp.gate_up_proj.register_forward_hook(lambda m, a, o: seen["gate_up"].append(a[0])),
-             mlp.down_proj.register_forward_hook(lambda m, a, o: seen["down"].append(a[0]))]
-    try:
-        for p in PROMPTS:
-            forward_logits(model, tok.encode(p))
-    finally:
-        for h in hooks:
-            h.remove()
-    return {k: torch.cat(v).clone() for k, v in seen.items()}
-
-
 def _mlp(x, gate_up, down):
     gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
     return F.linear(F.silu(gate) * up, down)
@@ -95,10 +67,10 @@ def _mlp(x, gate_up, down):
 
 @pytest.mark.parametrize("spec", [QuantSpec(4, 128), QuantSpec(3, 64)])
 @pytest.mark.parametrize("duo", [False, True])
-def test_awq_scales_beat_rtn_on_real_layer(smollm, layer3_mlp_inputs, spec, duo):
+def test_awq_scales_beat_rtn_on_real_layer(smollm, layer3_inputs, spec, duo):
     model, _ = smollm
     mlp = model.layers[3].mlp
-    x, w_gu, w_down = layer3_mlp_inputs["gate_up"], mlp.gate_up_proj.weight.detach(), mlp.down_proj.weight.detach()
+    x, w_gu, w_down = layer3_inputs["gate_up"], mlp.gate_up_proj.weight.detach(), mlp.down_proj.weight.detach()
     ref = _mlp(x, w_gu, w_down)
     scales, stats = search_scales(x, [w_gu], lambda ws: _mlp(x, ws[0], w_down), spec, duo_scaling=duo)
     # The loss, recomputed the deployed way: x / s (folded into the norm) into the rounded W diag(s).
@@ -112,11 +84,11 @@ def test_awq_scales_beat_rtn_on_real_layer(smollm, layer3_mlp_inputs, spec, duo)
 
 @pytest.mark.parametrize("spec", [QuantSpec(4, 128), QuantSpec(3, 64), QuantSpec(4, None, True)])
 @pytest.mark.parametrize("which", ["gate_up", "down"])
-def test_clip_never_increases_the_error(smollm, layer3_mlp_inputs, spec, which):
+def test_clip_never_increases_the_error(smollm, layer3_inputs, spec, which):
     model, _ = smollm
     mlp = model.layers[3].mlp
     lin = mlp.gate_up_proj if which == "gate_up" else mlp.down_proj
-    w, x = lin.weight.detach().float(), layer3_mlp_inputs[which]
+    w, x = lin.weight.detach().float(), layer3_inputs[which]
     clipped, ratios, stats = search_clip(w, x, spec)
     assert ratios.shape == (w.shape[0], spec.num_groups(w.shape[1]))
     assert float(ratios.min()) >= 0.5 - 1e-6 and float(ratios.max()) <= 1.0
@@ -127,20 +99,16 @@ def test_clip_never_increases_the_error(smollm, layer3_mlp_inputs, spec, which):
     assert torch.equal(search_clip(w, x, spec, max_shrink=0.0, n_grid=1)[0], w)  # ratio 1 only: no clip
 
 
-def test_awq_model_first_layers_beats_rtn_on_logits(smollm):
+def test_awq_model_first_layers_beats_rtn_on_logits(smollm, quant_prompt_ids, rtn_copy):
     model, tok = smollm
     spec, layers = QuantSpec(4, 128), [0, 1]
-    calib = [tok.encode(p) for p in PROMPTS]
+    calib = quant_prompt_ids
     probe = tok.encode("The quick brown fox jumps over the lazy dog because")
 
     def kl_to_float(quantized):
         return compare_logits(model, quantized, [probe])["kl_mean"]
 
-    rtn = copy.deepcopy(model)
-    for i in layers:
-        for lin in rtn.layers[i].modules():
-            if isinstance(lin, torch.nn.Linear):
-                lin.weight.data.copy_(fake_quantize(lin.weight, spec))
+    rtn = rtn_copy(model, layers, spec)
     awq = copy.deepcopy(model)
     stats = awq_quantize_model(awq, calib, spec, layers=layers, progress=False)
     assert sorted(stats) == ["layers.0", "layers.1"]

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from lab.eval.harness import compare_logits
-from lab.models.reference import forward_logits
 from lab.quant import (GPTQConfig, HessianAccumulator, QuantSpec, dequantize, fake_quantize, gptq_quantize,
                        gptq_quantize_model, quantize)
 
@@ -15,16 +14,6 @@ from lab.quant import (GPTQConfig, HessianAccumulator, QuantSpec, dequantize, fa
 # two cores they ran ~50x slower than on one thread (measured, see conftest.one_thread).
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PROMPTS = [
-    "The capital of France is",
-    "Copper is used in electrical wiring because",
-    "A bicycle stays upright when",
-    "Write a haiku about the sea.",
-    "The recipe calls for two cups of flour and",
-    "In 1969, astronauts landed on",
-    "Photosynthesis converts sunlight into",
-    "def fibonacci(n):\n    if n < 2:",
-]
 
 
 @pytest.mark.parametrize("spec", [QuantSpec(4, 128, False), QuantSpec(3, 64, True), QuantSpec(2, None, False),
@@ -129,24 +118,6 @@ def test_hessian_accumulator_is_running_mean():
         acc.add_batch(torch.randn(2, 5))
 
 
-@pytest.fixture(scope="module")
-def layer3_inputs(smollm):
-    """Inputs of layer 3's qkv_proj and gate_up_proj over the prompts, from the float model."""
-    model, tok = smollm
-    layer = model.layers[3]
-    seen = {"qkv": [], "gate_up": []}
-    hooks = [layer.self_attn.qkv_proj.register_forward_hook(lambda m, a, o: seen["qkv"].append(a[0])),
-             layer.mlp.gate_up_proj.register_forward_hook(lambda m, a, o: seen["gate_up"].append(a[0]))]
-    try:
-        with torch.inference_mode():
-            for p in PROMPTS:
-                forward_logits(model, tok.encode(p))
-    finally:
-        for h in hooks:
-            h.remove()
-    return {k: torch.cat(v).clone() for k, v in seen.items()}
-
-
 def _output_error(x, w, wq):
     return float(((x @ w.t() - x @ wq.t()) ** 2).sum())
 
@@ -171,24 +142,16 @@ def test_gptq_beats_rtn_on_real_layer(smollm, layer3_inputs, which, spec):
         assert result.scales.shape == (w.shape[0], spec.num_groups(w.shape[1]))
 
 
-def _quantize_rtn(model, layers, spec):
-    for i in layers:
-        for lin in model.layers[i].modules():
-            if isinstance(lin, torch.nn.Linear):
-                lin.weight.data.copy_(fake_quantize(lin.weight, spec))
-
-
-def test_gptq_model_first_layers_beats_rtn_on_logits(smollm):
+def test_gptq_model_first_layers_beats_rtn_on_logits(smollm, quant_prompt_ids, rtn_copy):
     model, tok = smollm
     spec, layers = QuantSpec(4, 128), [0, 1]
-    calib = [tok.encode(p) for p in PROMPTS]
+    calib = quant_prompt_ids
     probe = tok.encode("The quick brown fox jumps over the lazy dog because")
 
     def kl_to_float(quantized):
         return compare_logits(model, quantized, [probe])["kl_mean"]
 
-    rtn = copy.deepcopy(model)
-    _quantize_rtn(rtn, layers, spec)
+    rtn = rtn_copy(model, layers, spec)
     gptq = copy.deepcopy(model)
     stats = gptq_quantize_model(gptq, calib, spec, layers=layers, progress=False)
     assert sorted(stats) == sorted(f"layers.{i}.{n}" for i in layers for n in
