@@ -103,7 +103,7 @@ def _quant(args) -> int:
     job = QuantJob(model=args.model, method=args.method, bits=args.bits,
                    group_size=None if args.group_size == 0 else args.group_size, symmetric=args.symmetric,
                    act_order=args.act_order, calib_samples=args.calib_samples, calib_tokens=args.calib_tokens,
-                   calib_mix=args.calib_mix)
+                   calib_mix=args.calib_mix, calib_packed=args.calib_packed)
     print(json.dumps(run_quant_job(job, args.out), indent=2))
     return 0
 
@@ -185,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--calib-samples", type=int, default=128)
     q.add_argument("--calib-tokens", type=int, default=512)
     q.add_argument("--calib-mix", choices=["stratified", "short_qa"], default="stratified")
+    q.add_argument("--calib-packed", action="store_true",
+                   help="calibrate on CALIB_SAMPLES blocks of exactly CALIB_TOKENS tokens (GPTQ's and AutoAWQ's layout)")
     q.add_argument("--out", required=True, help="output directory (Hugging Face style, with quantization_config)")
     q.set_defaults(func=_quant)
 

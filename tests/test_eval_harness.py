@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from lab.eval.harness import (bad_cases, compare_logits, evaluate, heldout_texts, pass_rates, perplexity,
+from lab.eval.harness import (bad_cases, compare_logits, evaluate, flips, heldout_texts, pass_rates, perplexity,
                               run_sensitive)
 from lab.eval.sensitive import check, load_items
 from lab.quant import QuantSpec, fake_quantize
@@ -109,6 +109,21 @@ def test_bad_cases_finds_regression():
     assert bad_cases(ref, quant, k=5).empty
 
 
+def test_flips_count_changes_both_ways():
+    items = _items()
+    ref = pd.DataFrame([{"category": it.category, "id": it.id, "output": it.reference, "passed": True,
+                         "reason": "ok"} for it in items])
+    quant = ref.copy()
+    quant.loc[0, ["output", "passed"]] = ["changed but right", True]
+    quant.loc[1, ["output", "passed"]] = ["wrong", False]
+    ref.loc[2, "passed"] = False  # a reference failure the quantized run happens to pass
+    f = flips(ref, quant)
+    assert f["all"] == {"total": len(items), "same_output": (len(items) - 2) / len(items), "lost": 1, "gained": 1}
+    assert sum(v["total"] for k, v in f.items() if k != "all") == len(items)
+    with pytest.raises(ValueError, match="different items"):
+        flips(ref, quant.iloc[1:])
+
+
 def test_evaluate_is_json(smollm, heldout, rtn_w3):
     model, tok = smollm
     items = _items()[:2]
@@ -116,5 +131,6 @@ def test_evaluate_is_json(smollm, heldout, rtn_w3):
     text = json.dumps(out)
     assert json.loads(text)["ppl"]["logits_vs_reference"]["kl_mean"] > 0
     assert len(out["sensitive"]["rows"]) == 2 and "bad_cases" in out["sensitive"]
+    assert out["sensitive"]["vs_reference"]["all"]["total"] == 2
     with pytest.raises(ValueError, match="suite"):
         evaluate(model, tok, suite="nope")

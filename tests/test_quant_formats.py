@@ -163,6 +163,28 @@ def test_save_load_matches_fake_quant_and_engine(tmp_path, method, symmetric):
     assert got == want and all(len(t) == 12 for t in got)
 
 
+def test_gptq_zero_point_of_zero_is_saved_as_gptq_v2(tmp_path):
+    """The classic format stores zero - 1; a checkpoint with an asymmetric zero of 0 is written as
+    gptq_v2 (zeros as they are) and still loads back exactly; without one it stays classic."""
+    spec = QuantSpec(bits=4, group_size=32)
+    model, results = fake_quantized_tiny(spec)
+    classic = save_quantized(model, results, spec, "gptq", tmp_path / "classic")
+    assert json.loads((classic / "config.json").read_text())["quantization_config"]["checkpoint_format"] == "gptq"
+
+    name = "layers.0.self_attn.qkv_proj"
+    q, scales, zeros, g_idx = results[name]
+    zeros = zeros.clone()
+    zeros[0, 0] = 0
+    results[name] = (q, scales, zeros, g_idx)
+    with torch.no_grad():
+        model.get_submodule(name).weight.copy_(dequantize(q, scales, zeros, group_size=32))
+    out = save_quantized(model, results, spec, "gptq", tmp_path / "v2")
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["checkpoint_format"] == "gptq_v2"
+    loaded, _ = load_quantized(out, dtype=torch.float32, device="cpu")
+    ref = model.state_dict()
+    assert all(torch.equal(v, ref[k]) for k, v in loaded.state_dict().items())
+
+
 def test_save_refuses_ragged_groups(tmp_path):
     from lab.models import load_model
 

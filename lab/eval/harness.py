@@ -11,9 +11,10 @@ samples, not perplexity alone. So this module reports three things side by side:
   model, which see distribution shifts that perplexity averages away (the KL metric of Dettmers et al.'s
   and llama.cpp's quantization reports);
 - `run_sensitive` over `lab.eval.sensitive` items with greedy decoding through the lab engine, with
-  `pass_rates` per category and `bad_cases`: items the reference passes and the quantized model fails.
+  `pass_rates` per category, `flips` (outputs changed, items lost and gained against the reference) and
+  `bad_cases`: items the reference passes and the quantized model fails.
 
-`evaluate` bundles them into a JSON-serialisable dict (for a future `lab eval --json`).
+`evaluate` bundles them into a JSON-serialisable dict (`lab eval --json`).
 
 Held-out text and the calibration set. `lab.quant.calibration` draws its "code" documents from the first
 `STDLIB_FILES` standard-library files in order of `sha256(relative path)`; `heldout_texts(source="stdlib")`
@@ -187,6 +188,29 @@ def bad_cases(ref_df, quant_df, k: int | None = 10):
     return bad if k is None else bad.head(k)
 
 
+def flips(ref_df, quant_df) -> dict:
+    """Per category (and "all"): how the quantized model's items moved against the reference's.
+
+    same_output: share of items whose greedy output text is identical; lost: passed on the reference,
+    failed quantized; gained: the reverse. A pass rate can hold still while items flip both ways, and a
+    category the reference already fails (a 135M model's multi-digit arithmetic) shows quantization
+    damage only here (Dutta et al., 2024, "Accuracy is Not All You Need", arXiv:2407.09141, count flips)."""
+    merged = ref_df.merge(quant_df, on=["id", "category"], suffixes=("_ref", "_quant"))
+    if len(merged) != len(ref_df) or len(merged) != len(quant_df):
+        raise ValueError(f"the two runs cover different items ({len(ref_df)} and {len(quant_df)}, "
+                         f"{len(merged)} in common)")
+
+    def summary(g) -> dict:
+        n = len(g)
+        return {"total": n, "same_output": float((g["output_ref"] == g["output_quant"]).mean()) if n else float("nan"),
+                "lost": int((g["passed_ref"] & ~g["passed_quant"]).sum()),
+                "gained": int((~g["passed_ref"] & g["passed_quant"]).sum())}
+
+    out = {category: summary(group) for category, group in merged.groupby("category", sort=True)}
+    out["all"] = summary(merged)
+    return out
+
+
 # ---- everything ---------------------------------------------------------------------------------------
 
 
@@ -222,6 +246,7 @@ def evaluate(model, tokenizer, suite: str = "all", reference=None, *, heldout: l
         if reference is not None:
             ref_df = run_sensitive(reference, tokenizer, items, max_tokens, engine_kwargs)
             sens["reference_pass_rates"] = pass_rates(ref_df)
+            sens["vs_reference"] = flips(ref_df, df)
             sens["bad_cases"] = _records(bad_cases(ref_df, df, k_bad))
         result["sensitive"] = sens
     return result

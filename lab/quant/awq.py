@@ -40,9 +40,10 @@ mean over tokens of (x_g (Q(clamp(w_g)) - w_g)^T)^2 (the group's share of the ou
 subsample of the inputs is applied. Ratio 1.0 is plain rounding, so that per-group error never rises.
 
 The model is processed layer by layer, in order: a layer's inputs come from the earlier layers as
-already quantized, each scaling group's inputs are captured again after the groups before it were
-folded (in float), and the layer's linears are fake-quantized at the end (as gptq_quantize_model
-does), so the model ends in float32 with weights on the RTN grid of the scaled, clipped weights.
+already quantized; every linear's inputs are captured in one pass, and a group's own inputs are divided
+by its scales once they are folded (folding in float changes nothing else in the layer); the layer's
+linears are fake-quantized at the end (as gptq_quantize_model does), so the model ends in float32
+with weights on the RTN grid of the scaled, clipped weights.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def search_scales(x: torch.Tensor, weights: list[torch.Tensor],
 
     def loss_for(scales: torch.Tensor) -> float:
         out = block([scaled_fake_quantize(w, scales, spec) for w in weights]).float()
-        return float((out - ref).pow(2).mean())
+        return float(torch.nn.functional.mse_loss(out, ref))
 
     loss_rtn = loss_for(torch.ones_like(x_mean))
     losses, best, best_k = [], math.inf, 0
@@ -324,32 +325,36 @@ def awq_quantize_model(model: nn.Module, calib_token_ids: list[list[int]], spec:
         if index in cal.chosen:
             start = time.perf_counter()
             original = {n: p.detach().clone() for n, p in layer.named_parameters()}
-            ref_out = cal.run(layer)
+            names = [n for n, m in layer.named_modules() if isinstance(m, nn.Linear)]
+            # Every linear's inputs, captured once. Folding a group's scales leaves the float layer
+            # unchanged except that the group's own inputs become x / s, so those are divided in
+            # place instead of running the layer again (AutoAWQ updates its captured inputs alike).
+            inputs, ref_out = cal.capture(layer, names)
             groups, skipped = llama_scaling_groups(layer)
             group_stats: dict[str, AWQGroupStats] = {}
             for grp in groups:
                 lins = [layer.get_submodule(n) for n in grp.linears]
-                inputs = cal.capture(layer, grp.linears[:1])[grp.linears[0]]
+                x_in = inputs[grp.linears[0]]
                 if grp.inspect == "attn":
-                    def block_fn(inputs=inputs, layer=layer):
-                        return cal.attention(layer, inputs)
+                    def block_fn(x_in=x_in, layer=layer):
+                        return cal.attention(layer, x_in)
                 else:
                     module = layer.get_submodule(grp.inspect)
-                    x_all = torch.cat(inputs)
+                    x_all = torch.cat(x_in)
 
                     def block_fn(module=module, x_all=x_all):
                         return module(x_all)
                 scales, gstats = search_scales(
-                    torch.cat(inputs), [lin.weight for lin in lins],
+                    torch.cat(x_in), [lin.weight for lin in lins],
                     lambda ws, lins=lins, block_fn=block_fn: _with_weights(lins, ws, block_fn),
                     spec, n_grid=n_grid, duo_scaling=duo_scaling)
                 fold_scales(grp.prev, lins, scales, grp.prev_rows)
+                for name in grp.linears:
+                    inputs[name] = [x / scales.to(x.dtype) for x in inputs[name]]
                 group_stats[grp.name] = gstats
 
-            names = [n for n, m in layer.named_modules() if isinstance(m, nn.Linear)]
             clip_stats: dict[str, AWQClipStats] = {}
             if clip:
-                inputs = cal.capture(layer, names)
                 attn = layer.self_attn
                 for name in names:
                     lin = layer.get_submodule(name)

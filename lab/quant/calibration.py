@@ -47,6 +47,8 @@ PIECES_PER_DOCUMENT = 3
 # Standard-library files read for the code pool: reading all ~700 costs seconds and adds nothing to a
 # 128-512 sample set.
 STDLIB_FILES = 200
+# Samples drawn when blocks are packed (`pack_blocks`): the top of the 128-512 range, ~80K tokens stratified.
+PACK_POOL_SAMPLES = 512
 # Fixed seed for how documents are cut, so the pool is the same for every sampling seed and only the
 # selection varies with `seed`.
 CUT_SEED = 1234
@@ -248,6 +250,19 @@ def build_calibration_set(tokenizer, n_samples: int = 128, max_tokens: int = 512
     ds.info.description = json.dumps({"mix": mix, "seed": seed, "max_tokens": max_tokens,
                                       "sources": _source_list(mix, spec_bench)})
     return ds
+
+
+def pack_blocks(sequences: list[list[int]], n_blocks: int, block_tokens: int) -> list[list[int]]:
+    """Concatenate `sequences` in order and cut `n_blocks` blocks of exactly `block_tokens` tokens: the
+    fixed-length layout of the GPTQ reference (random 2048-token windows of C4) and of AutoAWQ (its samples
+    joined and split into 512-token blocks), for timing the algorithms at their published sizes."""
+    if n_blocks < 1 or block_tokens < 1:
+        raise ValueError(f"n_blocks={n_blocks} and block_tokens={block_tokens} must be >= 1")
+    flat = [t for ids in sequences for t in ids]
+    if len(flat) < n_blocks * block_tokens:
+        raise ValueError(f"{n_blocks} blocks of {block_tokens} tokens need {n_blocks * block_tokens} tokens; "
+                         f"the sequences hold {len(flat)}")
+    return [flat[i * block_tokens:(i + 1) * block_tokens] for i in range(n_blocks)]
 
 
 def _source_list(mix: str, spec_bench: Path | None) -> list[str]:

@@ -328,11 +328,17 @@ def save_quantized(model, results: dict, spec: QuantSpec, method: str, out_dir, 
     if tied and "lm_head" in results:
         raise ValueError("lm_head is tied to the embeddings; it cannot be quantized on its own")
 
+    codes = {name: _as_codes(result, spec) for name, result in results.items()}
+    # The classic GPTQ format stores zero - 1, so an asymmetric zero point of 0 does not fit; then the
+    # whole checkpoint is written as GPTQModel's "gptq_v2" (zeros stored as they are), which the
+    # config's checkpoint_format says, instead of refusing or nudging a zero.
+    zero_offset = 1
+    if method == "gptq" and not spec.symmetric and any(bool((z == 0).any()) for _, _, z, _ in codes.values()):
+        zero_offset = 0
     tensors: dict[str, torch.Tensor] = {}
     desc_act = False
-    for name, result in results.items():
+    for name, (q, scales, zeros, g_idx) in codes.items():
         module = model.get_submodule(name)
-        q, scales, zeros, g_idx = _as_codes(result, spec)
         if tuple(q.shape) != (module.out_features, module.in_features):
             raise ValueError(f"{name}: codes {tuple(q.shape)} do not match the module's weight "
                              f"{(module.out_features, module.in_features)}")
@@ -346,7 +352,7 @@ def save_quantized(model, results: dict, spec: QuantSpec, method: str, out_dir, 
         for hf, rows in _hf_parts(model, name):
             args = (q[rows], scales[rows], zeros[rows])
             if method == "gptq":
-                packed = pack_gptq(*args, g_idx, spec.bits, gs)
+                packed = pack_gptq(*args, g_idx, spec.bits, gs, zero_offset=zero_offset)
             else:
                 packed = pack_awq(*args, g_idx, spec.bits, gs)
             for kind, t in packed.items():
@@ -370,7 +376,8 @@ def save_quantized(model, results: dict, spec: QuantSpec, method: str, out_dir, 
     if method == "gptq":
         qc = {"quant_method": "gptq", "bits": spec.bits, "group_size": spec.group_size or -1,
               "desc_act": desc_act, "sym": spec.symmetric, "static_groups": False, "true_sequential": True,
-              "lm_head": "lm_head" in results, "checkpoint_format": "gptq"}
+              "lm_head": "lm_head" in results,
+              "checkpoint_format": "gptq" if zero_offset else "gptq_v2"}
     else:
         # AutoAWQ's names (w_bit, q_group_size) and transformers' (bits, group_size) both given.
         # A symmetric lab grid is stored with explicit zero points 2^(bits-1), hence zero_point True.

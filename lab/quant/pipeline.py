@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from .formats import save_quantized
-from .gptq import LINEAR_STEPS, GPTQConfig, gptq_quantize_model
+from .gptq import GPTQConfig, gptq_quantize_model
+from .layerwise import LINEAR_STEPS
 from .rtn import QuantSpec, dequantize, quantize
 
 METHODS = ("rtn", "gptq", "awq")
@@ -33,6 +34,9 @@ class QuantJob:
     calib_samples: int = 128
     calib_tokens: int = 512
     calib_mix: str = "stratified"
+    # False: the set's own samples (variable lengths up to calib_tokens, stratified by length bucket);
+    # True: calib_samples blocks of exactly calib_tokens cut from a 512-sample set (GPTQ's and AutoAWQ's layout).
+    calib_packed: bool = False
     seed: int = 0
 
     def __post_init__(self):
@@ -44,7 +48,7 @@ class QuantJob:
 
 def decoder_linears(model) -> dict[str, torch.nn.Linear]:
     return {f"layers.{i}.{name}": layer.get_submodule(name)
-            for i, layer in enumerate(model.layers) for step in LINEAR_STEPS for name in step}
+            for i, layer in enumerate(model.layers) for name in LINEAR_STEPS}
 
 
 def _rtn_codes(model, spec: QuantSpec) -> dict:
@@ -60,6 +64,15 @@ def _rtn_codes(model, spec: QuantSpec) -> dict:
     return codes
 
 
+def calibration_token_ids(tokenizer, job: QuantJob) -> list[list[int]]:
+    from .calibration import PACK_POOL_SAMPLES, build_calibration_set, pack_blocks
+
+    n = PACK_POOL_SAMPLES if job.calib_packed else job.calib_samples
+    ds = build_calibration_set(tokenizer, n_samples=n, max_tokens=job.calib_tokens, mix=job.calib_mix, seed=job.seed)
+    ids = [list(x) for x in ds["input_ids"]]
+    return pack_blocks(ids, job.calib_samples, job.calib_tokens) if job.calib_packed else ids
+
+
 @torch.no_grad()
 def run_quant_job(job: QuantJob, out_dir: str | Path, progress: bool = True) -> dict:
     """Quantize `job.model` and save it to `out_dir`; returns a summary (time, calibration, paths)."""
@@ -71,9 +84,7 @@ def run_quant_job(job: QuantJob, out_dir: str | Path, progress: bool = True) -> 
     if job.method != "rtn":
         from .calibration import build_calibration_set
 
-        ds = build_calibration_set(tok, n_samples=job.calib_samples, max_tokens=job.calib_tokens,
-                                   mix=job.calib_mix, seed=job.seed)
-        calib = [list(ids) for ids in ds["input_ids"]]
+        calib = calibration_token_ids(tok, job)
     t = time.perf_counter()
     if job.method == "rtn":
         codes = _rtn_codes(model, spec)
