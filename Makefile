@@ -32,6 +32,7 @@ test: setup
 
 bench: setup
 	$(VENV)/bin/lab bench engine --json results/bench_engine.json
+	$(VENV)/bin/lab bench quant --json results/bench_quant.json
 
 lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks

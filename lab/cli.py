@@ -97,6 +97,19 @@ def _memory(args) -> int:
     return 0
 
 
+def _bench_quant(args) -> int:
+    from lab.bench.quant import format_result, run_quant_bench
+    from lab.provenance import provenance
+
+    result = run_quant_bench(model=args.model, gptq_blocks=args.gptq_blocks, awq_blocks=args.awq_blocks,
+                             block_tokens=args.block_tokens, progress=True)
+    print(format_result(result))
+    if args.json:
+        record = {"result": result, "provenance": provenance(vars(args) | {"command": "lab bench quant"})}
+        Path(args.json).write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return 0
+
+
 def _quant(args) -> int:
     from lab.quant.pipeline import QuantJob, run_quant_job
 
@@ -154,6 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="weights and activations of both engines (default float32, the reference workload)")
     eng.add_argument("--json", default=None, help="also write the result with provenance to this JSON file")
     eng.set_defaults(func=_bench_engine)
+    bq = bench_sub.add_parser("quant", help="GPTQ and AWQ time on the whole model at the reference sizes")
+    bq.add_argument("--model", default="smollm2-135m")
+    bq.add_argument("--gptq-blocks", type=int, default=128)
+    bq.add_argument("--awq-blocks", type=int, default=32)
+    bq.add_argument("--block-tokens", type=int, default=512)
+    bq.add_argument("--json", default=None, help="also write the result and its provenance here")
+    bq.set_defaults(func=_bench_quant)
 
     run = sub.add_parser("run", help="execute a study notebook (or 'all') through papermill into results/")
     run.add_argument("notebook", help="e.g. 00_engine_tour, or 'all' for every study notebook")

@@ -87,7 +87,9 @@ def run_notebook(name: str, params: dict | None = None, root: Path | None = None
     previous = {k: os.environ.get(k) for k in ("LAB_RUN_DIR", "LAB_RESULTS_DIR")}
     os.environ["LAB_RUN_DIR"], os.environ["LAB_RESULTS_DIR"] = str(run_dir), str(root)
     try:
-        papermill.execute_notebook(str(path), str(out), parameters=params, cwd=str(path.parent),
+        # papermill writes a tuple as the string of its repr; a list it writes as a list literal.
+        injected = {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}
+        papermill.execute_notebook(str(path), str(out), parameters=injected, cwd=str(path.parent),
                                    kernel_name="python3", progress_bar=False, log_output=log_output)
     except Exception as e:
         (run_dir / "metrics.json").write_text(json.dumps({"status": "failed", "error": str(e)[-2000:]}, indent=2))

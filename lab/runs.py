@@ -50,6 +50,13 @@ def check_choice(name: str, value, choices) -> None:
         raise ValueError(f"parameter {name}={value!r} is not one of {list(choices)}")
 
 
+def as_tuple(name: str, value) -> tuple:
+    """A list or tuple parameter as a tuple; a string is refused (tuple("rtn") would be its letters)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"parameter {name}={value!r} must be a list or tuple")
+    return tuple(value)
+
+
 def check_range(name: str, value, lo=None, hi=None, kind=(int, float)) -> None:
     if isinstance(value, bool) or not isinstance(value, kind):
         raise ValueError(f"parameter {name}={value!r} must be a number")

@@ -44,6 +44,10 @@ class QuantJob:
             raise ValueError(f"method {self.method!r} is not one of {METHODS}")
         if self.method == "awq" and self.act_order:
             raise ValueError("act_order is a GPTQ option; AWQ has no column order")
+        self.spec()  # bits and group size checked here, before any model is loaded
+
+    def spec(self) -> QuantSpec:
+        return QuantSpec(bits=self.bits, group_size=self.group_size, symmetric=self.symmetric)
 
 
 def decoder_linears(model) -> dict[str, torch.nn.Linear]:
@@ -74,17 +78,11 @@ def calibration_token_ids(tokenizer, job: QuantJob) -> list[list[int]]:
 
 
 @torch.no_grad()
-def run_quant_job(job: QuantJob, out_dir: str | Path, progress: bool = True) -> dict:
-    """Quantize `job.model` and save it to `out_dir`; returns a summary (time, calibration, paths)."""
-    from lab.models import load_model
-
-    spec = QuantSpec(bits=job.bits, group_size=job.group_size, symmetric=job.symmetric)
-    model, tok = load_model(job.model, dtype=torch.float32, device="cpu")
-    calib = []
-    if job.method != "rtn":
-        from .calibration import build_calibration_set
-
-        calib = calibration_token_ids(tok, job)
+def quantize_model(job: QuantJob, model, tokenizer, progress: bool = True) -> tuple[dict, dict]:
+    """Quantize `model` in place as `job` says (its `model` field is not read): returns the codes of
+    every decoder linear, for `save_quantized`, and a summary (time, calibration size)."""
+    calib = [] if job.method == "rtn" else calibration_token_ids(tokenizer, job)
+    spec = job.spec()
     t = time.perf_counter()
     if job.method == "rtn":
         codes = _rtn_codes(model, spec)
@@ -96,8 +94,22 @@ def run_quant_job(job: QuantJob, out_dir: str | Path, progress: bool = True) -> 
 
         codes = {}
         awq_quantize_model(model, calib, spec, progress=progress, results=codes)
-    seconds = time.perf_counter() - t
-    path = save_quantized(model, codes, spec, "awq" if job.method == "awq" else "gptq", out_dir, tokenizer=tok)
-    return {"out_dir": str(path), "method": job.method, "bits": job.bits, "group_size": job.group_size,
-            "quantization_seconds": seconds, "calibration_sequences": len(calib),
-            "calibration_tokens": sum(map(len, calib))}
+    summary = {"method": job.method, "bits": job.bits, "group_size": job.group_size,
+               "quantization_seconds": time.perf_counter() - t, "calibration_sequences": len(calib),
+               "calibration_tokens": sum(map(len, calib))}
+    return codes, summary
+
+
+def checkpoint_format(job: QuantJob) -> str:
+    """AWQ results are saved in the AWQ GEMM format; RTN and GPTQ in the GPTQ format."""
+    return "awq" if job.method == "awq" else "gptq"
+
+
+def run_quant_job(job: QuantJob, out_dir: str | Path, progress: bool = True) -> dict:
+    """`lab quant`: quantize `job.model` and save it to `out_dir`; returns the summary and the path."""
+    from lab.models import load_model
+
+    model, tok = load_model(job.model, dtype=torch.float32, device="cpu")
+    codes, summary = quantize_model(job, model, tok, progress)
+    path = save_quantized(model, codes, job.spec(), checkpoint_format(job), out_dir, tokenizer=tok)
+    return {"out_dir": str(path), **summary}
