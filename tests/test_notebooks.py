@@ -46,6 +46,19 @@ def test_parameters_cell_comes_first_and_pair_is_in_sync(name):
         "the .ipynb and its .py twin differ: run `make sync-notebooks`"
 
 
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_assignment_in_the_parameters_cell_is_a_parameter(name):
+    """papermill skips a line it cannot parse (it did, on a comment holding '; x = y'), and the name then
+    silently stops being a parameter; every assigned name must come back from its parser."""
+    import ast
+
+    nb = nbformat.read(NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if c.cell_type == "code")
+    assigned = [t.id for node in ast.parse(cell.source).body if isinstance(node, ast.Assign)
+                for t in node.targets if isinstance(t, ast.Name)]
+    assert list(declared_parameters(NOTEBOOKS_DIR / f"{name}.ipynb")) == assigned
+
+
 def test_unknown_parameter_is_rejected_before_running(tmp_path):
     with pytest.raises(ValueError, match="NOT_A_PARAMETER"):
         run_notebook("00_engine_tour", {"NOT_A_PARAMETER": 1}, root=tmp_path)

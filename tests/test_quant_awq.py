@@ -127,7 +127,3 @@ def test_awq_model_first_layers_beats_rtn_on_logits(smollm, quant_prompt_ids, rt
     # beat RTN on this probe (0.50 vs 0.50 with clip, 0.75 without), though its layer MSE was lower.
     kl_rtn, kl_awq = kl_to_float(rtn), kl_to_float(awq)
     assert 0 < kl_awq < 0.8 * kl_rtn, (kl_awq, kl_rtn)
-
-
-def test_autoawq_import():
-    pytest.importorskip("awq", reason="AutoAWQ is deprecated and not installed; lab.quant.awq is our own")

@@ -1,0 +1,151 @@
+"""Static KV scales from calibration data, and a contiguous cache that stores K/V through a format.
+
+Static granularities (`per-tensor`, `per-head` in `lab.quant.kv`) need one scale per layer (and head) fixed
+before serving. vLLM computes its FP8 `k_scale`/`v_scale` from calibration data (llm-compressor) or falls back
+to 1.0, which its documentation warns may degrade accuracy. `calibrate_kv_absmax` runs the model over
+calibration sequences and records, per layer, K and V head by head: the maximum |x| or a percentile of |x|
+(a percentile ignores the rarest outliers at the price of saturating them). `KVScales` turns those into the
+scales of a format and saves them beside a model as safetensors.
+
+`QuantizedContiguousKVCache` is `ContiguousKVCache` with every key and value written through a format (round
+trip via `lab.quant.kv.fake_quantize`), optionally before RoPE: the reference the paged quantized cache is
+checked against, and the tool of the position-error study (a whole sequence in one forward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from lab.models.attention import causal_attention
+from lab.models.llama import apply_rope
+
+from .kv import KVCacheFormat, fake_quantize, static_scale
+
+METHODS = ("max", "percentile")
+
+
+class _Recorder:
+    """An `AttentionContext` that attends like `ContiguousKVCache` (one sequence, one forward) and keeps
+    |K| and |V| statistics per layer and head; keys also before RoPE when asked."""
+
+    def __init__(self, n_layers: int, rope: tuple[torch.Tensor, torch.Tensor] | None, method: str, percentile: float):
+        self.rope, self.method, self.q = rope, method, percentile / 100
+        self.stats: dict[str, list[list[torch.Tensor]]] = {k: [[] for _ in range(n_layers)] for k in ("k", "v", "k_pre")}
+
+    def _stat(self, x: torch.Tensor) -> torch.Tensor:  # [T, H, D] -> [H]
+        a = x.float().abs().transpose(0, 1).reshape(x.shape[1], -1)
+        return a.amax(1) if self.method == "max" else torch.quantile(a, self.q, dim=1)
+
+    def attend(self, layer, q, k, v):
+        self.stats["k"][layer].append(self._stat(k))
+        self.stats["v"][layer].append(self._stat(v))
+        if self.rope is not None:
+            cos, signed_sin = self.rope
+            self.stats["k_pre"][layer].append(self._stat(apply_rope(k, cos, -signed_sin)))
+        return causal_attention(q, k, v)
+
+
+@dataclass
+class KVScales:
+    """Per-layer, per-KV-head |x| statistics of keys (post- and pre-RoPE) and values: [layers, heads]."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_pre_rope: torch.Tensor
+    method: str
+    percentile: float | None
+
+    def scale(self, fmt: KVCacheFormat, layer: int, role: str) -> torch.Tensor:
+        """The static scale of `fmt` for `layer` and role "k" or "v": per-tensor the max over heads."""
+        if not fmt.static:
+            raise ValueError(f"{fmt.granularity} scales are dynamic; static scales are for per-tensor/per-head")
+        stat = {"k": self.k_pre_rope if fmt.pre_rope else self.k, "v": self.v}[role][layer]
+        return static_scale(stat.amax().reshape(1) if fmt.granularity == "per-tensor" else stat, fmt)
+
+    def save(self, path: str | Path) -> Path:
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        meta = {"method": self.method, "percentile": str(self.percentile)}
+        save_file({"k": self.k.contiguous(), "v": self.v.contiguous(), "k_pre_rope": self.k_pre_rope.contiguous()},
+                  path, metadata=meta)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> KVScales:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata()
+            t = {k: f.get_tensor(k) for k in ("k", "v", "k_pre_rope")}
+        pct = None if meta["percentile"] == "None" else float(meta["percentile"])
+        return cls(t["k"], t["v"], t["k_pre_rope"], meta["method"], pct)
+
+
+@torch.inference_mode()
+def calibrate_kv_absmax(model, calib_token_ids: list[list[int]], method: str = "max",
+                        percentile: float = 99.9) -> KVScales:
+    """|K| and |V| statistics per layer and head over the calibration sequences (max over sequences of
+    each sequence's max or percentile)."""
+    if method not in METHODS:
+        raise ValueError(f"method {method!r} is not one of {METHODS}")
+    if not 0 < percentile <= 100:
+        raise ValueError(f"percentile={percentile} must be in (0, 100]")
+    if not calib_token_ids or any(len(ids) == 0 for ids in calib_token_ids):
+        raise ValueError("calib_token_ids must hold at least one non-empty sequence")
+    n = len(model.layers)
+    device = model.embed_tokens.weight.device
+    stats = {"k": [], "v": [], "k_pre": []}
+    for ids in calib_token_ids:
+        pos = torch.arange(len(ids), device=device)
+        rec = _Recorder(n, model.rope(pos), method, percentile)
+        model(torch.tensor(ids, device=device), pos, rec)
+        for key in stats:
+            stats[key].append(torch.stack([torch.stack(layer).amax(0) for layer in rec.stats[key]]))
+    k, v, k_pre = (torch.stack(stats[key]).amax(0) for key in ("k", "v", "k_pre"))
+    return KVScales(k, v, k_pre, method, percentile if method == "percentile" else None)
+
+
+class QuantizedContiguousKVCache:
+    """`ContiguousKVCache` whose keys and values are stored through `fmt` (read back dequantized).
+
+    Per-token and static formats quantize each token on its own, so writing chunk by chunk equals writing
+    all at once. Per-channel key groups of `fmt.token_group` tokens are formed per write here, so feed a
+    sequence in one forward (or in chunks that are multiples of the group). `fmt.window` keeps the most
+    recent tokens of each write exact; pass the whole sequence in one write for the position study.
+    With `fmt.pre_rope` keys are un-rotated, quantized and rotated back (the same as quantizing before RoPE
+    and rotating on read, since RoPE is a rotation)."""
+
+    def __init__(self, model, fmt: KVCacheFormat, scales: KVScales | None = None):
+        if fmt.static and scales is None:
+            raise ValueError(f"{fmt.granularity} needs calibrated KVScales (or KVScales of ones for vLLM's 1.0)")
+        self.model, self.fmt, self.scales = model, fmt, scales
+        n = len(model.layers)
+        self.k: list[torch.Tensor | None] = [None] * n
+        self.v: list[torch.Tensor | None] = [None] * n
+
+    def __len__(self) -> int:
+        return 0 if self.k[0] is None else self.k[0].shape[0]
+
+    def _scale(self, layer: int, role: str):
+        return self.scales.scale(self.fmt, layer, role) if self.fmt.static else None
+
+    def attend(self, layer, q, k, v):
+        start = 0 if self.k[layer] is None else self.k[layer].shape[0]
+        if self.fmt.pre_rope:
+            n = k.shape[0] - min(self.fmt.window, k.shape[0])  # the window stays exact, unrotated or not
+            if n:
+                cos, signed_sin = self.model.rope(torch.arange(start, start + n, device=k.device))
+                k_pre = fake_quantize(apply_rope(k[:n], cos, -signed_sin), replace(self.fmt, window=0), "k",
+                                      self._scale(layer, "k"))
+                k = torch.cat([apply_rope(k_pre, cos, signed_sin), k[n:]])
+        else:
+            k = fake_quantize(k, self.fmt, "k", self._scale(layer, "k"))
+        v = fake_quantize(v, self.fmt, "v", self._scale(layer, "v"))
+        if self.k[layer] is not None:
+            k, v = torch.cat([self.k[layer], k]), torch.cat([self.v[layer], v])
+        self.k[layer], self.v[layer] = k, v
+        return causal_attention(q, k, v)

@@ -1,0 +1,104 @@
+"""KV-cache quantization formats (lab.quant.kv): round trips within each format's error bound, static
+scales required and saturation counted, windows exact, codes packed losslessly."""
+
+import itertools
+
+import pytest
+import torch
+
+from lab.quant.kv import (GRANULARITIES, KV_CACHE_DTYPES, KVCacheFormat, dequantize, fake_quantize, fp8_max,
+                          pack_codes, quantize, static_scale, unpack_codes)
+
+
+def kv(seed=0, t=37, h=3, d=64):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, h, d, generator=g)
+    x[:, :, 5] *= 20  # an outlier channel, as keys have
+    return x
+
+
+def scale_for(x, fmt, role):
+    if not fmt.static:
+        return None
+    gran = fmt.granularity_of(role)
+    absmax = x.abs().amax() if gran == "per-tensor" else x.abs().amax(dim=(0, 2))
+    return static_scale(absmax, fmt)
+
+
+@pytest.mark.parametrize("dtype,granularity,role",
+                         list(itertools.product(KV_CACHE_DTYPES, GRANULARITIES, ("k", "v"))))
+def test_round_trip_within_the_format_bound(dtype, granularity, role):
+    fmt = KVCacheFormat(dtype, granularity, token_group=8)
+    x = kv()
+    q = quantize(x, fmt, role, scale_for(x, fmt, role))
+    y = dequantize(q, fmt)
+    assert q.clipped == 0 and y.shape == x.shape
+    if fmt.is_fp8:
+        mantissa = 3 if dtype == "fp8_e4m3" else 2
+        tiny = torch.finfo(torch.float8_e4m3fn if dtype == "fp8_e4m3" else torch.float8_e5m2).tiny
+        bound = x.abs() * 2.0 ** -(mantissa + 1) + tiny * q.scale  # subnormals: absolute half-ulp
+        assert ((x - y).abs() <= bound * (1 + 1e-6)).all()
+    else:
+        assert ((x - y).abs() <= q.scale / 2 * (1 + 1e-5)).all()
+    assert torch.equal(dequantize(quantize(torch.zeros_like(x), fmt, role, scale_for(x, fmt, role)), fmt),
+                       torch.zeros_like(x))
+
+
+def test_fewer_bits_more_error_and_keys_per_channel_beat_per_token_on_outlier_channels():
+    x = kv()
+    err = {d: float((fake_quantize(x, KVCacheFormat(d, "per-token"), "k") - x).norm()) for d in ("int8", "int4", "int2")}
+    assert err["int8"] < err["int4"] < err["int2"]
+    per_channel = float((fake_quantize(x, KVCacheFormat("int4", "per-channel", token_group=8), "k") - x).norm())
+    assert per_channel < err["int4"]
+
+
+def test_static_scales_required_and_saturation_counted():
+    x = kv()
+    with pytest.raises(ValueError, match="static"):
+        quantize(x, KVCacheFormat("fp8_e4m3", "per-tensor"), "k")
+    with pytest.raises(ValueError, match="dynamic"):
+        quantize(x, KVCacheFormat("int8", "per-token"), "k", torch.tensor(1.0))
+    with pytest.raises(ValueError, match="3 scale"):
+        quantize(x, KVCacheFormat("int8", "per-head"), "k", torch.ones(2))
+    # vLLM's default scale 1.0 on e4m3 (max 448) does not saturate these values, but a small scale does:
+    small = quantize(x * 100, KVCacheFormat("fp8_e4m3", "per-tensor"), "k", torch.tensor(1.0))
+    big = x.abs().amax() * 100
+    assert small.clipped == int((x.abs() * 100 > fp8_max("fp8_e4m3")).sum()) > 0 and big > 448
+    assert dequantize(small, KVCacheFormat("fp8_e4m3", "per-tensor")).abs().max() == fp8_max("fp8_e4m3")
+
+
+def test_window_keeps_recent_tokens_exact():
+    x = kv()
+    fmt = KVCacheFormat("int2", "per-token", window=5)
+    y = fake_quantize(x, fmt, "v")
+    assert torch.equal(y[-5:], x[-5:]) and not torch.equal(y[:-5], x[:-5])
+    assert torch.equal(fake_quantize(x[:3], fmt, "v"), x[:3])  # shorter than the window: all exact
+
+
+def test_per_channel_groups_run_along_tokens_with_a_ragged_last_group():
+    x = kv(t=20)
+    fmt = KVCacheFormat("int4", "per-channel", token_group=8)
+    q = quantize(x, fmt, "k")
+    assert torch.equal(q.scale[0], q.scale[7]) and not torch.equal(q.scale[7], q.scale[8])
+    assert torch.equal(q.scale[16], q.scale[19])  # the last group: 4 tokens
+    assert quantize(x, fmt, "v").scale.shape == (20, 3, 1)  # values per token
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_pack_unpack_exact(bits):
+    g = torch.Generator().manual_seed(bits)
+    codes = torch.randint(0, 2 ** bits, (5, 3, 64), generator=g, dtype=torch.uint8)
+    packed = pack_codes(codes, bits)
+    assert packed.shape == (5, 3, 64 * bits // 8) and torch.equal(unpack_codes(packed, bits), codes)
+    with pytest.raises(ValueError):
+        pack_codes(codes[..., :3], 2)
+
+
+def test_bad_formats_named():
+    with pytest.raises(ValueError, match="int3"):
+        KVCacheFormat("int3")
+    with pytest.raises(ValueError, match="per-block"):
+        KVCacheFormat("int8", "per-block")
+    with pytest.raises(ValueError, match="window"):
+        KVCacheFormat("int8", window=-1)
+    assert KVCacheFormat("fp8_e5m2").granularity == "per-tensor" and KVCacheFormat("int4").granularity == "per-token"
