@@ -1,7 +1,8 @@
 """Paged attention in PyTorch: the engine's reference attention backend.
 
-The KV pool of one layer is [num_blocks, block_size, n_kv_heads, head_dim]; a sequence's token j
-lives in block `block_table[j // block_size]` at offset `j % block_size`. Each step:
+The KV pool of one layer is [num_blocks, block_size, n_kv_heads, head_dim] (`lab.engine.kv_store`: plain or
+quantized); a sequence's token j lives in block `block_table[j // block_size]` at offset `j % block_size`.
+Each step:
 
 1. write: this step's k, v go to their slots (`slot_mapping`, one flat index per token);
 2. read: decodes (one query each) are batched, gathering whole blocks through the padded block
@@ -27,6 +28,7 @@ class PagedAttentionMetadata:
     """Everything attention needs about a step's batch, built once per step by the model runner."""
 
     slot_mapping: torch.Tensor  # [T] flat slot of each new token
+    positions: torch.Tensor  # [T] position of each new token in its sequence (pre-RoPE KV formats need it)
     decode_rows: torch.Tensor  # [Bd] token index of each single-query sequence
     decode_blocks: torch.Tensor  # [Bd * max_blocks] the decodes' block tables, flattened (padded with block 0)
     decode_bias: torch.Tensor  # [Bd, 1, 1, max_blocks * block_size] 0 inside the context, -inf past its end
@@ -34,22 +36,20 @@ class PagedAttentionMetadata:
 
 
 class TorchPagedAttention:
-    """An `AttentionContext` over the engine's paged KV cache (k_cache, v_cache: [L, blocks, bs, n_kv, d])."""
+    """An `AttentionContext` over the engine's paged KV cache (a `lab.engine.kv_store` store)."""
 
-    def __init__(self, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: PagedAttentionMetadata):
-        self.k_cache, self.v_cache, self.meta = k_cache, v_cache, meta
+    def __init__(self, store, meta: PagedAttentionMetadata):
+        self.store, self.meta = store, meta
 
     def attend(self, layer, q, k, v):
         m = self.meta
-        kc, vc = self.k_cache[layer], self.v_cache[layer]
-        n_kv, d = kc.shape[-2:]
-        kc.view(-1, n_kv, d).index_copy_(0, m.slot_mapping, k)
-        vc.view(-1, n_kv, d).index_copy_(0, m.slot_mapping, v)
+        n_kv, d = k.shape[-2:]
+        self.store.write(layer, m.slot_mapping, k, v, m.positions)
         bd = m.decode_rows.numel()
         if bd:
-            # index_select copies whole blocks (~2x faster than advanced indexing here).
-            keys = kc.index_select(0, m.decode_blocks).view(bd, -1, n_kv, d).transpose(1, 2)  # [Bd, n_kv, L, d]
-            values = vc.index_select(0, m.decode_blocks).view(bd, -1, n_kv, d).transpose(1, 2)
+            keys, values = self.store.gather(layer, m.decode_blocks, m.decode_blocks.numel() // bd)
+            keys = keys.view(bd, -1, n_kv, d).transpose(1, 2)  # [Bd, n_kv, L, d]
+            values = values.view(bd, -1, n_kv, d).transpose(1, 2)
             # The n_heads / n_kv query heads that share a KV head become the query rows of that head:
             # one small matmul per (sequence, KV head) and no copy of K/V per query head.
             qd = (q if not m.prefills else q[m.decode_rows]).view(bd, n_kv, -1, d)
@@ -60,7 +60,7 @@ class TorchPagedAttention:
         if bd:
             out[m.decode_rows] = o
         for start, qlen, blocks, ctx_len in m.prefills:
-            keys = kc[blocks].view(-1, n_kv, d)[:ctx_len]
-            values = vc[blocks].view(-1, n_kv, d)[:ctx_len]
+            keys, values = self.store.gather(layer, blocks)
+            keys, values = keys.view(-1, n_kv, d)[:ctx_len], values.view(-1, n_kv, d)[:ctx_len]
             out[start:start + qlen] = causal_attention(q[start:start + qlen], keys, values)
         return out

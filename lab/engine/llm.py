@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from lab.models import LlamaModel, default_device, default_dtype, load_model
+from lab.quant.kv import KV_CACHE_DTYPES as QUANT_KV_DTYPES
+from lab.quant.kv import KVCacheFormat
 
 from .block_manager import BlockManager
 from .model_runner import ModelRunner, kv_cache_bytes_per_block
@@ -23,7 +25,8 @@ from .scheduler import Scheduler
 from .sequence import RequestOutput, Sequence, Status
 
 ATTENTION_BACKENDS = ("torch",)
-KV_CACHE_DTYPES = ("auto",)
+# "auto": the model's dtype; the others are lab.quant.kv formats (a KVCacheFormat picks the granularity).
+KV_CACHE_DTYPES = ("auto",) + QUANT_KV_DTYPES
 # Share of the free memory the KV pool may take when num_kv_blocks is not given.
 KV_CACHE_MEMORY_FRACTION = 0.4
 
@@ -38,7 +41,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     attention_backend: str = "torch"
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str | KVCacheFormat = "auto"
 
     def __post_init__(self):
         for name in ("block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
@@ -48,8 +51,9 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be a positive integer, got {self.num_kv_blocks}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend {self.attention_backend!r} is not one of {ATTENTION_BACKENDS}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
+        if not isinstance(self.kv_cache_dtype, KVCacheFormat) and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES} "
+                             f"(or a lab.quant.kv.KVCacheFormat)")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"without chunked prefill a whole prompt must fit one step: max_num_batched_tokens "
@@ -67,9 +71,14 @@ class LLM:
     def __init__(self, model: str | LlamaModel = "smollm2-135m", dtype: torch.dtype | None = None,
                  block_size: int = 16, num_kv_blocks: int | None = None, max_model_len: int = 2048,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
-                 enable_chunked_prefill: bool = True, attention_backend: str = "torch", kv_cache_dtype: str = "auto",
-                 tokenizer=None, device: str | torch.device | None = None):
-        """`model` is a name or path for `load_model`, or an already loaded `LlamaModel` (pass its tokenizer)."""
+                 enable_chunked_prefill: bool = True, attention_backend: str = "torch",
+                 kv_cache_dtype: str | KVCacheFormat = "auto", kv_scales=None, tokenizer=None,
+                 device: str | torch.device | None = None):
+        """`model` is a name or path for `load_model`, or an already loaded `LlamaModel` (pass its tokenizer).
+
+        `kv_cache_dtype`: "auto" (the model's dtype), a quantized dtype with its default granularity (fp8
+        per-tensor, integers per-token), or a `lab.quant.kv.KVCacheFormat`; static granularities need
+        `kv_scales` (`lab.quant.kv_calibration.KVScales`)."""
         self.config = EngineConfig(block_size, num_kv_blocks, max_model_len, max_num_seqs, max_num_batched_tokens,
                                    enable_prefix_caching, enable_chunked_prefill, attention_backend, kv_cache_dtype)
         if isinstance(model, LlamaModel):
@@ -86,12 +95,13 @@ class LLM:
             raise ValueError(f"max_model_len {max_model_len} exceeds the model's rotary table of "
                              f"{self.model.rope.max_positions} positions")
         self.device = self.model.embed_tokens.weight.device
-        kv_dtype = self.model.embed_tokens.weight.dtype
-        per_block = kv_cache_bytes_per_block(self.model, block_size, kv_dtype)
+        kv_format = kv_cache_dtype if isinstance(kv_cache_dtype, KVCacheFormat) else (
+            None if kv_cache_dtype == "auto" else KVCacheFormat(kv_cache_dtype))
+        per_block = kv_cache_bytes_per_block(self.model, block_size, kv_format)
         num_blocks = num_kv_blocks or self._default_num_blocks(per_block)
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
-        self.runner = ModelRunner(self.model, num_blocks, block_size, kv_dtype)
+        self.runner = ModelRunner(self.model, num_blocks, block_size, kv_format, kv_scales)
         self.eos_token_ids = set(self.model.config.eos_token_ids)
         self.sequences: dict[int, Sequence] = {}
         self.num_prefill_tokens = self.num_decode_tokens = self.num_steps = 0

@@ -40,10 +40,11 @@ def forward_logits(model: LlamaModel, token_ids: list[int]) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def greedy_generate(model: LlamaModel, token_ids: list[int], max_new_tokens: int) -> list[int]:
-    """Greedy continuation of `token_ids` (no stop on EOS), one token per forward after the prompt."""
+def greedy_generate(model: LlamaModel, token_ids: list[int], max_new_tokens: int, cache=None) -> list[int]:
+    """Greedy continuation of `token_ids` (no stop on EOS), one token per forward after the prompt, on
+    `cache` (a fresh `ContiguousKVCache` by default; any empty `AttentionContext` of one sequence)."""
     device = model.embed_tokens.weight.device
-    cache = ContiguousKVCache(len(model.layers))
+    cache = ContiguousKVCache(len(model.layers)) if cache is None else cache
     ids, out = list(token_ids), []
     new = ids
     for _ in range(max_new_tokens):

@@ -16,6 +16,8 @@ A format is a storage type and a granularity (which elements share one scale):
 - `pre_rope`: keys are quantized before the rotary embedding and rotated on read (KVQuant, Hooper et al.,
   2024, arXiv:2401.18079: pre-RoPE keys keep their per-channel outlier structure, which rotation smears).
 
+Dynamic scales are rounded up to fp16, the type the paged cache stores them in.
+
 Integer grids: static granularities are symmetric (zero point 2^(b-1), scale absmax / (2^(b-1) - 1)), the
 dynamic ones asymmetric (scale (max - min) / (2^b - 1) and an integer zero point, as KIVI), because a
 per-token or per-group minimum costs one more stored number and buys a whole level at 2 bits. Values outside
@@ -37,7 +39,8 @@ GRANULARITIES = ("per-tensor", "per-head", "per-token", "per-channel")
 STATIC = ("per-tensor", "per-head")
 FP8_TYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 INT_BITS = {"int8": 8, "int4": 4, "int2": 2}
-MIN_SCALE = 1e-8  # an all-zero group gets this scale, so 0 reads back as 0 and nothing divides by 0
+# An all-zero group gets this scale, so 0 reads back as 0 and nothing divides by 0; 2^-20 is exact in fp16.
+MIN_SCALE = 2.0 ** -20
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,15 @@ def _per_channel(x: torch.Tensor, token_group: int, reduce) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def _fp16(scale: torch.Tensor) -> torch.Tensor:
+    """Dynamic scales are stored as fp16 beside the codes (2 bytes, as `lab.memory` counts them), so they are
+    rounded to fp16 before use: the codes are then exact for the scale that is read back. Rounding up keeps
+    the largest |x| inside the grid."""
+    s = scale.clamp_min(MIN_SCALE)
+    h = s.half().float()
+    return torch.where(h < s, torch.nextafter(h.half(), torch.tensor(float("inf"), dtype=torch.half)).float(), h)
+
+
 def static_scale(absmax: torch.Tensor, fmt: KVCacheFormat) -> torch.Tensor:
     """The static scale that maps `absmax` (calibrated) to the top of the format's range."""
     top = fp8_max(fmt.dtype) if fmt.is_fp8 else 2 ** (fmt.bits - 1) - 1
@@ -145,7 +157,7 @@ def quantize(x: torch.Tensor, fmt: KVCacheFormat, role: str, scale: torch.Tensor
     if fmt.is_fp8:
         top = fp8_max(fmt.dtype)
         if scale is None:
-            scale = (_absmax_over(x, gran, fmt.token_group) / top).clamp_min(MIN_SCALE)
+            scale = _fp16((_absmax_over(x, gran, fmt.token_group) / top))
         y = x / scale
         # A dynamic scale maps the largest |x| to the top by construction (beyond it only by rounding).
         clipped = int((y.abs() > top).sum()) if fmt.static else 0
@@ -163,7 +175,7 @@ def quantize(x: torch.Tensor, fmt: KVCacheFormat, role: str, scale: torch.Tensor
     else:
         lo, hi = _per_channel(x, fmt.token_group, torch.amin), _per_channel(x, fmt.token_group, torch.amax)
     lo, hi = lo.clamp(max=0), hi.clamp(min=0)  # 0 stays exact (padding and masked rows read back as 0)
-    scale = ((hi - lo) / levels).clamp_min(MIN_SCALE)
+    scale = _fp16((hi - lo) / levels)
     zero = torch.round(-lo / scale)
     q = torch.round(x / scale) + zero
     return QuantizedKV(q.clamp(0, levels).to(torch.uint8), scale, zero, 0)

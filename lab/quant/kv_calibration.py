@@ -22,7 +22,7 @@ import torch
 from lab.models.attention import causal_attention
 from lab.models.llama import apply_rope
 
-from .kv import KVCacheFormat, fake_quantize, static_scale
+from .kv import KVCacheFormat, fake_quantize, fp8_max, static_scale
 
 METHODS = ("max", "percentile")
 
@@ -57,6 +57,15 @@ class KVScales:
     k_pre_rope: torch.Tensor
     method: str
     percentile: float | None
+
+    @classmethod
+    def unit(cls, model, fmt: KVCacheFormat) -> KVScales:
+        """Statistics that give `fmt` a static scale of exactly 1.0, vLLM's default when no k_scale/v_scale
+        is given (for fp8 e4m3, an |x| of 448 maps to the top): the uncalibrated baseline."""
+        top = static_scale(torch.ones(1), fmt).reciprocal() if not fmt.is_fp8 else torch.tensor(fp8_max(fmt.dtype))
+        shape = (len(model.layers), model.config.num_key_value_heads)
+        full = torch.full(shape, float(top))
+        return cls(full, full.clone(), full.clone(), "unit", None)
 
     def scale(self, fmt: KVCacheFormat, layer: int, role: str) -> torch.Tensor:
         """The static scale of `fmt` for `layer` and role "k" or "v": per-tensor the max over heads."""
