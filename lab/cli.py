@@ -133,7 +133,26 @@ def _eval(args) -> int:
     else:
         model, tok = load_model(args.model)
     reference = load_model(args.reference)[0] if args.reference else None
-    report = evaluate(model, tok, suite=args.suite, reference=reference)
+    kv = None
+    if args.kv_cache_dtype:
+        from lab.quant.kv import parse_format
+
+        fmt, roles = parse_format(args.kv_cache_dtype)
+        scales = None
+        if fmt.static:
+            from lab.quant.kv_calibration import KVScales, calibrate_kv_absmax
+
+            if args.kv_scales == "unit":
+                scales = KVScales.unit(model, fmt)
+            elif args.kv_scales:
+                scales = KVScales.load(args.kv_scales)
+            else:
+                from lab.quant.calibration import build_calibration_set
+
+                calib = build_calibration_set(tok, n_samples=32, max_tokens=512)
+                scales = calibrate_kv_absmax(model, [list(x) for x in calib["input_ids"]])
+        kv = (fmt, scales, roles)
+    report = evaluate(model, tok, suite=args.suite, reference=reference, kv=kv)
     summary = {"ppl": report.get("ppl"), "sensitive_pass_rates": report.get("sensitive", {}).get("pass_rates")}
     print(json.dumps(report if args.json else summary, indent=2, default=str))
     return 0
@@ -215,6 +234,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--suite", choices=["ppl", "sensitive", "all"], default="ppl")
     ev.add_argument("--reference", default=None, help="unquantized model to compare logits and outputs against")
     ev.add_argument("--json", action="store_true", help="the full report, per-item rows included")
+    ev.add_argument("--kv-cache-dtype", default=None,
+                    help="run with a quantized KV cache, e.g. int4/per-token, fp8_e4m3/per-tensor, int2/per-channel/"
+                         "k-only (lab.quant.kv.parse_format); compared with the exact cache")
+    ev.add_argument("--kv-scales", default=None,
+                    help="static formats: a KVScales file, or 'unit' for vLLM's default scale 1.0; default: "
+                         "calibrate on 32 stratified calibration samples")
     ev.set_defaults(func=_eval)
 
     res = sub.add_parser("results", help="list study runs with their key metrics and refresh results/README.md")

@@ -134,3 +134,19 @@ def test_evaluate_is_json(smollm, heldout, rtn_w3):
     assert out["sensitive"]["vs_reference"]["all"]["total"] == 2
     with pytest.raises(ValueError, match="suite"):
         evaluate(model, tok, suite="nope")
+
+
+def test_evaluate_with_a_quantized_kv_cache(smollm, heldout):
+    from lab.quant.kv import parse_format
+
+    model, tok = smollm
+    fmt, _ = parse_format("int4/per-token")
+    out = evaluate(model, tok, suite="all", heldout=heldout[:1], items=_items()[:2], max_tokens=4, kv=(fmt, None))
+    ppl = out["ppl"]
+    assert ppl["reference_perplexity"] == perplexity(model, heldout[:1])  # the reference keeps an exact cache
+    assert ppl["perplexity"] != ppl["reference_perplexity"] and ppl["logits_vs_reference"]["kl_mean"] > 0
+    assert out["sensitive"]["vs_reference"]["all"]["total"] == 2
+    k_only = evaluate(model, tok, suite="ppl", heldout=heldout[:1], kv=(fmt, None, "k"))
+    assert 0 < k_only["ppl"]["logits_vs_reference"]["kl_mean"]
+    with pytest.raises(ValueError, match="K-only or V-only"):
+        evaluate(model, tok, suite="sensitive", items=_items()[:1], kv=(fmt, None, "k"))

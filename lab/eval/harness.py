@@ -39,7 +39,7 @@ from lab.models.reference import forward_logits
 # ---- held-out text ------------------------------------------------------------------------------------
 
 
-def _heldout_stdlib() -> list[tuple[str, str]]:
+def heldout_stdlib_files() -> list[tuple[str, str]]:
     """Standard-library files the calibration builder never reads: those ranked at or after STDLIB_FILES in
     its path-hash order (same exclusions as `lab.quant.calibration._stdlib_texts`)."""
     from lab.quant.calibration import STDLIB_FILES, _path_key
@@ -69,7 +69,7 @@ def heldout_texts(tokenizer, n: int = 8, max_tokens: int = 256, seed: int = 0, s
     Documents shorter than `min_tokens` are skipped. With `return_sources`, returns (sequences, labels).
     """
     if source == "stdlib":
-        docs = _heldout_stdlib()
+        docs = heldout_stdlib_files()
     elif source == "docs":
         docs = _heldout_docs(calibration)
     else:
@@ -96,18 +96,25 @@ def heldout_texts(tokenizer, n: int = 8, max_tokens: int = 256, seed: int = 0, s
 # ---- perplexity and logit agreement -------------------------------------------------------------------
 
 
-def _log_probs(model, ids: list[int]) -> torch.Tensor:
-    return forward_logits(model, ids).double().log_softmax(-1)
+def _log_probs(model, ids: list[int], kv=None) -> torch.Tensor:
+    """`kv`: None, or (KVCacheFormat, KVScales or None) to run with the K/V cache stored through that format."""
+    cache = None
+    if kv is not None:
+        from lab.quant.kv_calibration import QuantizedContiguousKVCache
+
+        cache = QuantizedContiguousKVCache(model, *kv)
+    return forward_logits(model, ids, cache).double().log_softmax(-1)
 
 
 @torch.inference_mode()
-def perplexity(model, token_sequences: list[list[int]]) -> float:
-    """exp(mean next-token NLL), the mean taken over all predicted tokens of all sequences."""
+def perplexity(model, token_sequences: list[list[int]], kv=None) -> float:
+    """exp(mean next-token NLL), the mean taken over all predicted tokens of all sequences; `kv` as in
+    `_log_probs` (a quantized KV cache)."""
     nll, count = 0.0, 0
     for ids in token_sequences:
         if len(ids) < 2:
             continue
-        logp = _log_probs(model, ids)[:-1]
+        logp = _log_probs(model, ids, kv)[:-1]
         target = torch.tensor(ids[1:], device=logp.device)
         nll -= float(logp.gather(-1, target[:, None]).sum())
         count += len(ids) - 1
@@ -117,12 +124,13 @@ def perplexity(model, token_sequences: list[list[int]]) -> float:
 
 
 @torch.inference_mode()
-def compare_logits(reference_model, quantized_model, token_sequences: list[list[int]]) -> dict:
-    """Mean KL(reference || quantized) per token position, and the share of positions whose top-1 token agrees."""
+def compare_logits(reference_model, quantized_model, token_sequences: list[list[int]], kv=None) -> dict:
+    """Mean KL(reference || quantized) per token position, and the share of positions whose top-1 token agrees;
+    `kv` quantizes the KV cache of the quantized side."""
     kl_sum, agree, count, kl_max = 0.0, 0, 0, 0.0
     for ids in token_sequences:
         ref = _log_probs(reference_model, ids)
-        out = _log_probs(quantized_model, ids)
+        out = _log_probs(quantized_model, ids, kv)
         kl = (ref.exp() * (ref - out)).sum(-1).clamp_min(0)
         kl_sum += float(kl.sum())
         kl_max = max(kl_max, float(kl.max()))
@@ -222,26 +230,38 @@ def _records(df) -> list[dict]:
 def evaluate(model, tokenizer, suite: str = "all", reference=None, *, heldout: list[list[int]] | None = None,
              n_heldout: int = 8, heldout_tokens: int = 256, seed: int = 0, items: list[Item] | None = None,
              categories: tuple[str, ...] = CATEGORIES, max_tokens: int = 64, engine_kwargs: dict | None = None,
-             k_bad: int = 10) -> dict:
+             k_bad: int = 10, kv=None) -> dict:
     """Run `suite` ("ppl", "sensitive" or "all") on `model`; with a `reference` model also its perplexity,
-    `compare_logits` and the sensitive bad cases. Returns plain JSON-serialisable data."""
+    `compare_logits` and the sensitive bad cases. Returns plain JSON-serialisable data.
+
+    `kv`: (KVCacheFormat, KVScales or None[, roles]) runs `model` with its KV cache stored through that format
+    (the contiguous fake-quant cache for perplexity and logits, the engine's paged quantized cache for the
+    sensitive items); the reference, `model` itself by default, keeps an exact cache."""
     if suite not in ("ppl", "sensitive", "all"):
         raise ValueError(f"suite must be 'ppl', 'sensitive' or 'all', not {suite!r}")
+    quant_engine = dict(engine_kwargs or {})
+    if kv is not None:
+        reference = model if reference is None else reference
+        if suite != "ppl":
+            if len(kv) > 2 and kv[2] != "kv":
+                raise ValueError(f"roles={kv[2]!r}: the engine quantizes keys and values together; "
+                                 f"K-only or V-only runs are for the ppl suite")
+            quant_engine.update(kv_cache_dtype=kv[0], kv_scales=kv[1])
     result: dict = {"suite": suite}
     if suite in ("ppl", "all"):
         if heldout is None:
             heldout, sources = heldout_texts(tokenizer, n_heldout, heldout_tokens, seed, return_sources=True)
         else:
             sources = None
-        ppl = {"perplexity": perplexity(model, heldout), "n_sequences": len(heldout),
+        ppl = {"perplexity": perplexity(model, heldout, kv), "n_sequences": len(heldout),
                "n_tokens": sum(len(s) for s in heldout), "sources": sources}
         if reference is not None:
             ppl["reference_perplexity"] = perplexity(reference, heldout)
-            ppl["logits_vs_reference"] = compare_logits(reference, model, heldout)
+            ppl["logits_vs_reference"] = compare_logits(reference, model, heldout, kv)
         result["ppl"] = ppl
     if suite in ("sensitive", "all"):
         items = load_items(categories) if items is None else items
-        df = run_sensitive(model, tokenizer, items, max_tokens, engine_kwargs)
+        df = run_sensitive(model, tokenizer, items, max_tokens, quant_engine)
         sens = {"max_tokens": max_tokens, "pass_rates": pass_rates(df), "rows": _records(df)}
         if reference is not None:
             ref_df = run_sensitive(reference, tokenizer, items, max_tokens, engine_kwargs)

@@ -31,11 +31,12 @@ class ContiguousKVCache:
 
 
 @torch.inference_mode()
-def forward_logits(model: LlamaModel, token_ids: list[int]) -> torch.Tensor:
-    """Logits [T, vocab] for every position of one sequence, in one causal forward."""
+def forward_logits(model: LlamaModel, token_ids: list[int], cache=None) -> torch.Tensor:
+    """Logits [T, vocab] for every position of one sequence, in one causal forward (on `cache`, an empty
+    one-sequence `AttentionContext`; a fresh `ContiguousKVCache` by default)."""
     device = model.embed_tokens.weight.device
     ids = torch.tensor(token_ids, device=device)
-    cache = ContiguousKVCache(len(model.layers))
+    cache = ContiguousKVCache(len(model.layers)) if cache is None else cache
     return model.compute_logits(model(ids, torch.arange(len(ids), device=device), cache))
 
 

@@ -223,3 +223,25 @@ def relative_error(x: torch.Tensor, y: torch.Tensor) -> float:
     """||x - y|| / ||x||, the attention-output error measure of the KV study."""
     denom = float(x.float().norm())
     return float((x.float() - y.float()).norm()) / denom if denom else math.nan
+
+
+def parse_format(name: str) -> tuple[KVCacheFormat, str]:
+    """"int4/per-channel", "fp8_e4m3/per-tensor/pre-rope", "int2/per-channel/window=64", "int4/per-token/k-only"
+    -> (format, roles) where roles is "kv", "k" or "v"."""
+    parts = name.split("/") if isinstance(name, str) else []
+    if not parts or parts[0] not in KV_CACHE_DTYPES:
+        raise ValueError(f"KV format {name!r} must start with one of {KV_CACHE_DTYPES}, e.g. 'int4/per-channel'")
+    kwargs, roles = {}, "kv"
+    for part in parts[1:]:
+        if part in GRANULARITIES:
+            kwargs["granularity"] = part
+        elif part == "pre-rope":
+            kwargs["pre_rope"] = True
+        elif part.startswith("window=") and part[7:].isdigit():
+            kwargs["window"] = int(part[7:])
+        elif part in ("k-only", "v-only"):
+            roles = part[0]
+        else:
+            raise ValueError(f"KV format {name!r}: unknown part {part!r}; parts are a granularity {GRANULARITIES}, "
+                             f"'pre-rope', 'window=N', 'k-only' or 'v-only'")
+    return KVCacheFormat(parts[0], **kwargs), roles

@@ -118,6 +118,19 @@ def calibrate_kv_absmax(model, calib_token_ids: list[list[int]], method: str = "
     return KVScales(k, v, k_pre, method, percentile if method == "percentile" else None)
 
 
+def quantize_keys(model, k: torch.Tensor, fmt: KVCacheFormat, scale=None, start: int = 0) -> torch.Tensor:
+    """Keys [T, heads, d] (after RoPE, at positions start ...) read back through `fmt`; with `fmt.pre_rope`
+    un-rotated, quantized and rotated back. The last `fmt.window` tokens stay exact."""
+    if not fmt.pre_rope:
+        return fake_quantize(k, fmt, "k", scale)
+    n = k.shape[0] - min(fmt.window, k.shape[0])  # the window stays exact, unrotated or not
+    if not n:
+        return k
+    cos, signed_sin = model.rope(torch.arange(start, start + n, device=k.device))
+    k_pre = fake_quantize(apply_rope(k[:n], cos, -signed_sin), replace(fmt, window=0), "k", scale)
+    return torch.cat([apply_rope(k_pre, cos, signed_sin), k[n:]])
+
+
 class QuantizedContiguousKVCache:
     """`ContiguousKVCache` whose keys and values are stored through `fmt` (read back dequantized).
 
@@ -125,13 +138,16 @@ class QuantizedContiguousKVCache:
     all at once. Per-channel key groups of `fmt.token_group` tokens are formed per write here, so feed a
     sequence in one forward (or in chunks that are multiples of the group). `fmt.window` keeps the most
     recent tokens of each write exact; pass the whole sequence in one write for the position study.
+    `roles` "k" or "v" quantizes only keys or only values (which of the two is sensitive).
     With `fmt.pre_rope` keys are un-rotated, quantized and rotated back (the same as quantizing before RoPE
     and rotating on read, since RoPE is a rotation)."""
 
-    def __init__(self, model, fmt: KVCacheFormat, scales: KVScales | None = None):
+    def __init__(self, model, fmt: KVCacheFormat, scales: KVScales | None = None, roles: str = "kv"):
         if fmt.static and scales is None:
-            raise ValueError(f"{fmt.granularity} needs calibrated KVScales (or KVScales of ones for vLLM's 1.0)")
-        self.model, self.fmt, self.scales = model, fmt, scales
+            raise ValueError(f"{fmt.granularity} needs calibrated KVScales (or KVScales.unit for vLLM's 1.0)")
+        if roles not in ("kv", "k", "v"):
+            raise ValueError(f"roles={roles!r}: quantize 'kv' (both), 'k' (keys only) or 'v' (values only)")
+        self.model, self.fmt, self.scales, self.roles = model, fmt, scales, roles
         n = len(model.layers)
         self.k: list[torch.Tensor | None] = [None] * n
         self.v: list[torch.Tensor | None] = [None] * n
@@ -144,16 +160,10 @@ class QuantizedContiguousKVCache:
 
     def attend(self, layer, q, k, v):
         start = 0 if self.k[layer] is None else self.k[layer].shape[0]
-        if self.fmt.pre_rope:
-            n = k.shape[0] - min(self.fmt.window, k.shape[0])  # the window stays exact, unrotated or not
-            if n:
-                cos, signed_sin = self.model.rope(torch.arange(start, start + n, device=k.device))
-                k_pre = fake_quantize(apply_rope(k[:n], cos, -signed_sin), replace(self.fmt, window=0), "k",
-                                      self._scale(layer, "k"))
-                k = torch.cat([apply_rope(k_pre, cos, signed_sin), k[n:]])
-        else:
-            k = fake_quantize(k, self.fmt, "k", self._scale(layer, "k"))
-        v = fake_quantize(v, self.fmt, "v", self._scale(layer, "v"))
+        if "k" in self.roles:
+            k = quantize_keys(self.model, k, self.fmt, self._scale(layer, "k"), start)
+        if "v" in self.roles:
+            v = fake_quantize(v, self.fmt, "v", self._scale(layer, "v"))
         if self.k[layer] is not None:
             k, v = torch.cat([self.k[layer], k]), torch.cat([self.v[layer], v])
         self.k[layer], self.v[layer] = k, v

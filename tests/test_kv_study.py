@@ -1,0 +1,63 @@
+"""The KV-quantization study's measurements on a tiny random model: shapes, buckets, and the orderings that
+must hold whatever the model (fewer bits, more error; exact formats, zero error)."""
+
+import pytest
+import torch
+
+from lab.quant.kv_calibration import calibrate_kv_absmax
+from lab.quant.kv import parse_format
+from lab.studies.kv_quantization import (attention_error_by_position, error_growth, exact_hidden_states,
+                                         growth_slope, kl_by_position, position_buckets, record)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from lab.models import load_model
+
+    model, _ = load_model("random:tiny", dtype=torch.float32, device="cpu")
+    ids = torch.randint(0, model.config.vocab_size, (96,), generator=torch.Generator().manual_seed(1)).tolist()
+    return model, ids
+
+
+def test_parse_format():
+    fmt, roles = parse_format("int2/per-channel/window=8/k-only")
+    assert (fmt.dtype, fmt.granularity, fmt.window, roles) == ("int2", "per-channel", 8, "k")
+    assert parse_format("fp8_e4m3/pre-rope")[0].pre_rope and parse_format("int8")[1] == "kv"
+    for bad in ("int3", "int4/per-block", "int4/window=x", ""):
+        with pytest.raises(ValueError):
+            parse_format(bad)
+
+
+def test_position_buckets_cover_every_position_once():
+    b = position_buckets(1000, 256)
+    assert b == [(0, 256), (256, 512), (512, 1000)]
+    assert position_buckets(100, 256) == [(0, 100)]
+
+
+def test_errors_by_position(tiny):
+    model, ids = tiny
+    rec = record(model, ids)
+    exact = exact_hidden_states(model, ids)
+    err = {d: attention_error_by_position(model, rec, parse_format(f"{d}/per-token")[0]) for d in ("int8", "int4", "int2")}
+    assert all(e.shape == (len(ids),) for e in err.values())
+    assert err["int8"].mean() < err["int4"].mean() < err["int2"].mean()
+    window = parse_format(f"int2/per-token/window={len(ids)}")[0]
+    assert attention_error_by_position(model, rec, window).abs().max() == 0
+    assert kl_by_position(model, ids, exact, window, chunk=40).abs().max() < 1e-6
+    kl = kl_by_position(model, ids, exact, parse_format("int4/per-token")[0], chunk=40)
+    assert kl.shape == (len(ids),) and (kl >= 0).all() and kl.mean() > 0
+    k_only = attention_error_by_position(model, rec, parse_format("int2")[0], "k")
+    v_only = attention_error_by_position(model, rec, parse_format("int2")[0], "v")
+    assert k_only.mean() > 0 and v_only.mean() > 0
+
+
+def test_error_growth_table(tiny):
+    model, ids = tiny
+    scales = calibrate_kv_absmax(model, [ids[:40]])
+    df = error_growth(model, ids, ["int4/per-token", "fp8_e4m3/per-tensor"], scales, first_bucket=16, log=lambda *_: None)
+    assert set(df["metric"]) == {"attention_rel_error", "next_token_kl"}
+    assert len(df) == 2 * 2 * len(position_buckets(len(ids), 16))
+    slope = growth_slope(df, "next_token_kl")
+    assert list(slope["format"]) == ["int4/per-token", "fp8_e4m3/per-tensor"] and (slope["x_per_doubling"] > 0).all()
