@@ -12,6 +12,16 @@ from lab.quant.kv_calibration import KVScales, QuantizedContiguousKVCache, calib
 MAX_NEW = 12
 
 
+def divergence_gap(model, ids, want, got, cache) -> tuple[int, float]:
+    """Where `got` first leaves `want`: (index i, log p(want[i]) - log p(got[i])) with `cache` (an empty
+    one-sequence context) run over ids + want[:i]."""
+    i = next(j for j, (a, b) in enumerate(zip(want, got)) if a != b)
+    seq = ids + want[:i]
+    with torch.inference_mode():
+        logp = model.compute_logits(model(torch.tensor(seq), torch.arange(len(seq)), cache))[-1].log_softmax(-1)
+    return i, float(logp[want[i]] - logp[got[i]])
+
+
 @pytest.fixture(scope="module")
 def scales(smollm, chat_prompt_ids):
     model, _ = smollm
@@ -78,12 +88,8 @@ def test_short_prompts_int8_keeps_the_tokens_and_fp8_flips_only_near_ties(smollm
         for ids, want, got in zip(chat_prompt_ids[:3], plain, [o.token_ids for o in llm.generate(prompts, params)]):
             if got == want:
                 continue
-            i = next(j for j, (a, b) in enumerate(zip(want, got)) if a != b)
-            seq = ids + want[:i]
-            with torch.inference_mode():
-                logp = model.compute_logits(model(torch.tensor(seq), torch.arange(len(seq)),
-                                                  ContiguousKVCache(len(model.layers))))[-1].log_softmax(-1)
-            assert float(logp[want[i]] - logp[got[i]]) < 0.5, (fmt, i)
+            i, gap = divergence_gap(model, ids, want, got, ContiguousKVCache(len(model.layers)))
+            assert gap < 0.5, (fmt, i)
 
 
 def test_prefix_hit_and_preemption_unchanged_with_a_quantized_cache(smollm, chat_prompt_ids):
@@ -107,12 +113,8 @@ def test_prefix_hit_and_preemption_unchanged_with_a_quantized_cache(smollm, chat
     for ids, a, b in zip(chat_prompt_ids[:4], preempted, [o.token_ids for o in roomy.generate(prompts, params)]):
         if a == b:
             continue
-        i = next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)
-        seq = ids + a[:i]
-        with torch.inference_mode():
-            logp = model.compute_logits(model(torch.tensor(seq), torch.arange(len(seq)),
-                                              QuantizedContiguousKVCache(model, fmt)))[-1].log_softmax(-1)
-        assert abs(float(logp[a[i]] - logp[b[i]])) < 0.1, (i, a, b)
+        i, gap = divergence_gap(model, ids, a, b, QuantizedContiguousKVCache(model, fmt))
+        assert abs(gap) < 0.1, (i, a, b)
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -144,23 +144,28 @@ def compare_logits(reference_model, quantized_model, token_sequences: list[list[
 # ---- sensitive set ------------------------------------------------------------------------------------
 
 
-def run_sensitive(model, tokenizer, items: list[Item], max_tokens: int = 64, engine_kwargs: dict | None = None):
-    """Greedy outputs of `model` on `items` through the lab engine, checked: a DataFrame with one row per
-    item (category, id, passed, reason, output, n_output_tokens, finish_reason).
+def engine_for(model, tokenizer, prompts: list[str], max_tokens: int, engine_kwargs: dict | None = None):
+    """An `LLM` whose KV pool holds every prompt plus `max_tokens` at once, unless `engine_kwargs` sets
+    `num_kv_blocks`/`max_model_len` (the memory-based default would reserve gigabytes on CPU)."""
+    from lab.engine import LLM
 
-    Without `num_kv_blocks`/`max_model_len` in `engine_kwargs`, the KV pool is sized to hold every prompt
-    plus `max_tokens` at once (the memory-based default would reserve gigabytes on CPU)."""
-    import pandas as pd
-
-    from lab.engine import LLM, SamplingParams
-
-    prompts = [build_prompt(item, tokenizer) for item in items]
     kwargs = dict(engine_kwargs or {})
     lengths = [len(tokenizer.encode(p, add_special_tokens=False)) + max_tokens for p in prompts]
     block = kwargs.setdefault("block_size", 16)
     kwargs.setdefault("max_model_len", max(lengths, default=max_tokens))
     kwargs.setdefault("num_kv_blocks", sum(-(-n // block) for n in lengths) + 1)
-    llm = LLM(model, tokenizer=tokenizer, **kwargs)
+    return LLM(model, tokenizer=tokenizer, **kwargs)
+
+
+def run_sensitive(model, tokenizer, items: list[Item], max_tokens: int = 64, engine_kwargs: dict | None = None):
+    """Greedy outputs of `model` on `items` through the lab engine, checked: a DataFrame with one row per
+    item (category, id, passed, reason, output, n_output_tokens, finish_reason); the engine as `engine_for`."""
+    import pandas as pd
+
+    from lab.engine import SamplingParams
+
+    prompts = [build_prompt(item, tokenizer) for item in items]
+    llm = engine_for(model, tokenizer, prompts, max_tokens, engine_kwargs)
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens))
     rows = []
     for item, out in zip(items, outputs):

@@ -296,11 +296,10 @@ def sensitive_vs_perplexity(grid: pd.DataFrame) -> pd.DataFrame:
 
 
 def greedy_texts(model, tokenizer, prompts: list[str], max_tokens: int) -> list[list[int]]:
-    from lab.engine import LLM, SamplingParams
+    from lab.engine import SamplingParams
+    from lab.eval.harness import engine_for
 
-    lengths = [len(tokenizer.encode(q, add_special_tokens=False)) + max_tokens for q in prompts]
-    llm = LLM(model, tokenizer=tokenizer, max_model_len=max(lengths),
-              num_kv_blocks=sum(-(-n // 16) for n in lengths) + 1)
+    llm = engine_for(model, tokenizer, prompts, max_tokens)
     return [o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens))]
 
 
