@@ -1,5 +1,6 @@
 """The engine serving a quantized KV cache (lab.engine.kv_store): pool bytes as accounted, paged equal to the
-contiguous fake-quant reference, prefix hits and preemption unchanged, bad formats refused by name."""
+contiguous fake-quant reference (windows and per-channel key groups included), prefix hits and preemption
+unchanged, stale blocks and lanes never read, bad formats refused by name."""
 
 import pytest
 import torch
@@ -29,22 +30,34 @@ def scales(smollm, chat_prompt_ids):
 
 
 @pytest.mark.parametrize("dtype", KV_CACHE_DTYPES)
-@pytest.mark.parametrize("granularity", ["per-token", "per-tensor"])
+@pytest.mark.parametrize("granularity", ["per-token", "per-tensor", "per-channel"])
 def test_pool_bytes_match_the_memory_account(smollm, scales, dtype, granularity):
     model, tok = smollm
-    fmt = KVCacheFormat(dtype, granularity)
-    llm = LLM(model, tokenizer=tok, num_kv_blocks=37, max_model_len=256, kv_cache_dtype=fmt, kv_scales=scales)
-    predicted = 37 * 16 * kv_bytes_per_token(ModelShape.preset("smollm2-135m"), "fp8" if fmt.is_fp8 else dtype,
-                                             granularity, asymmetric=fmt.asymmetric)
+    fmt = KVCacheFormat(dtype, granularity, token_group=8, window=24 if granularity == "per-channel" else 0)
+    llm = LLM(model, tokenizer=tok, num_kv_blocks=37, max_model_len=256, max_num_seqs=5, kv_cache_dtype=fmt,
+              kv_scales=scales)
+    shape = ModelShape.preset("smollm2-135m")
+    predicted = 37 * 16 * kv_bytes_per_token(shape, "fp8" if fmt.is_fp8 else dtype, granularity, token_group=8,
+                                             asymmetric=fmt.asymmetric)
     assert abs(llm.stats()["kv_cache_bytes"] / predicted - 1) < 0.01
+    # The exact window lives outside the pool: max_num_seqs lanes of `window` tokens in the model's dtype.
+    staged = 5 * fmt.window * kv_bytes_per_token(shape, "fp32")
+    assert llm.stats()["kv_staging_bytes"] == pytest.approx(staged)
 
 
 FORMATS = [KVCacheFormat("int8"), KVCacheFormat("int4", pre_rope=True), KVCacheFormat("int2"),
            KVCacheFormat("fp8_e4m3", "per-token"), KVCacheFormat("fp8_e5m2", "per-head"),
-           KVCacheFormat("fp8_e4m3", "per-tensor", pre_rope=True), KVCacheFormat("int4", "per-head")]
+           KVCacheFormat("fp8_e4m3", "per-tensor", pre_rope=True), KVCacheFormat("int4", "per-head"),
+           KVCacheFormat("int4", "per-channel", token_group=8), KVCacheFormat("fp8_e4m3", "per-channel"),
+           KVCacheFormat("int2", "per-channel", window=20, pre_rope=True), KVCacheFormat("int2", window=12)]
 
 
-@pytest.mark.parametrize("fmt", FORMATS, ids=lambda f: f"{f.dtype}-{f.granularity}{'-prerope' if f.pre_rope else ''}")
+def _name(f: KVCacheFormat) -> str:
+    return (f"{f.dtype}-{f.granularity}{f'-g{f.token_group}' if f.granularity == 'per-channel' else ''}"
+            f"{f'-w{f.window}' if f.window else ''}{'-prerope' if f.pre_rope else ''}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=_name)
 def test_paged_quantized_is_greedy_on_the_contiguous_reference(smollm, chat_prompt_ids, scales, fmt):
     """Chunked prefill over several blocks, then decode. Every token the engine picks is the argmax (or within a
     near tie of it) of the contiguous cache storing K/V through the same format, run once over prompt + output
@@ -54,8 +67,10 @@ def test_paged_quantized_is_greedy_on_the_contiguous_reference(smollm, chat_prom
     near-tie downstream then flips (seen once in fp8 e4m3 per-token: the engine matched the one-pass
     reference, the incremental one did not)."""
     model, tok = smollm
+    # The prompts share a system prompt: with a window, a prefix hit reads the cached tokens of its window
+    # quantized where the reference reads them exactly (test_prefix_hit_with_per_channel_keys_and_a_window).
     llm = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=512, max_num_batched_tokens=24,
-              kv_cache_dtype=fmt, kv_scales=scales)
+              kv_cache_dtype=fmt, kv_scales=scales, enable_prefix_caching=not fmt.window)
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": ids} for ids in chat_prompt_ids[:2]], params)
     for ids, out in zip(chat_prompt_ids[:2], outs):
@@ -117,9 +132,60 @@ def test_prefix_hit_and_preemption_unchanged_with_a_quantized_cache(smollm, chat
         assert abs(gap) < 0.1, (i, a, b)
 
 
+def test_a_window_over_the_whole_sequence_reads_everything_exactly(smollm, chat_prompt_ids):
+    """int2 with a window longer than prompt + output: every read comes from the staging area, so the tokens are
+    the unquantized engine's (and a window too short to cover the prompt changes some)."""
+    model, tok = smollm
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    prompts = [{"prompt_token_ids": ids} for ids in chat_prompt_ids[:3]]
+    plain = [o.token_ids for o in LLM(model, tokenizer=tok, num_kv_blocks=96).generate(prompts, params)]
+    whole = LLM(model, tokenizer=tok, num_kv_blocks=96, max_num_batched_tokens=40, max_model_len=512,
+                kv_cache_dtype=KVCacheFormat("int2", window=512), enable_prefix_caching=False)
+    assert [o.token_ids for o in whole.generate(prompts, params)] == plain
+    short = LLM(model, tokenizer=tok, num_kv_blocks=96, kv_cache_dtype=KVCacheFormat("int2", window=4))
+    assert [o.token_ids for o in short.generate(prompts, params)] != plain
+
+
+def test_stale_blocks_scales_and_lanes_are_never_read(smollm, chat_prompt_ids):
+    """One engine whose few blocks and two staging lanes have served other requests gives each request the
+    tokens a fresh engine gives it: per-channel key scales, filling groups and windows are all rewritten."""
+    model, tok = smollm
+    fmt = KVCacheFormat("int2", "per-channel", window=20)
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    need = max(-(-(len(ids) + MAX_NEW) // 16) for ids in chat_prompt_ids[:4])
+    reused = LLM(model, tokenizer=tok, num_kv_blocks=need + 1, max_num_seqs=2, enable_prefix_caching=False,
+                 kv_cache_dtype=fmt)
+    for ids in chat_prompt_ids[:4]:
+        fresh = LLM(model, tokenizer=tok, num_kv_blocks=need + 1, max_num_seqs=2, enable_prefix_caching=False,
+                    kv_cache_dtype=fmt)
+        prompt = [{"prompt_token_ids": ids}]
+        assert reused.generate(prompt, params)[0].token_ids == fresh.generate(prompt, params)[0].token_ids
+
+
+def test_prefix_hit_with_per_channel_keys_and_a_window(smollm, chat_prompt_ids):
+    """Per-channel keys alone: a hit ends on a block boundary, where every key group is complete, so the hit
+    reads what the miss read. With a window, the cached tokens inside the new request's window lost their
+    exact copies (they lived in the first request's lane), so the hit reads them quantized: a documented
+    divergence, allowed only at a near tie on the reference."""
+    model, tok = smollm
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+    prompt = {"prompt_token_ids": chat_prompt_ids[1]}
+    llm = LLM(model, tokenizer=tok, num_kv_blocks=64, kv_cache_dtype=KVCacheFormat("int4", "per-channel"))
+    miss = llm.generate([prompt], params)[0].token_ids
+    hit = llm.generate([prompt], params)[0]
+    assert hit.token_ids == miss and hit.metrics.num_cached_tokens > 0
+    fmt = KVCacheFormat("int2", "per-channel", window=20)
+    llm = LLM(model, tokenizer=tok, num_kv_blocks=64, kv_cache_dtype=fmt)
+    miss = llm.generate([prompt], params)[0].token_ids
+    hit = llm.generate([prompt], params)[0]
+    assert hit.metrics.num_cached_tokens > 0
+    if hit.token_ids != miss:
+        i, gap = divergence_gap(model, chat_prompt_ids[1], miss, hit.token_ids, QuantizedContiguousKVCache(model, fmt))
+        assert abs(gap) < 0.5, (i, miss, hit.token_ids)
+
+
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(kv_cache_dtype=KVCacheFormat("int4", "per-channel")), "per-channel"),
-    (dict(kv_cache_dtype=KVCacheFormat("int4", window=32)), "window"),
+    (dict(kv_cache_dtype=KVCacheFormat("int4", "per-channel", token_group=12)), "divide block_size"),
     (dict(kv_cache_dtype=KVCacheFormat("fp8_e4m3")), "static scales"),
     (dict(kv_cache_dtype="int3"), "kv_cache_dtype"),
 ])

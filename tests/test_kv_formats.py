@@ -2,12 +2,13 @@
 scales required and saturation counted, windows exact, codes packed losslessly."""
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
 
-from lab.quant.kv import (GRANULARITIES, KV_CACHE_DTYPES, KVCacheFormat, dequantize, fake_quantize, fp8_max,
-                          pack_codes, quantize, static_scale, unpack_codes)
+from lab.quant.kv import (GRANULARITIES, KV_CACHE_DTYPES, KVCacheFormat, dequantize, exact_mask, fake_quantize,
+                          fp8_max, pack_codes, quantize, staging_length, static_scale, unpack_codes)
 
 
 def kv(seed=0, t=37, h=3, d=64):
@@ -67,12 +68,20 @@ def test_static_scales_required_and_saturation_counted():
     assert dequantize(small, KVCacheFormat("fp8_e4m3", "per-tensor")).abs().max() == fp8_max("fp8_e4m3")
 
 
-def test_window_keeps_recent_tokens_exact():
-    x = kv()
-    fmt = KVCacheFormat("int2", "per-token", window=5)
-    y = fake_quantize(x, fmt, "v")
-    assert torch.equal(y[-5:], x[-5:]) and not torch.equal(y[:-5], x[:-5])
-    assert torch.equal(fake_quantize(x[:3], fmt, "v"), x[:3])  # shorter than the window: all exact
+def test_exact_reads_are_the_window_and_a_filling_key_group():
+    pos = torch.arange(12)
+    q, k = pos[:, None], pos[None, :]
+    assert exact_mask(KVCacheFormat("int4"), "k", q, k) is None
+    window = exact_mask(KVCacheFormat("int2", window=3), "v", q, k)
+    assert window[7].tolist()[:8] == [j in (5, 6, 7) for j in range(8)]  # keys after 7: causality hides them
+    fmt = KVCacheFormat("int4", "per-channel", token_group=4)
+    assert exact_mask(fmt, "v", q, k) is None  # values are per-token: nothing waits for a group
+    keys = exact_mask(fmt, "k", q, k)
+    assert keys[6].tolist()[:7] == [False] * 4 + [True] * 3  # group 4..7 still filling at query 6
+    assert keys[7].tolist()[:8] == [False] * 4 + [True] * 4  # it completes at 7, read exactly at 7 itself
+    both = exact_mask(replace(fmt, window=2), "k", q, k)
+    assert both[8].tolist()[:9] == [False] * 7 + [True] * 2  # new group at 8, window reaches back to 7
+    assert staging_length(fmt) == 3 and staging_length(replace(fmt, window=6)) == 6
 
 
 def test_per_channel_groups_run_along_tokens_with_a_ragged_last_group():

@@ -49,13 +49,16 @@ def test_errors_by_position(tiny):
     w8 = attention_error_by_position(model, rec, parse_format("int2/per-token/window=8")[0])
     assert w8[:8].abs().max() < 1e-5 and w8[8:].mean() > 0 and w8.mean() < err["int2"].mean()
     assert kl_by_position(model, ids, exact, window, chunk=40).abs().max() < 1e-6
-    from lab.studies.kv_quantization import windowed_attention
+    from lab.models.attention import causal_attention, partly_exact_attention
 
     q, k, v = rec.q[0], rec.k[0], rec.v[0]
-    assert torch.allclose(windowed_attention(q, k, v, k * 0.5, v * 0.5, 0),
-                          torch.nn.functional.scaled_dot_product_attention(
-                              q.transpose(0, 1), (k * 0.5).transpose(0, 1), (v * 0.5).transpose(0, 1),
-                              is_causal=True, enable_gqa=True).transpose(0, 1), atol=1e-5)
+    none = torch.zeros(len(ids), len(ids), dtype=torch.bool)
+    assert torch.allclose(partly_exact_attention(q, k * 0.5, v * 0.5, k, v, None, None),
+                          causal_attention(q, k * 0.5, v * 0.5), atol=1e-5)
+    assert torch.allclose(partly_exact_attention(q, k * 0.5, v * 0.5, k, v, ~none, ~none),
+                          causal_attention(q, k, v), atol=1e-5)
+    assert torch.allclose(partly_exact_attention(q, k * 0.5, v, k, v, none, ~none),
+                          causal_attention(q, k * 0.5, v), atol=1e-5)
     kl = kl_by_position(model, ids, exact, parse_format("int4/per-token")[0], chunk=40)
     assert kl.shape == (len(ids),) and (kl >= 0).all() and kl.mean() > 0
     k_only = attention_error_by_position(model, rec, parse_format("int2")[0], "k")

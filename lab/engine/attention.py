@@ -9,6 +9,11 @@ Each step:
    tables and masking positions past each sequence's length; a prefill chunk gathers its own blocks
    and runs causal attention with the chunk's queries at the end of its context.
 
+Quantized formats with a full-precision window or per-channel keys also read exact K/V from the store's
+staging area (`StagingMetadata`): a decode overwrites the gathered K/V at the positions it reads exactly, a
+prefill chunk, whose queries each read a different window, chooses per (query, key)
+(`lab.models.attention.partly_exact_attention`). Which positions are exact is `lab.quant.kv.exact_mask`.
+
 Gathering copies the context once per layer, which a fused kernel would not (the Triton backend
 reads blocks in place); the math is the same and this is what the kernels are tested against.
 """
@@ -20,7 +25,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lab.models.attention import causal_attention
+from lab.models.attention import causal_attention, partly_exact_attention
+from lab.quant.kv import exact_mask
 
 
 @dataclass
@@ -33,6 +39,24 @@ class PagedAttentionMetadata:
     decode_blocks: torch.Tensor  # [Bd * max_blocks] the decodes' block tables, flattened (padded with block 0)
     decode_bias: torch.Tensor  # [Bd, 1, 1, max_blocks * block_size] 0 inside the context, -inf past its end
     prefills: list[tuple[int, int, torch.Tensor, int]]  # (first token row, query length, block ids, context length)
+    staging: StagingMetadata | None = None
+
+
+@dataclass
+class StagingMetadata:
+    """Where this step's exact K/V come from and go to. Rows index the step's exact source: its own tokens
+    (rows 0 .. T-1), then the staged tokens it reads (`read_slots`, rows T ...)."""
+
+    read_slots: torch.Tensor  # [R] staging slots of each sequence's exact tokens before this step
+    write_slots: torch.Tensor  # [W] staging slots this step's tokens go to (each sequence's last ones)
+    write_rows: torch.Tensor  # [W] their rows among the step's tokens
+    decode_rows: torch.Tensor  # [Bd, S] source rows of each decode's exact span (0 where unused)
+    decode_positions: torch.Tensor  # [Bd, S] their positions (-1 where unused)
+    prefill_spans: list[tuple[torch.Tensor, int]]  # per prefill: source rows of its exact span, first position
+    group_rows: torch.Tensor  # [G * groups] per-channel key groups completed this step: their tokens' rows,
+    group_slots: torch.Tensor  # pool slots,
+    group_positions: torch.Tensor  # positions,
+    group_meta: torch.Tensor  # [groups] and the slot of each group's scales
 
 
 class TorchPagedAttention:
@@ -42,12 +66,20 @@ class TorchPagedAttention:
         self.store, self.meta = store, meta
 
     def attend(self, layer, q, k, v):
-        m = self.meta
+        m, st, fmt = self.meta, self.meta.staging, getattr(self.store, "fmt", None)
         n_kv, d = k.shape[-2:]
-        self.store.write(layer, m.slot_mapping, k, v, m.positions)
+        exact = None
+        if st is not None:
+            exact = self.store.exact_source(layer, st, k, v)
+            self.store.stage(layer, st, k, v)
+        self.store.write(layer, m.slot_mapping, k, v, m.positions, st, exact and exact[0])
         bd = m.decode_rows.numel()
         if bd:
             keys, values = self.store.gather(layer, m.decode_blocks, m.decode_blocks.numel() // bd)
+            if st is not None:
+                q_pos = m.positions[m.decode_rows][:, None]
+                for x, src, role in ((keys, exact[0], "k"), (values, exact[1], "v")):
+                    _overwrite_exact(x.view(bd, -1, n_kv, d), src, st, exact_mask(fmt, role, q_pos, st.decode_positions))
             keys = keys.view(bd, -1, n_kv, d).transpose(1, 2)  # [Bd, n_kv, L, d]
             values = values.view(bd, -1, n_kv, d).transpose(1, 2)
             # The n_heads / n_kv query heads that share a KV head become the query rows of that head:
@@ -59,8 +91,31 @@ class TorchPagedAttention:
         out = torch.empty_like(q)
         if bd:
             out[m.decode_rows] = o
-        for start, qlen, blocks, ctx_len in m.prefills:
+        for i, (start, qlen, blocks, ctx_len) in enumerate(m.prefills):
             keys, values = self.store.gather(layer, blocks)
             keys, values = keys.view(-1, n_kv, d)[:ctx_len], values.view(-1, n_kv, d)[:ctx_len]
-            out[start:start + qlen] = causal_attention(q[start:start + qlen], keys, values)
+            qc = q[start:start + qlen]
+            if st is None:
+                out[start:start + qlen] = causal_attention(qc, keys, values)
+                continue
+            rows, first = st.prefill_spans[i]
+            k_pos = torch.arange(ctx_len, device=q.device)[None, :]
+            q_pos = k_pos[:, ctx_len - qlen:].t()
+            exact_kv, masks = [], []
+            for x, src, role in ((keys, exact[0], "k"), (values, exact[1], "v")):
+                full = x.clone()
+                full[first:ctx_len] = src.index_select(0, rows)
+                exact_kv.append(full)
+                mask = exact_mask(fmt, role, q_pos, k_pos)
+                masks.append(None if mask is None else mask & (k_pos >= first))  # staged copies start at `first`
+            out[start:start + qlen] = partly_exact_attention(qc, keys, values, *exact_kv, *masks)
         return out
+
+
+def _overwrite_exact(x: torch.Tensor, src: torch.Tensor, st: StagingMetadata, mask: torch.Tensor | None) -> None:
+    """x [Bd, L, n_kv, d] gathered for the decodes: where `mask` [Bd, S] says so, the staged exact copy."""
+    if mask is None:
+        return
+    mask = mask & (st.decode_positions >= 0)
+    b = torch.arange(x.shape[0], device=x.device)[:, None].expand_as(mask)
+    x[b[mask], st.decode_positions[mask]] = src.index_select(0, st.decode_rows[mask])

@@ -11,17 +11,24 @@ head) outside the pool. Reads dequantize the gathered blocks. With `pre_rope`, k
 they are quantized and rotated back on read, at their positions in the sequence. The bytes of the pool are
 what `lab.memory.kv_bytes_per_token` predicts for the format (tested).
 
-Served here: every dtype at per-tensor, per-head and per-token granularity, pre- or post-RoPE. Not served by
-the paged engine: per-channel keys and a full-precision window, which need a staging area for the tokens of
-a block still filling (KIVI's residual); `lab.quant.kv_calibration.QuantizedContiguousKVCache` has them.
+Per-channel keys (KIVI) keep one fp16 scale (and zero) per channel for each group of `token_group` tokens of
+a block; a group is quantized when its last token is written, so until then its keys are read exactly. Those,
+and a full-precision window, come from the staging area: per running sequence (a lane), its last
+`staging_length(fmt)` tokens' exact K/V in the model's dtype, a ring indexed by position. The staging area is
+outside the pool and sized by `max_num_seqs`, not by tokens. Exact copies live only in the lane of the
+sequence that computed them: a sequence that starts from cached prefix blocks (a prefix hit, or a recompute
+after preemption) reads the cached tokens inside its window quantized, since their exact copies are gone.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from lab.models.llama import apply_rope
-from lab.quant.kv import FP8_TYPES, KVCacheFormat, QuantizedKV, dequantize, pack_codes, quantize, unpack_codes
+from lab.quant.kv import (FP8_TYPES, KVCacheFormat, QuantizedKV, dequantize, pack_codes, quantize, staging_length,
+                         unpack_codes)
 
 
 class PlainKVStore:
@@ -40,7 +47,8 @@ class PlainKVStore:
     def nbytes(self) -> int:
         return self.k_cache.nbytes + self.v_cache.nbytes
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions=None) -> None:
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions=None,
+              staging=None, exact_k=None) -> None:
         kc, vc = self.k_cache[layer], self.v_cache[layer]
         kc.view(-1, *kc.shape[-2:]).index_copy_(0, slots, k)
         vc.view(-1, *vc.shape[-2:]).index_copy_(0, slots, v)
@@ -52,8 +60,9 @@ class PlainKVStore:
 
 class QuantizedKVStore:
     def __init__(self, n_layers: int, num_blocks: int, block_size: int, n_kv: int, head_dim: int,
-                 fmt: KVCacheFormat, dtype: torch.dtype, device: torch.device, static_scales=None, rope=None):
-        check_servable(fmt, head_dim)
+                 fmt: KVCacheFormat, dtype: torch.dtype, device: torch.device, static_scales=None, rope=None,
+                 num_lanes: int = 1):
+        check_servable(fmt, head_dim, block_size)
         if fmt.static and static_scales is None:
             raise ValueError(f"kv_cache_dtype {fmt.dtype} at {fmt.granularity} needs static scales: calibrate them "
                              f"with lab.quant.kv_calibration.calibrate_kv_absmax, or pass KVScales.unit(...) for "
@@ -66,37 +75,81 @@ class QuantizedKVStore:
         if fmt.static:
             self.static = {r: [static_scales.scale(fmt, i, r).to(device).reshape(1, 1, -1, 1) for i in range(n_layers)]
                            for r in "kv"}
-        else:
-            meta_shape = (n_layers, num_blocks, block_size, n_kv, 1)
-            self.scale = {r: torch.ones(meta_shape, dtype=torch.float16, device=device) for r in "kv"}
-            if fmt.asymmetric:
-                self.zero = {r: torch.zeros(meta_shape, dtype=torch.float16, device=device) for r in "kv"}
+        for role in "kv":
+            shape = _meta_shape(fmt, role, block_size, n_kv, head_dim)
+            if shape is not None:
+                self.scale[role] = torch.ones((n_layers, num_blocks, *shape), dtype=torch.float16, device=device)
+                if fmt.asymmetric:
+                    self.zero[role] = torch.zeros((n_layers, num_blocks, *shape), dtype=torch.float16, device=device)
+        self.staging_length = staging_length(fmt)
+        stage_shape = (n_layers, num_lanes * self.staging_length, n_kv, head_dim)
+        self.staged = {r: torch.zeros(stage_shape, dtype=dtype, device=device) for r in "kv"} \
+            if self.staging_length else {}
 
     @staticmethod
     def bytes_per_block(n_layers, block_size, n_kv, head_dim, fmt: KVCacheFormat) -> int:
-        check_servable(fmt, head_dim)
-        per_token_head = _code_width(fmt, head_dim) + (0 if fmt.static else 2 * (2 if fmt.asymmetric else 1))
-        return 2 * n_layers * block_size * n_kv * per_token_head
+        check_servable(fmt, head_dim, block_size)
+        meta_bytes = 2 * (2 if fmt.asymmetric else 1)
+        total = 0
+        for role in "kv":
+            shape = _meta_shape(fmt, role, block_size, n_kv, head_dim)
+            total += block_size * n_kv * _code_width(fmt, head_dim) + (math.prod(shape) * meta_bytes if shape else 0)
+        return n_layers * total
+
+    @staticmethod
+    def staging_bytes_for(n_layers, n_kv, head_dim, fmt: KVCacheFormat, num_lanes: int, dtype: torch.dtype) -> int:
+        return 2 * n_layers * num_lanes * staging_length(fmt) * n_kv * head_dim * dtype.itemsize
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the block pool (codes and scales)."""
         return sum(t.nbytes for d in (self.codes, self.scale, self.zero) for t in d.values())
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              positions: torch.Tensor | None = None) -> None:
-        if self.fmt.pre_rope:
-            cos, signed_sin = self.rope(positions)
-            k = apply_rope(k, cos, -signed_sin)
+    @property
+    def staging_bytes(self) -> int:
+        return sum(t.nbytes for t in self.staged.values())
+
+    def exact_source(self, layer: int, staging, k: torch.Tensor, v: torch.Tensor):
+        """The exact K and V this step can read: its own tokens' rows, then the staged rows it reads."""
+        return tuple(torch.cat([x, self.staged[r][layer].index_select(0, staging.read_slots)])
+                     for r, x in (("k", k), ("v", v)))
+
+    def stage(self, layer: int, staging, k: torch.Tensor, v: torch.Tensor) -> None:
         for role, x in (("k", k), ("v", v)):
-            scale = self.static[role][layer].reshape(-1) if self.fmt.static else None
-            q = quantize(x, self.fmt, role, scale)
-            codes = q.codes.view(torch.uint8) if self.fmt.is_fp8 else pack_codes(q.codes, self.fmt.bits)
-            flat = self.codes[role][layer].view(-1, *self.codes[role].shape[-2:])
-            flat.index_copy_(0, slots, codes)
-            if not self.fmt.static:
-                self.scale[role][layer].view(-1, *q.scale.shape[1:]).index_copy_(0, slots, q.scale.half())
-                if self.fmt.asymmetric:
-                    self.zero[role][layer].view(-1, *q.zero.shape[1:]).index_copy_(0, slots, q.zero.half())
+            self.staged[role][layer].index_copy_(0, staging.write_slots, x.index_select(0, staging.write_rows))
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              positions: torch.Tensor | None = None, staging=None, exact_k: torch.Tensor | None = None) -> None:
+        """Quantize this step's tokens into their slots; per-channel keys instead quantize the groups this step
+        completes, from `exact_k` (`exact_source`) at the rows `staging` names."""
+        if self.fmt.granularity_of("k") == "per-channel":
+            groups = exact_k.index_select(0, staging.group_rows)
+            self._write(layer, "k", staging.group_meta, staging.group_slots,
+                        self._unrotate(groups, staging.group_positions))
+        else:
+            self._write(layer, "k", slots, slots, self._unrotate(k, positions))
+        self._write(layer, "v", slots, slots, v)
+
+    def _unrotate(self, k: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        if not self.fmt.pre_rope or not k.shape[0]:
+            return k
+        cos, signed_sin = self.rope(positions)
+        return apply_rope(k, cos, -signed_sin)
+
+    def _write(self, layer: int, role: str, meta_slots: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
+        if not x.shape[0]:
+            return
+        scale = self.static[role][layer].reshape(-1) if self.fmt.static else None
+        q = quantize(x, self.fmt, role, scale)
+        codes = q.codes.view(torch.uint8) if self.fmt.is_fp8 else pack_codes(q.codes, self.fmt.bits)
+        flat = self.codes[role][layer].view(-1, *self.codes[role].shape[-2:])
+        flat.index_copy_(0, slots, codes)
+        if role in self.scale:
+            # Per-channel groups: one row of scales per group (all tokens of a group share it).
+            step = self.fmt.token_group if self.fmt.granularity_of(role) == "per-channel" else 1
+            for store, value in ((self.scale, q.scale), (self.zero, q.zero)):
+                if role in store:
+                    store[role][layer].view(-1, *store[role].shape[-2:]).index_copy_(0, meta_slots, value[::step].half())
 
     def gather(self, layer: int, blocks: torch.Tensor, per_sequence: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`blocks` holds the block tables of one or more sequences, `per_sequence` blocks each (default: one
@@ -105,11 +158,12 @@ class QuantizedKVStore:
         for role in "kv":
             codes = self.codes[role][layer].index_select(0, blocks)
             codes = codes.view(FP8_TYPES[self.fmt.dtype]) if self.fmt.is_fp8 else unpack_codes(codes, self.fmt.bits)
+            scale = zero = None
             if self.fmt.static:
-                scale, zero = self.static[role][layer], None
+                scale = self.static[role][layer]
             else:
-                scale = self.scale[role][layer].index_select(0, blocks).float()
-                zero = self.zero[role][layer].index_select(0, blocks).float() if self.fmt.asymmetric else None
+                scale = self._read_meta(self.scale[role][layer], blocks, role)
+                zero = self._read_meta(self.zero[role][layer], blocks, role) if self.fmt.asymmetric else None
             x = dequantize(QuantizedKV(codes, scale, zero, 0), self.fmt)
             if role == "k" and self.fmt.pre_rope:
                 n = x.shape[0] * x.shape[1]
@@ -119,16 +173,27 @@ class QuantizedKVStore:
             out.append(x.to(self.dtype))
         return out[0], out[1]
 
+    def _read_meta(self, meta: torch.Tensor, blocks: torch.Tensor, role: str) -> torch.Tensor:
+        m = meta.index_select(0, blocks).float()
+        return m.repeat_interleave(self.fmt.token_group, dim=1) if self.fmt.granularity_of(role) == "per-channel" else m
 
-def check_servable(fmt: KVCacheFormat, head_dim: int) -> None:
-    missing = [name for name, on in (("per-channel keys", fmt.granularity == "per-channel"),
-                                      (f"a full-precision window (window={fmt.window})", fmt.window > 0)) if on]
-    if missing:
-        raise ValueError(f"the paged engine does not serve {' or '.join(missing)} yet: they need a full-precision "
-                         f"staging area for a block still filling; use per-tensor, per-head or per-token here, and "
-                         f"lab.quant.kv_calibration.QuantizedContiguousKVCache for the offline study")
+
+def check_servable(fmt: KVCacheFormat, head_dim: int, block_size: int) -> None:
+    if fmt.granularity == "per-channel" and block_size % fmt.token_group:
+        raise ValueError(f"per-channel keys group {fmt.token_group} tokens, which must divide block_size "
+                         f"{block_size} (a group's scales live in its block)")
     if not fmt.is_fp8 and head_dim * fmt.bits % 8:
         raise ValueError(f"head_dim {head_dim} cannot be packed at {fmt.bits} bits")
+
+
+def _meta_shape(fmt: KVCacheFormat, role: str, block_size: int, n_kv: int, head_dim: int) -> tuple | None:
+    """Per-block shape of the dynamic scales (and zeros) of `role`: None for static scales."""
+    gran = fmt.granularity_of(role)
+    if gran == "per-token":
+        return (block_size, n_kv, 1)
+    if gran == "per-channel":
+        return (block_size // fmt.token_group, n_kv, head_dim)
+    return None
 
 
 def _code_width(fmt: KVCacheFormat, head_dim: int) -> int:

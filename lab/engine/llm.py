@@ -19,7 +19,7 @@ from lab.quant.kv import KV_CACHE_DTYPES as QUANT_KV_DTYPES
 from lab.quant.kv import KVCacheFormat
 
 from .block_manager import BlockManager
-from .model_runner import ModelRunner, kv_cache_bytes_per_block
+from .model_runner import ModelRunner, kv_cache_bytes_per_block, kv_staging_bytes
 from .sampling import SamplingParams
 from .scheduler import Scheduler
 from .sequence import RequestOutput, Sequence, Status
@@ -98,20 +98,22 @@ class LLM:
         kv_format = kv_cache_dtype if isinstance(kv_cache_dtype, KVCacheFormat) else (
             None if kv_cache_dtype == "auto" else KVCacheFormat(kv_cache_dtype))
         per_block = kv_cache_bytes_per_block(self.model, block_size, kv_format)
-        num_blocks = num_kv_blocks or self._default_num_blocks(per_block)
+        staging = kv_staging_bytes(self.model, max_num_seqs, kv_format)
+        num_blocks = num_kv_blocks or self._default_num_blocks(per_block, staging)
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
-        self.runner = ModelRunner(self.model, num_blocks, block_size, kv_format, kv_scales)
+        self.runner = ModelRunner(self.model, num_blocks, block_size, kv_format, kv_scales, max_num_seqs)
         self.eos_token_ids = set(self.model.config.eos_token_ids)
         self.sequences: dict[int, Sequence] = {}
         self.num_prefill_tokens = self.num_decode_tokens = self.num_steps = 0
         self.last_schedule = None
 
-    def _default_num_blocks(self, per_block: int) -> int:
-        """Enough blocks for max_num_seqs sequences of max_model_len, within a share of free memory."""
+    def _default_num_blocks(self, per_block: int, staging: int) -> int:
+        """Enough blocks for max_num_seqs sequences of max_model_len, within a share of free memory (less the
+        staging area of a quantized cache's exact windows)."""
         c = self.config
         per_seq = -(-c.max_model_len // c.block_size)
-        affordable = int(_available_memory(self.device) * KV_CACHE_MEMORY_FRACTION) // per_block
+        affordable = max(int(_available_memory(self.device) * KV_CACHE_MEMORY_FRACTION) - staging, 0) // per_block
         num = min(c.max_num_seqs * per_seq, affordable)
         if num < per_seq:
             raise ValueError(f"the KV pool that fits in memory ({num} blocks of {c.block_size} tokens) cannot hold "
@@ -245,6 +247,7 @@ class LLM:
             "kv_blocks_total": bm.num_blocks,
             "kv_blocks_used": bm.num_used_blocks,
             "kv_cache_bytes": self.runner.kv_cache_bytes,
+            "kv_staging_bytes": getattr(self.runner.kv, "staging_bytes", 0),
             "prefix_cache_hit_rate": s.prefix_hit_tokens / s.prefix_query_tokens if s.prefix_query_tokens else 0.0,
             "prefix_cache_hit_tokens": s.prefix_hit_tokens,
             "preemptions": s.num_preemptions,

@@ -12,10 +12,10 @@ import torch
 
 from lab.models.llama import LlamaModel
 
-from .attention import PagedAttentionMetadata, TorchPagedAttention
+from .attention import PagedAttentionMetadata, StagingMetadata, TorchPagedAttention
 from .kv_store import PlainKVStore, QuantizedKVStore
 from .sampling import sample
-from .sequence import Sequence
+from .sequence import Sequence, Status
 
 
 def kv_cache_bytes_per_block(model: LlamaModel, block_size: int, kv_format) -> int:
@@ -27,8 +27,18 @@ def kv_cache_bytes_per_block(model: LlamaModel, block_size: int, kv_format) -> i
     return QuantizedKVStore.bytes_per_block(*shape, kv_format)
 
 
+def kv_staging_bytes(model: LlamaModel, max_num_seqs: int, kv_format) -> int:
+    """Bytes of the exact copies a quantized cache keeps per running sequence (windows, filling key groups)."""
+    if kv_format is None:
+        return 0
+    c = model.config
+    return QuantizedKVStore.staging_bytes_for(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, kv_format,
+                                             max_num_seqs, model.embed_tokens.weight.dtype)
+
+
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, kv_format=None, kv_scales=None):
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, kv_format=None, kv_scales=None,
+                 max_num_seqs: int = 1):
         c = model.config
         self.model, self.block_size = model, block_size
         self.device = model.embed_tokens.weight.device
@@ -37,7 +47,13 @@ class ModelRunner:
         if kv_format is None:
             self.kv = PlainKVStore(*shape, self.dtype, self.device)
         else:
-            self.kv = QuantizedKVStore(*shape, kv_format, self.dtype, self.device, kv_scales, model.rope)
+            self.kv = QuantizedKVStore(*shape, kv_format, self.dtype, self.device, kv_scales, model.rope, max_num_seqs)
+        # Staging lanes (exact K/V of each running sequence's last tokens), for windows and per-channel keys.
+        self.stages = kv_format is not None and (self.kv.staging_length > 0 or kv_format.granularity == "per-channel")
+        self.free_lanes = list(range(max_num_seqs))
+        self.lanes: dict[int, tuple[Sequence, int]] = {}  # request id -> (sequence, lane)
+        self.staged_from: dict[int, int] = {}  # request id -> first position its lane holds exactly
+        self.next_position: dict[int, int] = {}
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -77,8 +93,70 @@ class ModelRunner:
             decode_blocks=tables.view(-1),
             decode_bias=bias[:, None, None, :],
             prefills=prefills,
+            staging=self._staging(scheduled, row) if self.stages else None,
         )
         return torch.tensor(ids, dtype=torch.long, device=dev), positions, meta, sample_rows
+
+    def _lane(self, seq: Sequence, start: int, end: int) -> int:
+        """The sequence's staging lane; a sequence that restarts (preempted, then recomputed) holds nothing exact
+        before where it restarts."""
+        rid = seq.request_id
+        if rid not in self.lanes:
+            if not self.free_lanes:  # lanes of sequences no longer running
+                for other, (owner, lane) in list(self.lanes.items()):
+                    if owner.status is not Status.RUNNING:
+                        self.free_lanes.append(lane)
+                        del self.lanes[other], self.staged_from[other], self.next_position[other]
+            self.lanes[rid] = (seq, self.free_lanes.pop())
+        if self.next_position.get(rid) != start:
+            self.staged_from[rid] = start
+        self.next_position[rid] = end
+        return self.lanes[rid][1]
+
+    def _staging(self, scheduled: list[tuple[Sequence, int]], num_tokens: int) -> StagingMetadata:
+        bs, ring, dev = self.block_size, self.kv.staging_length, self.device
+        group = self.kv.fmt.token_group if self.kv.fmt.granularity == "per-channel" else 0
+        read_slots, write_slots, write_rows, decode_spans, prefill_spans = [], [], [], [], []
+        group_rows, group_slots, group_positions, group_meta = [], [], [], []
+        row = 0
+        for seq, n in scheduled:
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            lane = self._lane(seq, start, end)
+            first = max(self.staged_from[seq.request_id], start - ring)
+            slot = [lane * ring + p % ring for p in range(first, end)] if ring else []
+            # Source rows of positions first .. end - 1: the staged ones (after the step's tokens), then its own.
+            span = list(range(num_tokens + len(read_slots), num_tokens + len(read_slots) + start - first))
+            span += list(range(row, row + n))
+            read_slots += slot[:start - first]
+            keep = min(n, ring)
+            write_slots += slot[len(slot) - keep:]
+            write_rows += range(row + n - keep, row + n)
+            if n == 1:
+                decode_spans.append((span, first))
+            else:
+                prefill_spans.append((torch.tensor(span, dtype=torch.long, device=dev), first))
+            for last in range(start, end) if group else ():
+                if (last + 1) % group:
+                    continue
+                g = last + 1 - group  # a group of keys completes at `last`: quantize it from its exact copies
+                if g < first:
+                    raise RuntimeError(f"per-channel key group at {g} began before the exact copies ({first})")
+                group_rows += span[g - first:g - first + group]
+                group_positions += range(g, g + group)
+                group_slots += [seq.block_table[p // bs] * bs + p % bs for p in range(g, g + group)]
+                group_meta.append(seq.block_table[g // bs] * (bs // group) + g % bs // group)
+            row += n
+        width = max((len(r) for r, _ in decode_spans), default=0)
+        decode_rows = [r + [0] * (width - len(r)) for r, _ in decode_spans]
+        decode_positions = [list(range(f, f + len(r))) + [-1] * (width - len(r)) for r, f in decode_spans]
+
+        def t(x):
+            return torch.tensor(x, dtype=torch.long, device=dev)
+
+        return StagingMetadata(t(read_slots), t(write_slots), t(write_rows),
+                               t(decode_rows).view(len(decode_spans), width),
+                               t(decode_positions).view(len(decode_spans), width), prefill_spans, t(group_rows),
+                               t(group_slots), t(group_positions), t(group_meta))
 
     @torch.inference_mode()
     def execute(self, scheduled: list[tuple[Sequence, int]]) -> list[int | None]:

@@ -12,7 +12,11 @@ A format is a storage type and a granularity (which elements share one scale):
   - `per-channel`: KIVI's layout (Liu et al., 2024, "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV
     Cache", arXiv:2402.02750): keys get one scale per channel over groups of `token_group` consecutive tokens
     (key outliers sit in fixed channels), values one per token;
-- `window`: the most recent `window` tokens are kept unquantized (KIVI's full-precision residual);
+- `window`: the most recent `window` tokens are read unquantized (KIVI's full-precision residual). The window
+  is relative to the query: query i reads keys and values i - window < j <= i exactly, as they are read when
+  token i is decoded (`exact_mask`). Per-channel keys are also read exactly while their group of
+  `token_group` tokens is still filling (a group's scale needs all its tokens; quantizing it early would
+  need the future);
 - `pre_rope`: keys are quantized before the rotary embedding and rotated on read (KVQuant, Hooper et al.,
   2024, arXiv:2401.18079: pre-RoPE keys keep their per-channel outlier structure, which rotation smears).
 
@@ -189,12 +193,29 @@ def dequantize(qkv: QuantizedKV, fmt: KVCacheFormat) -> torch.Tensor:
 
 
 def fake_quantize(x: torch.Tensor, fmt: KVCacheFormat, role: str, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """x read back after a round trip through `fmt`, the last `fmt.window` tokens left exact."""
-    n = x.shape[0] - min(fmt.window, x.shape[0])
-    out = x.float().clone()
-    if n:
-        out[:n] = dequantize(quantize(x[:n], fmt, role, scale), fmt)
-    return out.to(x.dtype)
+    """x read back after a round trip through `fmt` (every token; which ones a query reads exactly instead is
+    `exact_mask`'s business)."""
+    return dequantize(quantize(x, fmt, role, scale), fmt).to(x.dtype)
+
+
+def staging_length(fmt: KVCacheFormat) -> int:
+    """Full-precision tokens a sequence keeps beside its quantized cache: the window, and for per-channel keys
+    the up to token_group - 1 tokens of a group still filling."""
+    return max(fmt.window, fmt.token_group - 1 if fmt.granularity == "per-channel" else 0)
+
+
+def exact_mask(fmt: KVCacheFormat, role: str, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
+    """True where the query at q_pos reads the key (role "k") or value ("v") at k_pos exactly (q_pos and k_pos
+    broadcast: [Q, 1] and [1, K] give [Q, K]); None when `fmt` reads nothing exactly. Exact: k_pos among the
+    last `window` positions up to q_pos, or, for per-channel keys, in q_pos's own group (multiples of
+    `token_group` from position 0), which is still filling when q_pos is decoded."""
+    per_channel_key = role == "k" and fmt.granularity == "per-channel"
+    if not fmt.window and not per_channel_key:
+        return None
+    mask = k_pos > q_pos - fmt.window
+    if per_channel_key:
+        mask = mask | (k_pos >= q_pos // fmt.token_group * fmt.token_group)
+    return mask
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -226,7 +247,8 @@ def relative_error(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def parse_format(name: str) -> tuple[KVCacheFormat, str]:
-    """"int4/per-channel", "fp8_e4m3/per-tensor/pre-rope", "int2/per-channel/window=64", "int4/per-token/k-only"
+    """"int4/per-channel", "fp8_e4m3/per-tensor/pre-rope", "int2/per-channel/group=32/window=64",
+    "int4/per-token/k-only"
     -> (format, roles) where roles is "kv", "k" or "v"."""
     parts = name.split("/") if isinstance(name, str) else []
     if not parts or parts[0] not in KV_CACHE_DTYPES:
@@ -237,11 +259,12 @@ def parse_format(name: str) -> tuple[KVCacheFormat, str]:
             kwargs["granularity"] = part
         elif part == "pre-rope":
             kwargs["pre_rope"] = True
-        elif part.startswith("window=") and part[7:].isdigit():
-            kwargs["window"] = int(part[7:])
+        elif part.startswith(("window=", "group=")) and part.split("=")[1].isdigit():
+            key, value = part.split("=")
+            kwargs["window" if key == "window" else "token_group"] = int(value)
         elif part in ("k-only", "v-only"):
             roles = part[0]
         else:
             raise ValueError(f"KV format {name!r}: unknown part {part!r}; parts are a granularity {GRANULARITIES}, "
-                             f"'pre-rope', 'window=N', 'k-only' or 'v-only'")
+                             f"'pre-rope', 'window=N', 'group=N' (per-channel key groups), 'k-only' or 'v-only'")
     return KVCacheFormat(parts[0], **kwargs), roles

@@ -7,22 +7,22 @@ calibration sequences and records, per layer, K and V head by head: the maximum 
 (a percentile ignores the rarest outliers at the price of saturating them). `KVScales` turns those into the
 scales of a format and saves them beside a model as safetensors.
 
-`QuantizedContiguousKVCache` is `ContiguousKVCache` with every key and value written through a format (round
-trip via `lab.quant.kv.fake_quantize`), optionally before RoPE: the reference the paged quantized cache is
-checked against, and the tool of the position-error study (a whole sequence in one forward).
+`QuantizedContiguousKVCache` is `ContiguousKVCache` with every key and value read back through a format (round
+trip via `lab.quant.kv.fake_quantize`), optionally before RoPE, a window and filling key groups read exactly:
+the reference the paged quantized cache is checked against, and the tool of the position-error study.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from lab.models.attention import causal_attention
+from lab.models.attention import causal_attention, partly_exact_attention
 from lab.models.llama import apply_rope
 
-from .kv import KVCacheFormat, fake_quantize, fp8_max, static_scale
+from .kv import KVCacheFormat, exact_mask, fake_quantize, fp8_max, static_scale
 
 METHODS = ("max", "percentile")
 
@@ -120,27 +120,22 @@ def calibrate_kv_absmax(model, calib_token_ids: list[list[int]], method: str = "
 
 def quantize_keys(model, k: torch.Tensor, fmt: KVCacheFormat, scale=None, start: int = 0) -> torch.Tensor:
     """Keys [T, heads, d] (after RoPE, at positions start ...) read back through `fmt`; with `fmt.pre_rope`
-    un-rotated, quantized and rotated back. The last `fmt.window` tokens stay exact."""
+    un-rotated, quantized and rotated back (the same as quantizing before RoPE and rotating on read)."""
     if not fmt.pre_rope:
         return fake_quantize(k, fmt, "k", scale)
-    n = k.shape[0] - min(fmt.window, k.shape[0])  # the window stays exact, unrotated or not
-    if not n:
-        return k
-    cos, signed_sin = model.rope(torch.arange(start, start + n, device=k.device))
-    k_pre = fake_quantize(apply_rope(k[:n], cos, -signed_sin), replace(fmt, window=0), "k", scale)
-    return torch.cat([apply_rope(k_pre, cos, signed_sin), k[n:]])
+    cos, signed_sin = model.rope(torch.arange(start, start + k.shape[0], device=k.device))
+    return apply_rope(fake_quantize(apply_rope(k, cos, -signed_sin), fmt, "k", scale), cos, signed_sin)
 
 
 class QuantizedContiguousKVCache:
-    """`ContiguousKVCache` whose keys and values are stored through `fmt` (read back dequantized).
+    """`ContiguousKVCache` whose keys and values are read back through `fmt`: the reference for the paged
+    quantized cache, and the tool of the KV study and of `lab eval --kv-cache-dtype`.
 
-    Per-token and static formats quantize each token on its own, so writing chunk by chunk equals writing
-    all at once. Per-channel key groups of `fmt.token_group` tokens are formed per write here, so feed a
-    sequence in one forward (or in chunks that are multiples of the group). `fmt.window` keeps the most
-    recent tokens of each write exact; pass the whole sequence in one write for the position study.
-    `roles` "k" or "v" quantizes only keys or only values (which of the two is sensitive).
-    With `fmt.pre_rope` keys are un-rotated, quantized and rotated back (the same as quantizing before RoPE
-    and rotating on read, since RoPE is a rotation)."""
+    It keeps the exact K/V and their read-back; per-token and static formats quantize each token once, and
+    per-channel key groups (multiples of `fmt.token_group` from position 0) are quantized again as they fill,
+    so writing chunk by chunk equals writing all at once. A window and a group still filling are read exactly,
+    per query (`lab.quant.kv.exact_mask`). `roles` "k" or "v" quantizes only keys or only values (which of the
+    two is sensitive)."""
 
     def __init__(self, model, fmt: KVCacheFormat, scales: KVScales | None = None, roles: str = "kv"):
         if fmt.static and scales is None:
@@ -149,22 +144,36 @@ class QuantizedContiguousKVCache:
             raise ValueError(f"roles={roles!r}: quantize 'kv' (both), 'k' (keys only) or 'v' (values only)")
         self.model, self.fmt, self.scales, self.roles = model, fmt, scales, roles
         n = len(model.layers)
-        self.k: list[torch.Tensor | None] = [None] * n
-        self.v: list[torch.Tensor | None] = [None] * n
+        self.exact = {r: [None] * n for r in "kv"}
+        self.read = {r: [None] * n for r in "kv"}
 
     def __len__(self) -> int:
-        return 0 if self.k[0] is None else self.k[0].shape[0]
+        return 0 if self.exact["k"][0] is None else self.exact["k"][0].shape[0]
 
-    def _scale(self, layer: int, role: str):
-        return self.scales.scale(self.fmt, layer, role) if self.fmt.static else None
+    def _read_back(self, layer: int, role: str, x: torch.Tensor, start: int) -> torch.Tensor:
+        """The read-back of all tokens so far: the previous ones kept, from `start` on (re)quantized."""
+        scale = self.scales.scale(self.fmt, layer, role) if self.fmt.static else None
+        new = quantize_keys(self.model, x[start:], self.fmt, scale, start) if role == "k" else \
+            fake_quantize(x[start:], self.fmt, "v", scale)
+        old = self.read[role][layer]
+        return new if start == 0 else torch.cat([old[:start], new])
 
     def attend(self, layer, q, k, v):
-        start = 0 if self.k[layer] is None else self.k[layer].shape[0]
-        if "k" in self.roles:
-            k = quantize_keys(self.model, k, self.fmt, self._scale(layer, "k"), start)
-        if "v" in self.roles:
-            v = fake_quantize(v, self.fmt, "v", self._scale(layer, "v"))
-        if self.k[layer] is not None:
-            k, v = torch.cat([self.k[layer], k]), torch.cat([self.v[layer], v])
-        self.k[layer], self.v[layer] = k, v
-        return causal_attention(q, k, v)
+        start = 0 if self.exact["k"][layer] is None else self.exact["k"][layer].shape[0]
+        end = start + k.shape[0]
+        exact, read, masks = {}, {}, {}
+        q_pos, k_pos = torch.arange(start, end, device=q.device), torch.arange(end, device=q.device)
+        for role, x in (("k", k), ("v", v)):
+            old = self.exact[role][layer]
+            exact[role] = x if old is None else torch.cat([old, x])
+            if role in self.roles:
+                regroup = role == "k" and self.fmt.granularity_of("k") == "per-channel"
+                first = start // self.fmt.token_group * self.fmt.token_group if regroup else start
+                read[role] = self._read_back(layer, role, exact[role], first)
+                masks[role] = exact_mask(self.fmt, role, q_pos[:, None], k_pos[None, :])
+            else:
+                read[role], masks[role] = exact[role], None
+            self.exact[role][layer], self.read[role][layer] = exact[role], read[role]
+        if masks["k"] is None and masks["v"] is None:
+            return causal_attention(q, read["k"], read["v"])
+        return partly_exact_attention(q, read["k"], read["v"], exact["k"], exact["v"], masks["k"], masks["v"])

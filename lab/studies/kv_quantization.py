@@ -10,9 +10,10 @@ SmolLM2 with the formats of `lab.quant.kv`:
   exact model's own queries, keys and values (so the error is the cache's alone, not compounded through
   layers), as a relative error per query position;
 - `kl_by_position`: the end-to-end effect, next-token KL(exact || quantized cache) per position, the model
-  run once over the whole text with every layer's K/V stored through the format (a window there covers the
-  last tokens of the text, as after a prefill; `attention_error_by_position` applies it per query, as at
-  decode time);
+  run once over the whole text with every layer's K/V stored through the format (errors compound through
+  the layers here);
+- in both, a full-precision window and a per-channel key group still filling are read exactly per query,
+  as when that token is decoded (`lab.quant.kv.exact_mask`), the same rule as the paged engine's;
 - both bucketed by position (256, 512, ... up to the text's length), for any list of formats, including
   K-only and V-only variants.
 """
@@ -25,8 +26,8 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from lab.models.attention import causal_attention
-from lab.quant.kv import KVCacheFormat, fake_quantize, parse_format
+from lab.models.attention import causal_attention, partly_exact_attention
+from lab.quant.kv import KVCacheFormat, exact_mask, fake_quantize, parse_format
 from lab.quant.kv_calibration import KVScales, QuantizedContiguousKVCache, quantize_keys
 
 
@@ -67,42 +68,25 @@ def _layer_scale(scales: KVScales | None, fmt: KVCacheFormat, layer: int, role: 
     return scales.scale(fmt, layer, role) if fmt.static else None
 
 
-def windowed_attention(q, k_exact, v_exact, k_quant, v_quant, window: int) -> torch.Tensor:
-    """Causal attention in which query i reads the exact K/V of keys i - window < j <= i (the full-precision
-    window of the most recent tokens *at the time query i is decoded*) and the quantized K/V of older keys.
-    One head at a time: the [T, T] scores of 8K tokens fit, all heads at once would not."""
-    T, n_heads, d = q.shape
-    group = n_heads // k_exact.shape[1]
-    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    recent, old = (j > i - window) & (j <= i), j <= i - window
-    out = torch.empty_like(q)
-    for h in range(n_heads):
-        kv = h // group
-        qh = q[:, h] * d ** -0.5
-        scores = torch.where(recent, qh @ k_exact[:, kv].t(), qh @ k_quant[:, kv].t()).masked_fill(j > i, float("-inf"))
-        p = scores.softmax(-1)
-        out[:, h] = (p * recent) @ v_exact[:, kv] + (p * old) @ v_quant[:, kv]
-    return out
-
-
 @torch.inference_mode()
 def attention_error_by_position(model, rec: _Recorder, fmt: KVCacheFormat, roles: str = "kv",
                                 scales: KVScales | None = None) -> torch.Tensor:
     """Relative error ||o_q - o|| / ||o|| of the attention output per query position, averaged over layers,
     with each layer's exact q, k, v from `rec` and its K/V (or only K, or only V) read through `fmt`. A window
-    is applied per query, as at decode time (`windowed_attention`)."""
-    from dataclasses import replace
-
-    bare = replace(fmt, window=0)
+    and a per-channel key group still filling are read exactly per query, as at decode time (`exact_mask`)."""
     errors = []
     for layer in range(len(model.layers)):
         q, k, v, out = rec.q[layer], rec.k[layer], rec.v[layer], rec.out[layer]
-        kq, vq = k, v
-        if "k" in roles:
-            kq = quantize_keys(model, k, bare, _layer_scale(scales, fmt, layer, "k"))
-        if "v" in roles:
-            vq = fake_quantize(v, bare, "v", _layer_scale(scales, fmt, layer, "v"))
-        got = windowed_attention(q, k, v, kq, vq, fmt.window) if fmt.window else causal_attention(q, kq, vq)
+        pos = torch.arange(k.shape[0])
+        read, masks = {"k": k, "v": v}, {"k": None, "v": None}
+        for role in roles:
+            scale = _layer_scale(scales, fmt, layer, role)
+            read[role] = quantize_keys(model, k, fmt, scale) if role == "k" else fake_quantize(v, fmt, "v", scale)
+            masks[role] = exact_mask(fmt, role, pos[:, None], pos[None, :])
+        if masks["k"] is None and masks["v"] is None:
+            got = causal_attention(q, read["k"], read["v"])
+        else:
+            got = partly_exact_attention(q, read["k"], read["v"], k, v, masks["k"], masks["v"])
         errors.append((got - out).flatten(1).norm(dim=1) / out.flatten(1).norm(dim=1).clamp_min(1e-12))
     return torch.stack(errors).mean(0)
 
