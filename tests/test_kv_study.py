@@ -6,7 +6,7 @@ import torch
 
 from lab.quant.kv_calibration import calibrate_kv_absmax
 from lab.quant.kv import parse_format
-from lab.studies.kv_quantization import (attention_error_by_position, error_growth, exact_hidden_states,
+from lab.studies.kv_quantization import (attention_error_by_position, error_growth,
                                          growth_slope, kl_by_position, position_buckets, record)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -39,7 +39,7 @@ def test_position_buckets_cover_every_position_once():
 def test_errors_by_position(tiny):
     model, ids = tiny
     rec = record(model, ids)
-    exact = exact_hidden_states(model, ids)
+    exact = rec.hidden
     err = {d: attention_error_by_position(model, rec, parse_format(f"{d}/per-token")[0]) for d in ("int8", "int4", "int2")}
     assert all(e.shape == (len(ids),) for e in err.values())
     assert err["int8"].mean() < err["int4"].mean() < err["int2"].mean()
@@ -74,3 +74,44 @@ def test_error_growth_table(tiny):
     assert len(df) == 2 * 2 * len(position_buckets(len(ids), 16))
     slope = growth_slope(df, "next_token_kl")
     assert list(slope["format"]) == ["int4/per-token", "fp8_e4m3/per-tensor"] and (slope["x_per_doubling"] > 0).all()
+
+
+def test_attention_error_sampled_positions_equal_the_full_measure(tiny):
+    model, ids = tiny
+    rec = record(model, ids)
+    for name in ("int4/per-token", "int2/per-channel/group8/window12", "int4/per-channel/group8/k-only"):
+        fmt, roles = parse_format(name)
+        full = attention_error_by_position(model, rec, fmt, roles)
+        sampled = attention_error_by_position(model, rec, fmt, roles, stride=5)
+        assert torch.allclose(sampled[::5], full[::5], atol=1e-5) and sampled[1::5].isnan().all()
+
+
+def test_study_formats_and_parameters():
+    from lab.studies.kv_quantization import KVStudyParams, study_format
+
+    fmt, roles, unit = study_format("fp8_e4m3/per-tensor/unit-scale")
+    assert (fmt.dtype, fmt.granularity, roles, unit) == ("fp8_e4m3", "per-tensor", "kv", True)
+    assert parse_format("int2/per-channel/group32/window128")[0] == parse_format("int2/per-channel/group=32/window=128")[0]
+    with pytest.raises(ValueError, match="unit-scale"):
+        study_format("int8/per-token/unit-scale")
+    with pytest.raises(ValueError, match="together"):
+        KVStudyParams(E2E_FORMATS=("int4/per-token/k-only",))
+    with pytest.raises(ValueError, match="CONTEXT"):
+        KVStudyParams(CONTEXT=16384)
+    with pytest.raises(ValueError, match="int5"):
+        KVStudyParams(GROWTH_FORMATS=("int5/per-token",))
+
+
+def test_engine_concurrency_is_what_the_memory_account_predicts(smollm):
+    """The engine, given a pool of so many MiB, runs as many sequences at once as lab.memory's bytes per token
+    say fit, for the model's dtype and for quantized formats (a window's lanes reported beside the pool)."""
+    from lab.studies.kv_quantization import max_concurrency
+
+    model, tok = smollm
+    scales = calibrate_kv_absmax(model, [list(range(100, 140))])
+    df = max_concurrency(model, tok, ["auto", "fp8_e4m3/per-tensor", "int4/per-token", "int2/per-channel/window16"],
+                         scales, pool_mib=2.0, seq_len=32, shape_name="smollm2-135m")
+    assert (df["measured_sequences"] == df["predicted_sequences"]).all(), df
+    assert (df["bytes_per_token"] == df["bytes_per_token_account"]).all(), df
+    assert list(df["measured_sequences"]) == sorted(df["measured_sequences"]) and df["measured_sequences"].iloc[0] > 0
+    assert df["staging_MiB"].iloc[-1] > 0 and (df["staging_MiB"].iloc[:-1] == 0).all()

@@ -28,27 +28,42 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 
 def partly_exact_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, exact_keys: torch.Tensor,
                            exact_values: torch.Tensor, key_exact: torch.Tensor | None,
-                           value_exact: torch.Tensor | None) -> torch.Tensor:
+                           value_exact: torch.Tensor | None, block: int = 1024,
+                           q_positions: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention over a quantized cache in which each query reads some keys and values exactly.
 
     q [T, n_heads, d] are the last T of S positions; keys, values [S, n_kv_heads, d] are as read from the
     quantized cache and exact_keys, exact_values the full-precision ones; key_exact, value_exact [T, S] say
     where query i reads the exact one (None: nowhere). A full-precision window (KIVI) differs per query, so
-    this cannot be one gathered K/V: scores are taken against both and chosen per (query, key). One KV head
-    at a time keeps the [group, T, S] scores of 8K tokens within memory."""
+    this cannot be one gathered K/V: scores against the exact keys replace the quantized ones where the mask
+    says, and the exact values correct the output there. Exact reads sit in a band near the diagonal, so
+    `block` queries at a time compute them only over the columns where that block has any, and only up to
+    the block's last visible key (which also keeps the scores of 8K tokens within memory). `q_positions`
+    [T] (increasing) places the queries elsewhere than the last T positions, e.g. a sample of them."""
     T, n_heads, d = q.shape
     S, n_kv = keys.shape[:2]
     group = n_heads // n_kv
-    causal = torch.arange(S, device=q.device)[None, :] <= torch.arange(S - T, S, device=q.device)[:, None]
+    if q_positions is None:
+        q_positions = torch.arange(S - T, S, device=q.device)
     out = torch.empty_like(q)
-    for h in range(n_kv):
-        qh = q[:, h * group:(h + 1) * group].transpose(0, 1).float() * d ** -0.5  # [group, T, d]
-        scores = qh @ keys[:, h].float().t()
-        if key_exact is not None:
-            # where(), not a blend: the quantized side may hold a group that is still filling (never read).
-            scores = torch.where(key_exact, qh @ exact_keys[:, h].float().t(), scores)
-        p = scores.masked_fill(~causal, NEG_INF).softmax(-1)
-        o = p @ values[:, h].float() if value_exact is None else (
-            (p * value_exact) @ exact_values[:, h].float() + (p * ~value_exact) @ values[:, h].float())
-        out[:, h * group:(h + 1) * group] = o.transpose(0, 1).to(q.dtype)
+    for a in range(0, T, block):
+        b = min(a + block, T)
+        end = int(q_positions[b - 1]) + 1  # keys this block of queries can see
+        km = None if key_exact is None else key_exact[a:b, :end]
+        vm = None if value_exact is None else value_exact[a:b, :end]
+        lo = min((int(m.any(0).nonzero()[0, 0]) for m in (km, vm) if m is not None and m.any()), default=end)
+        future = torch.arange(end, device=q.device)[None, :] > q_positions[a:b, None]
+        for h in range(n_kv):
+            heads = slice(h * group, (h + 1) * group)
+            qh = q[a:b, heads].transpose(0, 1).float() * d ** -0.5  # [group, block, d]
+            scores = qh @ keys[:end, h].float().t()
+            if km is not None and lo < end:
+                # where(), not a blend: the quantized side may hold a key group still filling (never read).
+                band = qh @ exact_keys[lo:end, h].float().t()
+                scores[..., lo:end] = torch.where(km[:, lo:end], band, scores[..., lo:end])
+            p = scores.masked_fill_(future, NEG_INF).softmax(-1)
+            o = p @ values[:end, h].float()
+            if vm is not None and lo < end:
+                o += (p[..., lo:end] * vm[:, lo:end]) @ (exact_values[lo:end, h].float() - values[lo:end, h].float())
+            out[a:b, heads] = o.transpose(0, 1).to(q.dtype)
     return out

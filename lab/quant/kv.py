@@ -34,6 +34,7 @@ scales (`lab.engine`), and `lab.memory.kv_bytes_per_token` accounts for them.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -247,8 +248,8 @@ def relative_error(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def parse_format(name: str) -> tuple[KVCacheFormat, str]:
-    """"int4/per-channel", "fp8_e4m3/per-tensor/pre-rope", "int2/per-channel/group=32/window=64",
-    "int4/per-token/k-only"
+    """"int4/per-channel", "fp8_e4m3/per-tensor/pre-rope", "int2/per-channel/group32/window128" (or
+    "group=32/window=128"; the parameters cell of a notebook cannot hold "=" in strings), "int4/per-token/k-only"
     -> (format, roles) where roles is "kv", "k" or "v"."""
     parts = name.split("/") if isinstance(name, str) else []
     if not parts or parts[0] not in KV_CACHE_DTYPES:
@@ -259,12 +260,11 @@ def parse_format(name: str) -> tuple[KVCacheFormat, str]:
             kwargs["granularity"] = part
         elif part == "pre-rope":
             kwargs["pre_rope"] = True
-        elif part.startswith(("window=", "group=")) and part.split("=")[1].isdigit():
-            key, value = part.split("=")
-            kwargs["window" if key == "window" else "token_group"] = int(value)
+        elif m := re.fullmatch(r"(window|group)=?(\d+)", part):
+            kwargs["window" if m[1] == "window" else "token_group"] = int(m[2])
         elif part in ("k-only", "v-only"):
             roles = part[0]
         else:
             raise ValueError(f"KV format {name!r}: unknown part {part!r}; parts are a granularity {GRANULARITIES}, "
-                             f"'pre-rope', 'window=N', 'group=N' (per-channel key groups), 'k-only' or 'v-only'")
+                             f"'pre-rope', 'windowN', 'groupN' (per-channel key groups; 'window=N' too), 'k-only' or 'v-only'")
     return KVCacheFormat(parts[0], **kwargs), roles

@@ -181,14 +181,16 @@ def quantized_weight_bytes(model_name: str, spec: QuantSpec | None, unquantized:
 
 
 def evaluate_model(model, tokenizer, reference, heldout, items, ref_sensitive, max_tokens: int,
-                   df: pd.DataFrame | None = None) -> tuple[dict, pd.DataFrame]:
+                   df: pd.DataFrame | None = None, kv=None) -> tuple[dict, pd.DataFrame]:
     """Perplexity, KL and top-1 against `reference`, and the sensitive items with flips against the
     reference's outputs `ref_sensitive` (a superset of the items). `df`: the model's sensitive outputs,
-    when already run. Returns (metrics, per-item rows)."""
-    metrics = {"perplexity": perplexity(model, heldout)}
-    logits = compare_logits(reference, model, heldout)
+    when already run. `kv`: (KVCacheFormat, KVScales or None) stores `model`'s KV cache through that format
+    (`lab.eval.harness.evaluate`). Returns (metrics, per-item rows)."""
+    metrics = {"perplexity": perplexity(model, heldout, kv)}
+    logits = compare_logits(reference, model, heldout, kv)
     metrics.update(kl_mean=logits["kl_mean"], top1_agreement=logits["top1_agreement"])
-    df = run_sensitive(model, tokenizer, items, max_tokens) if df is None else df
+    engine = None if kv is None else {"kv_cache_dtype": kv[0], "kv_scales": kv[1]}
+    df = run_sensitive(model, tokenizer, items, max_tokens, engine) if df is None else df
     ref = ref_sensitive[ref_sensitive["id"].isin(df["id"])]
     rates, moved = pass_rates(df), flips(ref, df)
     # "all" leaves long context out: not every model runs it, and totals must compare across rows.

@@ -1,0 +1,184 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · KV-cache quantization: formats, calibration, and error growth with context
+#
+# The deployment article (seeds/003, section 2.3) says: FP8 KV is usually safe, INT8 needs care, INT4 should
+# stay out of online serving; keys are more sensitive than values, so keys want per-channel scales and values
+# per-token ones; per-token dynamic scales beat a per-tensor static scale on long context; and the error
+# accumulates with context, so short prompts hide it. The research anchors are KIVI (Liu et al., 2024,
+# arXiv:2402.02750: per-channel keys, per-token values, a full-precision window of recent tokens) and KVQuant
+# (Hooper et al., 2024, arXiv:2401.18079: keys quantized before RoPE); the production anchor is vLLM's FP8
+# KV cache with per-tensor `k_scale`/`v_scale`, whose documentation warns that the default scale of 1.0 can
+# degrade quality. This notebook tests each claim on SmolLM2-135M-Instruct with the formats of
+# `lab.quant.kv`, served by the lab engine's paged cache. The logic lives in `lab.studies.kv_quantization`.
+#
+# Format names: `dtype/granularity[/group=N][/window=R][/pre-rope][/k-only|/v-only][/unit-scale]`.
+# Static granularities (per-tensor, per-head) use scales calibrated on the stratified calibration set,
+# or 1.0 with `/unit-scale`. "Exact" below is the unquantized cache in the model's dtype (float32 here;
+# the weights are the GGUF's Q4_1/Q8_0, dequantized).
+
+# %% tags=["parameters"]
+SMOKE = False  # tiny sizes, for tests
+INTERACTIVE = False  # show the widget cells
+MODEL = "smollm2-135m"
+CONTEXT = 8192  # tokens of held-out text for the position study (SmolLM2's context limit)
+FIRST_BUCKET = 256  # position buckets 0-256, 256-512, 512-1K, ... up to CONTEXT
+ATTENTION_STRIDE = 8  # attention error at every 8th query position (KL at every position)
+# Formats whose attention error and KL are measured by position; K-only / V-only variants; end-to-end formats.
+GROWTH_FORMATS = ("fp8_e4m3/per-tensor", "fp8_e4m3/per-tensor/unit-scale", "fp8_e5m2/per-tensor", "fp8_e4m3/per-token", "int8/per-tensor", "int8/per-token", "int4/per-tensor", "int4/per-token", "int4/per-channel/group32", "int2/per-token", "int2/per-channel/group32/window128")
+ROLE_FORMATS = ("int4/per-token/k-only", "int4/per-token/v-only", "int2/per-token/k-only", "int2/per-token/v-only", "int4/per-channel/group32/k-only")
+E2E_FORMATS = ("fp8_e4m3/per-tensor", "fp8_e4m3/per-tensor/unit-scale", "int8/per-token", "int4/per-token", "int4/per-channel/group32", "int2/per-channel/group32/window128")
+CALIB_SAMPLES = 32  # calibration sequences for static scales
+CALIB_TOKENS = 512
+CALIB_METHOD = "max"  # or "percentile"
+HELDOUT_SEQUENCES = 16
+HELDOUT_TOKENS = 512
+MAX_TOKENS = 64  # greedy tokens per sensitive item
+LONG_CONTEXT_ITEMS = 4  # ~28 s each per format on 2 cores
+POOL_MIB = 16.0  # KV pool for the concurrency measurement
+CONCURRENCY_LEN = 256  # tokens per sequence there
+SAFE_PPL_PCT = 1.0  # safe: perplexity within this many percent of the exact cache, no sensitive item lost
+SEED = 0
+
+# %%
+import pandas as pd
+import torch
+
+from lab.models import load_model
+from lab.quant.calibration import build_calibration_set
+from lab.quant.kv_calibration import calibrate_kv_absmax
+from lab.runs import params_from_namespace, start_run
+from lab.studies import kv_quantization as study
+
+params = params_from_namespace(study.KVStudyParams, globals())  # validates every value before heavy work
+run = start_run("03_kv_quantization", params)
+model, tok = load_model(params.MODEL, dtype=torch.float32, device="cpu")
+
+# %% [markdown]
+# ## 1. Static scales from calibration, and what vLLM's 1.0 means here
+# Per layer and KV head, the largest |K| and |V| over the calibration sequences (`calibrate_kv_absmax`), saved
+# with the run. FP8 e4m3 reaches 448: a scale of 1.0 stores K and V as they are, so the question for 1.0 is not
+# overflow but how many of the small values fall to the coarse bottom of the fp8 range.
+
+# %%
+calib = build_calibration_set(tok, n_samples=params.CALIB_SAMPLES, max_tokens=params.CALIB_TOKENS, seed=params.SEED)
+scales = calibrate_kv_absmax(model, [list(x) for x in calib["input_ids"]], params.CALIB_METHOD)
+scales.save(run.dir / "kv_scales.safetensors")
+absmax = pd.DataFrame({"layer": range(scales.k.shape[0]), "K_absmax": scales.k.amax(1).tolist(),
+                       "V_absmax": scales.v.amax(1).tolist(), "K_pre_rope_absmax": scales.k_pre_rope.amax(1).tolist()})
+run.save_table("calibrated_absmax", absmax)
+absmax.describe().round(2)
+
+# %% [markdown]
+# ## 2. Bytes per token and concurrency, from the engine
+# Each format's pool bytes per token in the engine (codes and scales), beside `lab.memory`'s account, and how
+# many sequences of `CONCURRENCY_LEN` tokens the engine ran at once in a pool of `POOL_MIB` MiB (measured),
+# beside pool / (sequence blocks x block bytes) (predicted). A window's exact copies live outside the pool,
+# one lane per running sequence (`staging_MiB`).
+
+# %%
+conc_formats = ["auto"] + [f for f in dict.fromkeys(params.GROWTH_FORMATS + params.E2E_FORMATS) if "only" not in f]
+concurrency = study.max_concurrency(model, tok, conc_formats, scales, params.POOL_MIB, params.CONCURRENCY_LEN,
+                                    params.MODEL)
+run.save_table("concurrency", concurrency)
+concurrency.round(2)
+
+# %% [markdown]
+# ## 3. Does the error grow with context? (every format, 256 to CONTEXT tokens)
+# On `CONTEXT` tokens of held-out standard-library code: (a) every layer's attention output with K/V read
+# through the format against the exact one, on the exact model's own q, k, v (the cache's error alone);
+# (b) next-token KL(exact || quantized cache) with the model run on the quantized cache (errors compound
+# through layers). A window and a per-channel key group still filling are read exactly per query, as at
+# decode time (the engine's rule). Bucketed by position.
+
+# %%
+text = study.long_text(tok, params.CONTEXT, params.SEED)
+print(f"{len(text.ids)} tokens from {len(text.sources)} held-out files")
+growth = study.error_growth(model, text.ids, list(params.GROWTH_FORMATS + params.ROLE_FORMATS), scales,
+                            params.FIRST_BUCKET, params.ATTENTION_STRIDE)
+run.save_table("error_by_position", growth)
+is_role = growth["format"].str.endswith(("k-only", "v-only"))
+run.save_figure("error_growth", study.plot_growth(growth[~is_role], "K and V quantized"))
+slopes = study.growth_slope(growth[~is_role], "next_token_kl")
+run.save_table("growth_slopes", slopes)
+slopes.round(4)
+
+# %% [markdown]
+# ## 4. Keys or values: which is the sensitive one?
+# The same bits on keys only and on values only; mean over all positions.
+
+# %%
+roles = study.role_table(growth[is_role])
+run.save_table("k_vs_v", roles)
+run.save_figure("k_vs_v", study.plot_roles(roles))
+run.save_figure("k_vs_v_growth", study.plot_growth(growth[is_role], "keys only or values only quantized"))
+roles.round(5)
+
+# %% [markdown]
+# ## 5. End to end: perplexity, the sensitive set, greedy agreement
+# Perplexity, KL and top-1 on held-out code with the quantized cache (the contiguous reference cache), and
+# the sensitive set through the engine's paged quantized cache (long-context items included): pass rates,
+# items lost against the exact cache, and the share of greedy outputs that changed at all.
+
+# %%
+e2e, outputs = study.end_to_end(params, model, tok, scales)
+run.save_table("end_to_end", e2e)
+run.save_figure("end_to_end", study.plot_end_to_end(e2e, concurrency))
+cols = ["format", "perplexity", "kl_mean", "top1_agreement", "pass_all", "lost_all", "same_output_all"] + \
+    [c for c in e2e.columns if c.endswith("long_context")]
+e2e[cols].round(4)
+
+# %% [markdown]
+# ## 6. Verdicts, computed from the tables above
+
+# %%
+verdicts = pd.DataFrame(study.verdicts(params, growth, roles, e2e))
+run.save_table("verdicts", verdicts)
+with pd.option_context("display.max_colwidth", 200):
+    display(verdicts)  # noqa: F821 (IPython)
+
+# %% [markdown]
+# ## 7. Explore (INTERACTIVE)
+# Pick formats to compare their error by position, and a format to read its sensitive outputs beside the
+# exact cache's.
+
+# %%
+if INTERACTIVE:
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+
+    pick = widgets.SelectMultiple(options=sorted(growth["format"].unique()), description="formats")
+
+    def show_growth(formats):
+        if formats:
+            study.plot_growth(growth[growth["format"].isin(formats)], "selected formats")
+            plt.show()
+
+    display(widgets.interactive(show_growth, formats=pick))  # noqa: F821
+
+    def show_outputs(name):
+        merged = outputs["exact"].merge(outputs[name], on=["id", "category"], suffixes=("_exact", "_quant"))
+        with pd.option_context("display.max_colwidth", 80):
+            display(merged[merged["output_exact"] != merged["output_quant"]][  # noqa: F821
+                ["category", "id", "passed_exact", "passed_quant", "output_exact", "output_quant"]])
+
+    display(widgets.interactive(show_outputs, name=widgets.Dropdown(options=list(outputs)[1:])))  # noqa: F821
+
+# %%
+run.save_metrics(claims={v["claim"]: v["holds"] for v in verdicts.to_dict("records")},
+                 exact_perplexity=float(e2e["perplexity"].iloc[0]))
+run.finish()
