@@ -39,9 +39,9 @@ CONTEXT = 8192  # tokens of held-out text for the position study (SmolLM2's cont
 FIRST_BUCKET = 256  # position buckets 0-256, 256-512, 512-1K, ... up to CONTEXT
 ATTENTION_STRIDE = 8  # attention error at every 8th query position (KL at every position)
 # Formats whose attention error and KL are measured by position; K-only / V-only variants; end-to-end formats.
-GROWTH_FORMATS = ("fp8_e4m3/per-tensor", "fp8_e4m3/per-tensor/unit-scale", "fp8_e5m2/per-tensor", "fp8_e4m3/per-token", "int8/per-tensor", "int8/per-token", "int4/per-tensor", "int4/per-token", "int4/per-channel/group32", "int2/per-token", "int2/per-channel/group32/window128")
-ROLE_FORMATS = ("int4/per-token/k-only", "int4/per-token/v-only", "int2/per-token/k-only", "int2/per-token/v-only", "int4/per-channel/group32/k-only")
-E2E_FORMATS = ("fp8_e4m3/per-tensor", "fp8_e4m3/per-tensor/unit-scale", "int8/per-token", "int4/per-token", "int4/per-channel/group32", "int2/per-channel/group32/window128")
+GROWTH_FORMATS = ("fp8_e4m3/per-tensor", "fp8_e4m3/per-tensor/unit-scale", "fp8_e5m2/per-tensor", "fp8_e4m3/per-token", "int8/per-tensor", "int8/per-token", "int4/per-tensor", "int4/per-token", "int4/per-channel/group16", "int2/per-token", "int2/per-channel/group16/window128")
+ROLE_FORMATS = ("int4/per-token/k-only", "int4/per-token/v-only", "int2/per-token/k-only", "int2/per-token/v-only", "int4/per-channel/group16/k-only")
+E2E_FORMATS = ("fp8_e4m3/per-tensor", "fp8_e4m3/per-tensor/unit-scale", "int8/per-token", "int4/per-token", "int4/per-channel/group16", "int2/per-channel/group16/window128")
 CALIB_SAMPLES = 32  # calibration sequences for static scales
 CALIB_TOKENS = 512
 CALIB_METHOD = "max"  # or "percentile"

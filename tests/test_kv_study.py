@@ -98,6 +98,8 @@ def test_study_formats_and_parameters():
         KVStudyParams(E2E_FORMATS=("int4/per-token/k-only",))
     with pytest.raises(ValueError, match="CONTEXT"):
         KVStudyParams(CONTEXT=16384)
+    with pytest.raises(ValueError, match="block size"):
+        KVStudyParams(E2E_FORMATS=("int4/per-channel/group32",))
     with pytest.raises(ValueError, match="int5"):
         KVStudyParams(GROWTH_FORMATS=("int5/per-token",))
 

@@ -77,8 +77,10 @@ class LLM:
         """`model` is a name or path for `load_model`, or an already loaded `LlamaModel` (pass its tokenizer).
 
         `kv_cache_dtype`: "auto" (the model's dtype), a quantized dtype with its default granularity (fp8
-        per-tensor, integers per-token), or a `lab.quant.kv.KVCacheFormat`; static granularities need
-        `kv_scales` (`lab.quant.kv_calibration.KVScales`)."""
+        per-tensor, integers per-token), or a `lab.quant.kv.KVCacheFormat` (any granularity, per-channel keys
+        and a full-precision window included); static granularities need `kv_scales`
+        (`lab.quant.kv_calibration.KVScales`). A window's exact copies take `max_num_seqs` lanes outside the
+        pool (`stats()["kv_staging_bytes"]`)."""
         self.config = EngineConfig(block_size, num_kv_blocks, max_model_len, max_num_seqs, max_num_batched_tokens,
                                    enable_prefix_caching, enable_chunked_prefill, attention_backend, kv_cache_dtype)
         if isinstance(model, LlamaModel):

@@ -158,7 +158,8 @@ def long_text(tokenizer, n_tokens: int, seed: int = 0) -> LongText:
 
 # ---- the notebook's parameters, formats and experiments ---------------------------------------------------
 
-UNIT_SCALE = "unit-scale"  # a format-name suffix of this study: static scales of 1.0 (vLLM's default)
+UNIT_SCALE = "unit-scale"
+ENGINE_BLOCK_SIZE = 16  # the engine's default block size, which the study's engines use  # a format-name suffix of this study: static scales of 1.0 (vLLM's default)
 
 
 @dataclass
@@ -171,12 +172,12 @@ class KVStudyParams:
     ATTENTION_STRIDE: int = 8  # attention error measured at every 8th query position
     GROWTH_FORMATS: tuple = ("fp8_e4m3/per-tensor", f"fp8_e4m3/per-tensor/{UNIT_SCALE}", "fp8_e5m2/per-tensor",
                              "fp8_e4m3/per-token", "int8/per-tensor", "int8/per-token", "int4/per-tensor",
-                             "int4/per-token", "int4/per-channel/group32", "int2/per-token",
-                             "int2/per-channel/group32/window128")
+                             "int4/per-token", "int4/per-channel/group16", "int2/per-token",
+                             "int2/per-channel/group16/window128")
     ROLE_FORMATS: tuple = ("int4/per-token/k-only", "int4/per-token/v-only", "int2/per-token/k-only",
-                           "int2/per-token/v-only", "int4/per-channel/group32/k-only")
+                           "int2/per-token/v-only", "int4/per-channel/group16/k-only")
     E2E_FORMATS: tuple = ("fp8_e4m3/per-tensor", f"fp8_e4m3/per-tensor/{UNIT_SCALE}", "int8/per-token",
-                          "int4/per-token", "int4/per-channel/group32", "int2/per-channel/group32/window128")
+                          "int4/per-token", "int4/per-channel/group16", "int2/per-channel/group16/window128")
     CALIB_SAMPLES: int = 32  # calibration sequences for static scales (stratified mix)
     CALIB_TOKENS: int = 512
     CALIB_METHOD: str = "max"
@@ -197,6 +198,11 @@ class KVStudyParams:
         for f in self.E2E_FORMATS:
             if study_format(f)[1] != "kv":
                 raise ValueError(f"E2E_FORMATS entry {f!r}: the engine quantizes keys and values together")
+        for f in self.E2E_FORMATS + self.GROWTH_FORMATS:  # the engine serves these (concurrency, end to end)
+            fmt = study_format(f)[0]
+            if fmt.granularity == "per-channel" and ENGINE_BLOCK_SIZE % fmt.token_group:
+                raise ValueError(f"{f!r}: per-channel key groups must divide the engine's block size "
+                                 f"{ENGINE_BLOCK_SIZE} (use e.g. group16)")
         check_choice("CALIB_METHOD", self.CALIB_METHOD, ("max", "percentile"))
         for name, lo, hi in (("CONTEXT", 64, 8192), ("FIRST_BUCKET", 16, 8192), ("ATTENTION_STRIDE", 1, 1024), ("CALIB_SAMPLES", 1, 512),
                              ("CALIB_TOKENS", 16, 2048), ("HELDOUT_SEQUENCES", 1, 256), ("HELDOUT_TOKENS", 16, 2048),
@@ -258,8 +264,8 @@ def bytes_per_token(model, name: str, block_size: int = 16) -> float:
 
 def max_concurrency(model, tokenizer, names: list[str], calibrated: KVScales, pool_mib: float, seq_len: int,
                     shape_name: str, block_size: int = 16) -> pd.DataFrame:
-    """For each format, a KV pool of `pool_mib` MiB in the engine, and as many requests of `seq_len` tokens
-    (prompt seq_len - 1, one output token) as could fit twice over: how many the engine ran in one step
+    """For each format, a KV pool of `pool_mib` MiB in the engine, and two more requests of `seq_len` tokens
+    (prompt seq_len - 1, one output token) than could fit: how many the engine ran in one step
     (measured), beside floor(pool / (blocks per sequence x block bytes)) from `lab.memory`'s bytes per token
     (predicted). The staging area of exact windows is reported beside: it is outside the pool."""
     from lab.engine import LLM, SamplingParams
@@ -285,7 +291,7 @@ def max_concurrency(model, tokenizer, names: list[str], calibrated: KVScales, po
         if num_blocks < blocks_per_seq:
             rows.append({**row, "measured_sequences": 0, "staging_MiB": 0.0})
             continue
-        n = 2 * num_blocks // blocks_per_seq + 2
+        n = num_blocks // blocks_per_seq + 2  # more than fit: the pool, not the offer, is the limit
         llm = LLM(model, tokenizer=tokenizer, num_kv_blocks=num_blocks, block_size=block_size, max_model_len=seq_len,
                   max_num_seqs=n, max_num_batched_tokens=n * seq_len, enable_prefix_caching=False,
                   kv_cache_dtype="auto" if fmt is None else fmt, kv_scales=scales_for(name, model, calibrated)
@@ -431,8 +437,8 @@ def verdicts(p: KVStudyParams, growth: pd.DataFrame, roles: pd.DataFrame, e2e: p
             claim(f"keys are more sensitive than values ({r['format']})", k > v,
                   f"KL keys-only {k:.2e} vs values-only {v:.2e} ({k / v:.2f}x); attention error "
                   f"{r['attention_rel_error_k_only']:.3f} vs {r['attention_rel_error_v_only']:.3f}")
-    if ("int4/per-channel/group32/k-only", "next_token_kl") in mean and ("int4/per-token/k-only", "next_token_kl") in mean:
-        a, b = mean[("int4/per-channel/group32/k-only", "next_token_kl")], mean[("int4/per-token/k-only", "next_token_kl")]
+    if ("int4/per-channel/group16/k-only", "next_token_kl") in mean and ("int4/per-token/k-only", "next_token_kl") in mean:
+        a, b = mean[("int4/per-channel/group16/k-only", "next_token_kl")], mean[("int4/per-token/k-only", "next_token_kl")]
         claim("keys want per-channel scales (KIVI): int4 keys per-channel beat per-token", a < b,
               f"KL keys-only per-channel {a:.2e} vs per-token {b:.2e}")
     for dyn, static in (("int8/per-token", "int8/per-tensor"), ("int4/per-token", "int4/per-tensor"),
