@@ -34,7 +34,20 @@ def list_runs(root: Path) -> list[dict]:
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value)
+    # One table cell: a failed run's traceback shows its last line (the exception), markdown pipes escaped.
+    lines = [line for line in str(value).splitlines() if line.strip()]
+    return (lines[-1] if lines else "").replace("|", "\\|")
+
+
+def _metric_lines(metrics: dict) -> list[str]:
+    """`key: value` per scalar metric; a dict of scalars (e.g. a study's claims) as `key.sub: value`."""
+    out = []
+    for k, v in metrics.items():
+        if isinstance(v, dict):
+            out += [f"{k}.{sub}: {_fmt(x)}" for sub, x in v.items() if not isinstance(x, (list, dict))]
+        elif not isinstance(v, list):
+            out.append(f"{k}: {_fmt(v)}")
+    return out
 
 
 def write_index(root: Path) -> Path:
@@ -45,7 +58,7 @@ def write_index(root: Path) -> Path:
     lines = [HEADER, "| notebook | latest run | runs | key metrics | plots |", "| --- | --- | --- | --- | --- |"]
     for name, r in sorted(latest.items()):
         count = sum(1 for x in runs if x["notebook"] == name)
-        metrics = "<br>".join(f"{k}: {_fmt(v)}" for k, v in r["metrics"].items() if not isinstance(v, (list, dict)))
+        metrics = "<br>".join(_metric_lines(r["metrics"]))
         rel = f"{name}/{r['run_id']}"
         plots = " ".join(f'<a href="{rel}/{p}"><img src="{rel}/{p}" width="160"></a>' for p in r["plots"])
         lines.append(f"| {name} | [{r['run_id']}]({rel}/) | {count} | {metrics} | {plots} |")

@@ -26,7 +26,7 @@
 # degrade quality. This notebook tests each claim on SmolLM2-135M-Instruct with the formats of
 # `lab.quant.kv`, served by the lab engine's paged cache. The logic lives in `lab.studies.kv_quantization`.
 #
-# Format names: `dtype/granularity[/group=N][/window=R][/pre-rope][/k-only|/v-only][/unit-scale]`.
+# Format names: `dtype/granularity[/groupN][/windowR][/pre-rope][/k-only|/v-only][/unit-scale]`.
 # Static granularities (per-tensor, per-head) use scales calibrated on the stratified calibration set,
 # or 1.0 with `/unit-scale`. "Exact" below is the unquantized cache in the model's dtype (float32 here;
 # the weights are the GGUF's Q4_1/Q8_0, dequantized).

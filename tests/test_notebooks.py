@@ -95,11 +95,19 @@ def test_results_index_lists_latest_run_and_metrics(tmp_path, monkeypatch):
     first.save_metrics(answer=41)
     first.finish()
     second = start_run("yy_test", {})
-    second.save_metrics(answer=42)
+    second.save_metrics(answer=42, claims={"fp8 is safe": "no"})
     second.finish()
-    index = (tmp_path / "README.md").read_text()
+    failed = start_run("zz_test", {})
+    (failed.dir / "metrics.json").write_text(json.dumps({"status": "failed", "error": "Traceback\n  a | b\nValueError: x"}))
+    from lab.results_index import write_index
+
+    index = write_index(tmp_path).read_text()
     assert second.dir.name in index and "answer: 42" in index and "answer: 41" not in index
+    assert "claims.fp8 is safe: no" in index
     assert "| 2 |" in index  # two runs of that notebook
+    # A failed run's traceback stays in its row: its last line only, so the table keeps its shape.
+    row = next(line for line in index.splitlines() if line.startswith("| zz_test"))
+    assert "error: ValueError: x" in row and "Traceback" not in index
 
 
 def test_lab_run_cli_prints_the_run_directory(tmp_path):

@@ -72,7 +72,7 @@ class TorchPagedAttention:
         if st is not None:
             exact = self.store.exact_source(layer, st, k, v)
             self.store.stage(layer, st, k, v)
-        self.store.write(layer, m.slot_mapping, k, v, m.positions, st, exact and exact[0])
+        self.store.write(layer, m.slot_mapping, k, v, m.positions, st, None if exact is None else exact[0])
         bd = m.decode_rows.numel()
         if bd:
             keys, values = self.store.gather(layer, m.decode_blocks, m.decode_blocks.numel() // bd)
