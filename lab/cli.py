@@ -236,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true", help="the full report, per-item rows included")
     ev.add_argument("--kv-cache-dtype", default=None,
                     help="run with a quantized KV cache, e.g. int4/per-token, fp8_e4m3/per-tensor, int4/per-token/"
-                         "k-only, int2/per-channel/group32/window128 (KIVI) (lab.quant.kv.parse_format); compared "
+                         "k-only, int2/per-channel/group16/window128 (KIVI) (lab.quant.kv.parse_format); compared "
                          "with the exact cache")
     ev.add_argument("--kv-scales", default=None,
                     help="static formats: a KVScales file, or 'unit' for vLLM's default scale 1.0; default: "

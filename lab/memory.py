@@ -251,6 +251,15 @@ def weight_bytes_for_params(num_params: float, bytes_per_param: float) -> float:
 # ---- KV cache --------------------------------------------------------------------------------
 KV_DTYPE_BITS = {"fp32": 32, "bf16": 16, "fp16": 16, "fp8": 8, "int8": 8, "int4": 4, "int2": 2}
 KV_GRANULARITIES = ("per-tensor", "per-token", "per-head", "per-channel", "per-group")
+_TORCH_DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def dtype_name(torch_dtype) -> str:
+    """This module's name for a torch floating dtype (torch.float32 -> "fp32"), to account for a live model."""
+    name = str(torch_dtype).removeprefix("torch.")
+    if name not in _TORCH_DTYPE_NAMES:
+        raise ValueError(f"no memory account for dtype {torch_dtype}; known: {', '.join(_TORCH_DTYPE_NAMES)}")
+    return _TORCH_DTYPE_NAMES[name]
 
 
 def default_kv_granularity(dtype: str) -> str:

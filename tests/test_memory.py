@@ -183,3 +183,11 @@ def test_claims_table_flags_exactly_the_wrong_claims():
     wrong = t[t["verdict"].str.startswith("wrong")]
     assert set(wrong["source"]) == {"000 §1.1", "000 §2.2", "003 §6.2"}
     assert len(wrong) == 4 and (t["verdict"] == "correct").sum() == len(t) - 4
+
+
+def test_torch_dtypes_have_their_account_names():
+    from lab.memory import dtype_name
+
+    assert [dtype_name(d) for d in (torch.float32, torch.float16, torch.bfloat16)] == ["fp32", "fp16", "bf16"]
+    with pytest.raises(ValueError, match="int8"):
+        dtype_name(torch.int8)

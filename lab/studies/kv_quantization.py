@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from lab.engine.llm import EngineConfig
 from lab.models.attention import partly_exact_attention
 from lab.quant.kv import KVCacheFormat, exact_mask, fake_quantize, parse_format
 from lab.quant.kv_calibration import KVScales, QuantizedContiguousKVCache, quantize_keys
@@ -158,8 +159,8 @@ def long_text(tokenizer, n_tokens: int, seed: int = 0) -> LongText:
 
 # ---- the notebook's parameters, formats and experiments ---------------------------------------------------
 
-UNIT_SCALE = "unit-scale"
-ENGINE_BLOCK_SIZE = 16  # the engine's default block size, which the study's engines use  # a format-name suffix of this study: static scales of 1.0 (vLLM's default)
+UNIT_SCALE = "unit-scale"  # a format-name suffix of this study: static scales of 1.0 (vLLM's default)
+ENGINE_BLOCK_SIZE = EngineConfig.block_size  # the engine's default block size, which the study's engines use
 
 
 @dataclass
@@ -204,8 +205,8 @@ class KVStudyParams:
                 raise ValueError(f"{f!r}: per-channel key groups must divide the engine's block size "
                                  f"{ENGINE_BLOCK_SIZE} (use e.g. group16)")
         check_choice("CALIB_METHOD", self.CALIB_METHOD, ("max", "percentile"))
-        for name, lo, hi in (("CONTEXT", 64, 8192), ("FIRST_BUCKET", 16, 8192), ("ATTENTION_STRIDE", 1, 1024), ("CALIB_SAMPLES", 1, 512),
-                             ("CALIB_TOKENS", 16, 2048), ("HELDOUT_SEQUENCES", 1, 256), ("HELDOUT_TOKENS", 16, 2048),
+        for name, lo, hi in (("CONTEXT", 64, 8192), ("FIRST_BUCKET", 16, 8192), ("ATTENTION_STRIDE", 1, 1024),
+                             ("CALIB_SAMPLES", 1, 512), ("CALIB_TOKENS", 16, 2048), ("HELDOUT_SEQUENCES", 1, 256), ("HELDOUT_TOKENS", 16, 2048),
                              ("MAX_TOKENS", 1, 512), ("LONG_CONTEXT_ITEMS", 0, 30), ("CONCURRENCY_LEN", 16, 8192),
                              ("SEED", 0, None)):
             check_range(name, getattr(self, name), lo, hi, int)
@@ -255,7 +256,7 @@ def error_growth(model, ids: list[int], names: list[str], calibrated: KVScales |
     return pd.DataFrame(rows)
 
 
-def bytes_per_token(model, name: str, block_size: int = 16) -> float:
+def bytes_per_token(model, name: str, block_size: int = ENGINE_BLOCK_SIZE) -> float:
     """Pool bytes per token of a format in the engine (`lab.engine`), and of the model's dtype for "auto"."""
     from lab.engine.model_runner import kv_cache_bytes_per_block
 
@@ -263,13 +264,13 @@ def bytes_per_token(model, name: str, block_size: int = 16) -> float:
 
 
 def max_concurrency(model, tokenizer, names: list[str], calibrated: KVScales, pool_mib: float, seq_len: int,
-                    shape_name: str, block_size: int = 16) -> pd.DataFrame:
+                    shape_name: str, block_size: int = ENGINE_BLOCK_SIZE) -> pd.DataFrame:
     """For each format, a KV pool of `pool_mib` MiB in the engine, and two more requests of `seq_len` tokens
     (prompt seq_len - 1, one output token) than could fit: how many the engine ran in one step
     (measured), beside floor(pool / (blocks per sequence x block bytes)) from `lab.memory`'s bytes per token
     (predicted). The staging area of exact windows is reported beside: it is outside the pool."""
     from lab.engine import LLM, SamplingParams
-    from lab.memory import ModelShape, kv_bytes_per_token
+    from lab.memory import ModelShape, dtype_name, kv_bytes_per_token
 
     shape = ModelShape.preset(shape_name)
     gen = torch.Generator().manual_seed(0)
@@ -280,8 +281,7 @@ def max_concurrency(model, tokenizer, names: list[str], calibrated: KVScales, po
         per_block = bytes_per_token(model, name, block_size) * block_size
         num_blocks = int(pool_mib * 2 ** 20 // per_block)
         if fmt is None:
-            account = kv_bytes_per_token(shape, {torch.float32: "fp32", torch.float16: "fp16",
-                                                 torch.bfloat16: "bf16"}[model.embed_tokens.weight.dtype])
+            account = kv_bytes_per_token(shape, dtype_name(model.embed_tokens.weight.dtype))
         else:
             account = kv_bytes_per_token(shape, "fp8" if fmt.is_fp8 else fmt.dtype, fmt.granularity,
                                          token_group=fmt.token_group, asymmetric=fmt.asymmetric)

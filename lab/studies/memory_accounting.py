@@ -186,8 +186,7 @@ def predicted_vs_measured(measured: pd.DataFrame, hw: Hardware, cost: roofline.M
 def engine_allocation_check(llm) -> pd.DataFrame:
     """The engine's real bytes (weights, KV pool) beside what `lab.memory` predicts for its shape."""
     s = mem.ModelShape.preset("smollm2-135m")
-    dtype = str(next(llm.model.parameters()).dtype).removeprefix("torch.").replace("float32", "fp32").replace(
-        "bfloat16", "bf16")
+    dtype = mem.dtype_name(next(llm.model.parameters()).dtype)
     params = {p.data_ptr(): p for p in llm.model.parameters()}
     rows = [("weights", sum(p.numel() * p.element_size() for p in params.values()),
              mem.weight_bytes(s, dtype, unquantized=dtype)["total"]),
