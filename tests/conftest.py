@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+import lab  # noqa: F401  first: on a machine without CUDA it sets TRITON_INTERPRET before triton is imported
+
 torch.manual_seed(0)
 
 QUESTIONS = [

@@ -38,6 +38,7 @@ class PagedAttentionMetadata:
     decode_rows: torch.Tensor  # [Bd] token index of each single-query sequence
     decode_blocks: torch.Tensor  # [Bd * max_blocks] the decodes' block tables, flattened (padded with block 0)
     decode_bias: torch.Tensor  # [Bd, 1, 1, max_blocks * block_size] 0 inside the context, -inf past its end
+    decode_lens: torch.Tensor  # [Bd] context length of each decode, its new token included
     prefills: list[tuple[int, int, torch.Tensor, int]]  # (first token row, query length, block ids, context length)
     staging: StagingMetadata | None = None
 

@@ -67,7 +67,7 @@ class QuantizedKVStore:
             raise ValueError(f"kv_cache_dtype {fmt.dtype} at {fmt.granularity} needs static scales: calibrate them "
                              f"with lab.quant.kv_calibration.calibrate_kv_absmax, or pass KVScales.unit(...) for "
                              f"vLLM's default scale of 1.0")
-        self.fmt, self.dtype, self.block_size, self.rope = fmt, dtype, block_size, rope
+        self.fmt, self.dtype, self.block_size, self.head_dim, self.rope = fmt, dtype, block_size, head_dim, rope
         code_shape = (n_layers, num_blocks, block_size, n_kv, _code_width(fmt, head_dim))
         # Bytes in the pool; fp8 codes are viewed as float8 only to compute (index_copy_ wants plain types).
         self.codes = {r: torch.zeros(code_shape, dtype=torch.uint8, device=device) for r in "kv"}

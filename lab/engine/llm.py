@@ -2,8 +2,10 @@
 
 A request's path: `generate` -> `add_request` (validated, tokenized, queued) -> `step`:
 `Scheduler.schedule` picks (sequence, tokens) pairs under the budgets -> `ModelRunner.execute`
-builds the flat batch and runs `LlamaModel` whose layers call `TorchPagedAttention.attend` ->
-tokens are sampled, appended, finished sequences free their blocks.
+builds the flat batch and runs `LlamaModel` whose layers call `TorchPagedAttention.attend`
+(`lab.engine.attention`), or with attention_backend="triton" `TritonPagedAttention.attend`
+(`lab.engine.triton_attention` -> `lab.kernels.paged_attention`) -> tokens are sampled, appended,
+finished sequences free their blocks.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from .sampling import SamplingParams
 from .scheduler import Scheduler
 from .sequence import RequestOutput, Sequence, Status
 
-ATTENTION_BACKENDS = ("torch",)
+# "torch": gather the blocks, then SDPA (lab.engine.attention); "triton": the lab.kernels read them in place.
+ATTENTION_BACKENDS = ("torch", "triton")
 # "auto": the model's dtype; the others are lab.quant.kv formats (a KVCacheFormat picks the granularity).
 KV_CACHE_DTYPES = ("auto",) + QUANT_KV_DTYPES
 # Share of the free memory the KV pool may take when num_kv_blocks is not given.
@@ -54,6 +57,9 @@ class EngineConfig:
         if not isinstance(self.kv_cache_dtype, KVCacheFormat) and self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES} "
                              f"(or a lab.quant.kv.KVCacheFormat)")
+        if self.attention_backend == "triton" and isinstance(self.kv_cache_dtype, KVCacheFormat):
+            from lab.kernels import check_supported
+            check_supported(self.kv_cache_dtype)
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"without chunked prefill a whole prompt must fit one step: max_num_batched_tokens "
@@ -104,7 +110,8 @@ class LLM:
         num_blocks = num_kv_blocks or self._default_num_blocks(per_block, staging)
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
-        self.runner = ModelRunner(self.model, num_blocks, block_size, kv_format, kv_scales, max_num_seqs)
+        self.runner = ModelRunner(self.model, num_blocks, block_size, kv_format, kv_scales, max_num_seqs,
+                                  attention_backend)
         self.eos_token_ids = set(self.model.config.eos_token_ids)
         self.sequences: dict[int, Sequence] = {}
         self.num_prefill_tokens = self.num_decode_tokens = self.num_steps = 0

@@ -38,7 +38,7 @@ def kv_staging_bytes(model: LlamaModel, max_num_seqs: int, kv_format) -> int:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, kv_format=None, kv_scales=None,
-                 max_num_seqs: int = 1):
+                 max_num_seqs: int = 1, attention_backend: str = "torch"):
         c = model.config
         self.model, self.block_size = model, block_size
         self.device = model.embed_tokens.weight.device
@@ -54,6 +54,12 @@ class ModelRunner:
         self.lanes: dict[int, tuple[Sequence, int]] = {}  # request id -> (sequence, lane)
         self.staged_from: dict[int, int] = {}  # request id -> first position its lane holds exactly
         self.next_position: dict[int, int] = {}
+        if attention_backend == "triton":  # imported here: lab.kernels imports Triton (and may set its interpreter)
+            from .triton_attention import TritonPagedAttention, kernel_caches
+            caches = kernel_caches(self.kv)
+            self.attention = lambda meta: TritonPagedAttention(caches, meta)
+        else:
+            self.attention = lambda meta: TorchPagedAttention(self.kv, meta)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -92,6 +98,7 @@ class ModelRunner:
             decode_rows=torch.tensor(decode_rows, dtype=torch.long, device=dev),
             decode_blocks=tables.view(-1),
             decode_bias=bias[:, None, None, :],
+            decode_lens=lens,
             prefills=prefills,
             staging=self._staging(scheduled, row) if self.stages else None,
         )
@@ -162,7 +169,7 @@ class ModelRunner:
     def execute(self, scheduled: list[tuple[Sequence, int]]) -> list[int | None]:
         """Run one step; returns the sampled token of each scheduled sequence (None if mid-prompt)."""
         input_ids, positions, meta, sample_rows = self.prepare(scheduled)
-        hidden = self.model(input_ids, positions, TorchPagedAttention(self.kv, meta))
+        hidden = self.model(input_ids, positions, self.attention(meta))
         sampling = [seq for seq, n in scheduled if seq.num_computed_tokens + n == len(seq)]
         tokens = iter(sample(self.model.compute_logits(hidden[sample_rows]), [s.params for s in sampling],
                              [s.generator for s in sampling]) if sampling else [])
