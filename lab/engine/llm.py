@@ -79,14 +79,17 @@ class LLM:
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
                  enable_chunked_prefill: bool = True, attention_backend: str = "torch",
                  kv_cache_dtype: str | KVCacheFormat = "auto", kv_scales=None, tokenizer=None,
-                 device: str | torch.device | None = None):
+                 device: str | torch.device | None = None, replay=None):
         """`model` is a name or path for `load_model`, or an already loaded `LlamaModel` (pass its tokenizer).
 
         `kv_cache_dtype`: "auto" (the model's dtype), a quantized dtype with its default granularity (fp8
         per-tensor, integers per-token), or a `lab.quant.kv.KVCacheFormat` (any granularity, per-channel keys
         and a full-precision window included); static granularities need `kv_scales`
         (`lab.quant.kv_calibration.KVScales`). A window's exact copies take `max_num_seqs` lanes outside the
-        pool (`stats()["kv_staging_bytes"]`)."""
+        pool (`stats()["kv_staging_bytes"]`).
+
+        `replay`: a `lab.replay.ReplayConfig`: before each step, sequences about to decode may drop the KV of
+        their last tokens and recompute it from their token ids (`lab.replay.controller`)."""
         self.config = EngineConfig(block_size, num_kv_blocks, max_model_len, max_num_seqs, max_num_batched_tokens,
                                    enable_prefix_caching, enable_chunked_prefill, attention_backend, kv_cache_dtype)
         if isinstance(model, LlamaModel):
@@ -113,6 +116,14 @@ class LLM:
         self.runner = ModelRunner(self.model, num_blocks, block_size, kv_format, kv_scales, max_num_seqs,
                                   attention_backend)
         self.eos_token_ids = set(self.model.config.eos_token_ids)
+        self.replay = None
+        if replay is not None:
+            from lab.replay.controller import ReplayController
+            if replay.chunk is not None and not enable_chunked_prefill:
+                raise ValueError("replay in chunks needs enable_chunked_prefill=True")
+            self.replay = ReplayController(replay)
+            self._weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+            self._kv_bytes_per_token = per_block / block_size
         self.sequences: dict[int, Sequence] = {}
         self.num_prefill_tokens = self.num_decode_tokens = self.num_steps = 0
         self.last_schedule = None
@@ -181,6 +192,9 @@ class LLM:
     # ---- stepping -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One scheduler step and one model forward; returns the requests that finished in it."""
+        if self.replay is not None:
+            bm = self.block_manager
+            self.replay.before_step(self.scheduler.running, bm.num_free_blocks / bm.num_blocks, self._kv_read_share())
         out = self.scheduler.schedule()
         self.last_schedule = out  # for tracing: what this step ran (see lab.engine.trace)
         if not out.scheduled:
@@ -208,7 +222,17 @@ class LLM:
                 m.finish_time = now
                 self.scheduler.finish(seq, reason)
                 finished.append(self._output(self.sequences.pop(seq.request_id)))
+                if self.replay is not None:
+                    self.replay.forget(seq.request_id)
+        if self.replay is not None:
+            self.replay.after_step(self.scheduler.running)
         return finished
+
+    def _kv_read_share(self) -> float:
+        """The share of a decode step's memory traffic that reads KV (the running contexts' KV against the
+        weights): the lab's stand-in for the article's bandwidth-utilization counter, which a CPU has not."""
+        kv = self._kv_bytes_per_token * sum(len(s) for s in self.scheduler.running)
+        return kv / (kv + self._weight_bytes)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.params
@@ -265,4 +289,6 @@ class LLM:
             "steps": self.num_steps,
             "running": len(s.running),
             "waiting": len(s.waiting),
+            **({"replays": self.replay.stats.replays, "replayed_tokens": self.replay.stats.recomputed_tokens}
+               if self.replay is not None else {}),
         }

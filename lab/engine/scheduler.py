@@ -59,7 +59,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_wanted_tokens, budget)
+            n = min(seq.num_wanted_tokens, budget, seq.max_chunk or budget)
             if n < seq.num_wanted_tokens and not self.enable_chunked_prefill:
                 break
             while not self.bm.allocate(seq, seq.num_computed_tokens + n):

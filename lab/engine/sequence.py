@@ -83,6 +83,7 @@ class Sequence:
         self.cache_salt = cache_salt
         self.status = Status.WAITING
         self.num_computed_tokens = 0
+        self.max_chunk: int | None = None  # most tokens per step (replay recomputes its window in chunks)
         self.block_table: list[int] = []
         self.finish_reason: str | None = None
         self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None

@@ -1,0 +1,111 @@
+"""The replay controller of the seed article (`000_6360c6a068e5cdc2.txt`, sections 4.1-4.2 and 5.1), in the
+engine.
+
+The article's controller keeps, per sequence, the range of positions whose KV is cached; before a decode step
+it asks `should_replay` (no cached range, the position past its end, memory headroom below 20%, or bandwidth
+use above 80%; and, from its troubleshooting section, only once the position is past 70% of the context) and,
+if so, recomputes `replay_window` = the last W positions, in chunks, without writing the result back by
+default (the cached range then slides, and the next step replays again).
+
+In the engine, dropping a window's KV and recomputing it from token ids is a rewind: the sequence's
+`num_computed_tokens` goes back by W, and the scheduler's single rule gives it the W dropped tokens plus its
+new one, as a chunk that attends over the cached prefix (chunked at `chunk` tokens). Without write-back the
+window is dropped again after each step, so every decode step recomputes it; with write-back it is recomputed
+once and kept until the next trigger. Greedy outputs must not change (tested): only where the K/V come from
+does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lab.engine.sequence import Sequence, Status
+
+
+@dataclass
+class ReplayConfig:
+    window: int = 32  # W: recent tokens whose KV is dropped and recomputed (the article: 16-64, start at 32)
+    chunk: int | None = None  # tokens recomputed per step (the article: W or W/2, at most 64); None: W
+    memory_headroom: float = 0.2  # replay when the free share of the KV pool falls below this
+    bandwidth_utilization: float = 0.8  # ... or when the estimated bandwidth use exceeds this
+    min_position: float = 0.7  # ... and only past this share of the sequence's context (prompt + max_tokens)
+    write_back: bool = False  # keep the recomputed KV (the article's default: no)
+    always: bool = False  # ignore the pressure triggers (a study forcing replay on every step)
+
+    def __post_init__(self):
+        if not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"replay window must be a positive int, got {self.window!r}")
+        if self.chunk is not None and (not isinstance(self.chunk, int) or self.chunk < 1):
+            raise ValueError(f"replay chunk must be a positive int or None, got {self.chunk!r}")
+        for name in ("memory_headroom", "bandwidth_utilization", "min_position"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+
+
+@dataclass
+class ReplayStats:
+    replays: int = 0  # windows dropped and recomputed
+    recomputed_tokens: int = 0
+    skipped_by_trigger: int = 0  # decode steps the triggers let pass without replay
+    per_request: dict = field(default_factory=dict)  # request id -> replays
+
+
+class ReplayController:
+    """Decides, before each engine step, which running sequences drop and recompute their last window."""
+
+    def __init__(self, config: ReplayConfig):
+        self.config = config
+        self.cached_ranges: dict[int, tuple[int, int]] = {}  # request id -> [start, end) of cached positions
+        self.replayed: dict[int, int] = {}  # request id -> first dropped position, until recomputed
+        self.stats = ReplayStats()
+
+    def should_replay(self, seq: Sequence, memory_headroom: float, bandwidth_utilization: float) -> bool:
+        """The article's `should_replay` for a sequence about to decode at position `num_computed_tokens`."""
+        c, pos = self.config, seq.num_computed_tokens
+        if pos < c.window + 1:  # nothing to drop yet: the window would reach the first token
+            return False
+        context = seq.num_prompt_tokens + seq.params.max_tokens
+        if pos < c.min_position * context:
+            return False
+        cached = self.cached_ranges.get(seq.request_id)
+        if cached is None or pos > cached[1] or c.always:
+            return True
+        return memory_headroom < c.memory_headroom or bandwidth_utilization > c.bandwidth_utilization
+
+    def replay_window(self, seq: Sequence) -> tuple[int, int]:
+        """[start, end) of the positions to recompute: the last W before the one being decoded."""
+        end = seq.num_computed_tokens
+        return max(0, end - self.config.window), end
+
+    def before_step(self, running: list[Sequence], memory_headroom: float, bandwidth_utilization: float) -> None:
+        """Rewind the sequences that replay; called by the engine before it schedules a step."""
+        for seq in running:
+            if seq.status is not Status.RUNNING or seq.num_computed_tokens != len(seq) - 1:
+                continue  # only sequences about to decode (not mid-prompt, not preempted)
+            if not self.should_replay(seq, memory_headroom, bandwidth_utilization):
+                self.stats.skipped_by_trigger += 1
+                continue
+            start, end = self.replay_window(seq)
+            seq.num_computed_tokens = start  # the window's KV is dropped: recomputed from its token ids
+            seq.max_chunk = self.config.chunk
+            self.stats.replays += 1
+            self.stats.recomputed_tokens += end - start
+            self.stats.per_request[seq.request_id] = self.stats.per_request.get(seq.request_id, 0) + 1
+            self.replayed[seq.request_id] = start
+
+    def after_step(self, running: list[Sequence]) -> None:
+        """Update the cached ranges: a window recomputed without write-back stays dropped (so the next step
+        replays it again), everything else computed this step is cached. Sequences that caught up stop
+        chunking."""
+        for seq in running:
+            dropped_from = self.replayed.get(seq.request_id)
+            keep = dropped_from is None or self.config.write_back
+            self.cached_ranges[seq.request_id] = (0, seq.num_computed_tokens if keep else dropped_from)
+            if seq.num_computed_tokens >= len(seq) - 1:  # the window is recomputed (in one or more chunks)
+                seq.max_chunk = None
+                self.replayed.pop(seq.request_id, None)
+
+    def forget(self, request_id: int) -> None:
+        self.cached_ranges.pop(request_id, None)
+        self.replayed.pop(request_id, None)
