@@ -158,6 +158,31 @@ def _eval(args) -> int:
     return 0
 
 
+def _replay_break_even(args) -> int:
+    from dataclasses import asdict
+
+    from lab.hardware import GPUS
+    from lab.memory import ModelShape
+    from lab.replay.cost import break_even_table, window_cost
+
+    for name in args.hardware:
+        if name not in GPUS:
+            raise ValueError(f"unknown hardware {name!r}; known: {', '.join(sorted(GPUS))}")
+    rows = break_even_table(args.model, args.hardware, args.window, args.prefix, args.efficiency)
+    if args.json:
+        costs = {m: asdict(window_cost(ModelShape.load(m), args.window, args.prefix)) for m in args.model}
+        print(json.dumps({"window": args.window, "prefix": args.prefix, "efficiency": args.efficiency,
+                          "costs": costs, "verdicts": [asdict(r) for r in rows]}, indent=2))
+        return 0
+    print(f"recompute {args.window} tokens after a {args.prefix}-token prefix (at {args.efficiency:.0%} of peak "
+          f"FLOP/s, reading the weights and the prefix's KV), or load their KV?")
+    print(f"{'model':<14} {'hardware':<15} {'link':<34} {'load ms':>9} {'recompute ms':>13} {'B* GB/s':>9}  winner")
+    for r in rows:
+        print(f"{r.model:<14} {r.hardware:<15} {r.link:<34} {1e3 * r.load_s:>9.3f} {1e3 * r.recompute_s:>13.3f} "
+              f"{r.crossover_bandwidth / 1e9:>9.2f}  {r.winner}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lab", description="Inference Lab: a reference engine and studies.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -243,6 +268,19 @@ def build_parser() -> argparse.ArgumentParser:
                          "calibrate on 32 stratified calibration samples")
     ev.set_defaults(func=_eval)
 
+    rp = sub.add_parser("replay", help="replay (recompute a KV window vs load it)")
+    rp_sub = rp.add_subparsers(dest="replay", required=True)
+    be = rp_sub.add_parser("break-even", help="which side wins per model, accelerator and link (lab.replay.cost)")
+    be.add_argument("--model", action="append", default=None,
+                    help="a preset or config.json path; repeatable (default: llama-3-8b, llama-2-7b, deepseek-v3)")
+    be.add_argument("--hardware", action="append", default=None, help="a GPU of lab.hardware; repeatable "
+                                                                      "(default: h100-sxm)")
+    be.add_argument("--window", type=int, default=64)
+    be.add_argument("--prefix", type=int, default=32768)
+    be.add_argument("--efficiency", type=float, default=0.5, help="achieved share of peak FLOP/s (the article's 0.5)")
+    be.add_argument("--json", action="store_true")
+    be.set_defaults(func=_replay_break_even)
+
     res = sub.add_parser("results", help="list study runs with their key metrics and refresh results/README.md")
     res.add_argument("--results-dir", default=None)
     res.set_defaults(func=_results)
@@ -251,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "replay", None) == "break-even":
+        args.model = args.model or ["llama-3-8b", "llama-2-7b", "deepseek-v3"]
+        args.hardware = args.hardware or ["h100-sxm"]
     try:
         return args.func(args)
     except ValueError as e:

@@ -26,7 +26,9 @@ def baseline(smollm, chat_prompt_ids):
     ReplayConfig(window=16, chunk=5, always=True, min_position=0.0, write_back=True),  # in chunks of 5
     ReplayConfig(window=32, min_position=0.6, memory_headroom=0.99),  # memory trigger, late in the sequence
     ReplayConfig(window=48, always=True, min_position=0.0),  # longer than the shorter prompts
-], ids=["w8-every-step", "w16-chunk5-writeback", "w32-memory-trigger", "w48"])
+    # chunks ending exactly one short of the end (33 = 4 x 8 + 1), without write-back
+    ReplayConfig(window=32, chunk=8, always=True, min_position=0.0),
+], ids=["w8-every-step", "w16-chunk5-writeback", "w32-memory-trigger", "w48", "w32-chunk8"])
 def test_replay_leaves_greedy_outputs_unchanged(smollm, chat_prompt_ids, baseline, config):
     model, tok = smollm
     llm = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=256, replay=config)
@@ -109,3 +111,13 @@ def test_break_even_table_covers_every_model_hardware_and_link():
         assert r.crossover_bandwidth > 0
     # device memory is always faster than recomputing a window from token ids
     assert all(r.winner == "load" for r in rows if "memory" in r.link)
+
+
+def test_cli_prints_the_break_even_table(capsys):
+    from lab.cli import main
+
+    assert main(["replay", "break-even", "--model", "llama-2-7b", "--hardware", "a100-sxm-80gb", "--window", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "llama-2-7b" in out and "PCIe Gen5 x16" in out and out.count("\n") == 2 + 7
+    assert main(["replay", "break-even", "--hardware", "nope"]) == 2
+    assert "unknown hardware 'nope'" in capsys.readouterr().err

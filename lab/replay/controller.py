@@ -57,7 +57,8 @@ class ReplayController:
     def __init__(self, config: ReplayConfig):
         self.config = config
         self.cached_ranges: dict[int, tuple[int, int]] = {}  # request id -> [start, end) of cached positions
-        self.replayed: dict[int, int] = {}  # request id -> first dropped position, until recomputed
+        self.replayed: dict[int, tuple[int, int]] = {}  # request id -> (first dropped position, length then),
+        # until the recompute has sampled the sequence's next token
         self.stats = ReplayStats()
 
     def should_replay(self, seq: Sequence, memory_headroom: float, bandwidth_utilization: float) -> bool:
@@ -81,8 +82,9 @@ class ReplayController:
     def before_step(self, running: list[Sequence], memory_headroom: float, bandwidth_utilization: float) -> None:
         """Rewind the sequences that replay; called by the engine before it schedules a step."""
         for seq in running:
-            if seq.status is not Status.RUNNING or seq.num_computed_tokens != len(seq) - 1:
-                continue  # only sequences about to decode (not mid-prompt, not preempted)
+            if (seq.status is not Status.RUNNING or seq.num_computed_tokens != len(seq) - 1
+                    or seq.request_id in self.replayed):
+                continue  # only sequences about to decode (not mid-prompt, not preempted, not mid-replay)
             if not self.should_replay(seq, memory_headroom, bandwidth_utilization):
                 self.stats.skipped_by_trigger += 1
                 continue
@@ -92,17 +94,17 @@ class ReplayController:
             self.stats.replays += 1
             self.stats.recomputed_tokens += end - start
             self.stats.per_request[seq.request_id] = self.stats.per_request.get(seq.request_id, 0) + 1
-            self.replayed[seq.request_id] = start
+            self.replayed[seq.request_id] = (start, len(seq))
 
     def after_step(self, running: list[Sequence]) -> None:
         """Update the cached ranges: a window recomputed without write-back stays dropped (so the next step
         replays it again), everything else computed this step is cached. Sequences that caught up stop
         chunking."""
         for seq in running:
-            dropped_from = self.replayed.get(seq.request_id)
+            dropped_from, length = self.replayed.get(seq.request_id, (None, 0))
             keep = dropped_from is None or self.config.write_back
             self.cached_ranges[seq.request_id] = (0, seq.num_computed_tokens if keep else dropped_from)
-            if seq.num_computed_tokens >= len(seq) - 1:  # the window is recomputed (in one or more chunks)
+            if len(seq) > length:  # the recompute (in one or more chunks) reached the end and sampled a token
                 seq.max_chunk = None
                 self.replayed.pop(seq.request_id, None)
 

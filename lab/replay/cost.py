@@ -115,6 +115,16 @@ def window_cost(s: ModelShape, window: int, prefix: int, dtype_bytes: float = 2.
     )
 
 
+def recompute_seconds(s: ModelShape, cost: WindowCost, hw: Hardware, efficiency: float,
+                      weight_bytes_per_param: float = 2.0) -> tuple[float, float]:
+    """(compute time, memory time) of a standalone recompute: its FLOPs at `efficiency` x peak, and reading
+    the weights a token uses plus the prefix's KV at the memory bandwidth. The larger bounds it; a recompute
+    folded into a decode step that reads the weights anyway pays only the compute and the prefix read."""
+    compute = cost.recompute_flops / (efficiency * hw.peak_flops)
+    memory = (weight_bytes_per_param * param_counts(s)["active"] + cost.prefix_read_bytes) / hw.mem_bandwidth
+    return compute, memory
+
+
 @dataclass(frozen=True)
 class Verdict:
     model: str
@@ -131,14 +141,16 @@ class Verdict:
 def break_even_table(models: list[str], hardware: list[str], window: int = 64, prefix: int = 32768,
                      efficiency: float = 0.5, dtype_bytes: float = 2.0) -> list[Verdict]:
     """For each model, accelerator and link: load the window's KV over the link, or recompute it on the
-    accelerator at `efficiency` x its peak (the article's own 50%)? Device memory is one of the links."""
+    accelerator (`recompute_seconds`, at `efficiency` x its peak: the article's own 50%)? Device memory is one of
+    the links."""
     rows = []
     for name in models:
-        cost = window_cost(ModelShape.load(name), window, prefix, dtype_bytes)
+        shape = ModelShape.load(name)
+        cost = window_cost(shape, window, prefix, dtype_bytes)
         for hw_name in hardware:
             hw = GPUS[hw_name]
             rate = efficiency * hw.peak_flops
-            recompute = cost.recompute_flops / rate
+            recompute = max(recompute_seconds(shape, cost, hw, efficiency, dtype_bytes))
             for link in [hbm_link(hw), *LINKS.values()]:
                 load = cost.kv_bytes / link.bandwidth
                 rows.append(Verdict(name, hw_name, link.name, window, prefix, load, recompute,

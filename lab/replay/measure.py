@@ -1,0 +1,130 @@
+"""Measured on this machine: loading a window's KV from each storage tier against recomputing it on the engine.
+
+Recompute: the engine holds a sequence of M + W tokens; its `num_computed_tokens` goes back to M and the model
+runner executes the W tokens as one chunk over the cached M-token prefix (what the replay controller makes the
+scheduler do). Load: the window's KV bytes read from a tier into a buffer:
+
+- `host memory`: a copy out of a pool larger than the last-level cache, after streaming another buffer through
+  the caches (so the window is not already cached);
+- `disk file`: a read of a file whose pages were dropped from the page cache first (posix_fadvise DONTNEED
+  after fsync), i.e. from the device;
+- on a GPU also `device memory`, `pinned host -> device` and `pageable host -> device`.
+
+Times are medians of repeats. The crossover bandwidth measured is kv_bytes / t_recompute: a tier slower than
+it loses to recomputing.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+from lab.engine import LLM, SamplingParams
+
+
+@dataclass(frozen=True)
+class Timing:
+    what: str
+    bytes: int
+    seconds: float
+
+    @property
+    def bandwidth(self) -> float:
+        return self.bytes / self.seconds
+
+
+def _median_seconds(fn, repeats: int, before=None) -> float:
+    times = []
+    fn()  # warm-up: allocation, first touch
+    for _ in range(repeats):
+        if before is not None:
+            before()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def host_memory_load(nbytes: int, repeats: int = 5, pool_bytes: int = 256 * 1024**2) -> Timing:
+    pool = torch.empty(max(pool_bytes, 4 * nbytes), dtype=torch.uint8)
+    pool.fill_(1)
+    flush = torch.empty(pool_bytes, dtype=torch.uint8)
+    dst = torch.empty(nbytes, dtype=torch.uint8)
+    offset = (pool.numel() - nbytes) // 2
+    src = pool[offset:offset + nbytes]
+    return Timing("host memory", nbytes, _median_seconds(lambda: dst.copy_(src), repeats, lambda: flush.fill_(0)))
+
+
+def disk_load(nbytes: int, repeats: int = 5, directory: str | None = None) -> Timing:
+    """Read `nbytes` from a file whose cached pages are dropped before each read."""
+    buf = bytearray(nbytes)
+    with tempfile.NamedTemporaryFile(dir=directory) as f:
+        f.write(b"\1" * nbytes)
+        f.flush()
+        os.fsync(f.fileno())
+        fd = f.fileno()
+
+        def drop():
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+        def read():
+            os.preadv(fd, [buf], 0)
+
+        return Timing("disk file", nbytes, _median_seconds(read, repeats, drop))
+
+
+def gpu_loads(nbytes: int, repeats: int = 5) -> list[Timing]:
+    if not torch.cuda.is_available():
+        return []
+    sync = torch.cuda.synchronize
+    out = []
+    dev_src = torch.empty(max(nbytes, 1), dtype=torch.uint8, device="cuda")
+    dev_dst = torch.empty_like(dev_src)
+    for what, src in (("device memory", dev_src), ("pinned host -> device", torch.empty(nbytes, dtype=torch.uint8).pin_memory()),
+                      ("pageable host -> device", torch.empty(nbytes, dtype=torch.uint8))):
+        def copy(src=src):
+            dev_dst.copy_(src, non_blocking=True)
+            sync()
+        out.append(Timing(what, nbytes, _median_seconds(copy, repeats)))
+    return out
+
+
+def tier_loads(nbytes: int, repeats: int = 5) -> list[Timing]:
+    """Every tier this machine has, for one window's KV bytes."""
+    return [host_memory_load(nbytes, repeats), disk_load(nbytes, repeats), *gpu_loads(nbytes, repeats)]
+
+
+class RecomputeBench:
+    """An engine holding one long sequence, to time recomputing W tokens after an M-token prefix."""
+
+    def __init__(self, llm: LLM, token_ids: list[int]):
+        self.llm = llm
+        rid = llm.add_request(token_ids, SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+        self.seq = llm.sequences[rid]
+        while self.seq.num_computed_tokens < len(token_ids):  # the prefill (chunked by the engine's budget)
+            llm.step()
+
+    def seconds(self, prefix: int, window: int, repeats: int = 3) -> float:
+        """Median time of the model runner's forward over tokens prefix .. prefix + window - 1."""
+        if prefix + window > self.seq.num_prompt_tokens:
+            raise ValueError(f"prefix {prefix} + window {window} exceeds the {self.seq.num_prompt_tokens} tokens held")
+        done = self.seq.num_computed_tokens
+
+        def run():
+            self.seq.num_computed_tokens = prefix
+            self.llm.runner.execute([(self.seq, window)])
+
+        try:
+            return _median_seconds(run, repeats)
+        finally:
+            self.seq.num_computed_tokens = done
+
+    def kv_bytes(self, window: int) -> int:
+        """Bytes of the window's KV in the engine's pool (all layers, K and V)."""
+        return int(self.llm.runner.kv_cache_bytes / (self.llm.block_manager.num_blocks * self.llm.config.block_size)
+                   * window)

@@ -1,0 +1,176 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · Replay: recompute a window's KV, or move it?
+#
+# The replay article (seeds/000) argues, by a roofline argument, that on long contexts recomputing the KV of a
+# recent window of W tokens is cheaper than reading the KV cache, and gives a controller (W of 16-64, triggers
+# on memory headroom < 20%, bandwidth > 80%, position past 70% of the context, chunked recomputation, no
+# write-back) and a self-diagnosis rule. Related work asks the same question honestly: vLLM preempts by
+# recompute rather than swapping, Cake (Jin et al., 2024, arXiv:2410.03065) computes from the front while
+# loading from the back, HCache (Gao et al., 2024, arXiv:2410.05004) restores KV from stored hidden states.
+# This notebook runs the article's controller in the lab engine (lossless: tested), then answers **when is
+# recomputing KV cheaper than moving it, for which model, link and context length**, by a cost model
+# (`lab.replay.cost`) checked against measurements on this machine (`lab.replay.measure`). The logic lives in
+# `lab.studies.replay_break_even`.
+
+# %% tags=["parameters"]
+SMOKE = False  # tiny sizes, for tests
+INTERACTIVE = False  # show the widget cells
+MODELS = ("smollm2-135m", "random:smollm2-360m")  # measured on the engine (float32 on this CPU)
+PREFIXES = (1024, 2048, 4096, 7680)  # M: cached tokens before the window (SmolLM2's limit is 8192)
+WINDOWS = (16, 32, 64, 128, 256, 512)  # W
+REPEATS = 3
+HARDWARE = "h100-sxm"  # the accelerator of the break-even and PD tables
+EFFICIENCY = 0.5  # the article's compute efficiency
+PD_WINDOW = 64
+PD_PREFIX = 32768
+
+# %%
+import pandas as pd
+
+from lab.engine import LLM, SamplingParams
+from lab.hardware import GPUS, probe
+from lab.models import load_model
+from lab.replay import ReplayConfig
+from lab.runs import params_from_namespace, start_run
+from lab.studies import replay_break_even as study
+
+params = params_from_namespace(study.ReplayParams, globals())  # validates every value before heavy work
+run = start_run("04_replay_break_even", params)
+hw = GPUS[params.HARDWARE]
+
+# %% [markdown]
+# ## 1. The controller in the engine: lossless
+# The article's controller drops the last W tokens' KV before a decode step and the engine recomputes them from
+# their token ids (a rewind: the scheduler's one rule gives the sequence W + 1 tokens, a chunk over its cached
+# prefix). Greedy outputs must equal the run without replay, whatever the window and triggers.
+
+# %%
+model, tok = load_model("smollm2-135m") if not params.SMOKE else load_model("random:tiny")
+prompts = ([tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+            for q in ("Explain how a bicycle stays upright.", "List three uses of copper.")] if tok else
+           [list(range(1, 40)), list(range(7, 60))])
+sampling = SamplingParams(max_tokens=8 if params.SMOKE else 32, temperature=0, ignore_eos=True)
+want = [o.token_ids for o in LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=256).generate(prompts, sampling)]
+rows = []
+for config in (ReplayConfig(window=16, always=True, min_position=0.0),
+               ReplayConfig(window=32, chunk=8, always=True, min_position=0.0, write_back=True),
+               ReplayConfig(window=32, memory_headroom=0.99, min_position=0.7)):
+    llm = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=256, replay=config)
+    got = [o.token_ids for o in llm.generate(prompts, sampling)]
+    rows.append({"window": config.window, "chunk": config.chunk, "write_back": config.write_back,
+                 "trigger": "every step" if config.always else "memory headroom < 99%, past 70%",
+                 "replays": llm.stats()["replays"], "recomputed tokens": llm.stats()["replayed_tokens"],
+                 "greedy outputs unchanged": got == want})
+lossless = pd.DataFrame(rows)
+run.save_table("lossless", lossless)
+lossless
+
+# %% [markdown]
+# ## 2. The cost model
+# Recomputing W tokens after an M-token prefix from token ids runs every layer: 2 x (non-embedding parameters)
+# x W for the linears, 2 L H (d_qk + d_v) W (M + W/2) for the attention, and that attention reads the whole
+# prefix's KV. Moving the window costs its KV bytes. The crossover link bandwidth is
+# B* = achieved FLOP/s x KV bytes / FLOPs: a link slower than B* loses to recomputing. HCache's stored hidden
+# states are larger than the KV for GQA and MLA models (`hidden_MB` vs `kv_MB`), smaller only for MHA.
+
+# %%
+costs = study.cost_table(params.PD_WINDOW, params.PD_PREFIX, hw, params.EFFICIENCY)
+run.save_table("cost_model", costs)
+costs.round(3)
+
+# %% [markdown]
+# ## 3. Break-even per model and link
+# Window W = PD_WINDOW after PD_PREFIX tokens, recomputed on the accelerator at EFFICIENCY x its peak, or
+# loaded over each link (device memory included).
+
+# %%
+table = study.break_even(params)
+run.save_table("break_even", table.reset_index())
+table
+
+# %% [markdown]
+# ## 4. Measured on this machine: recompute on the engine against loading from each tier
+# For each model, prefix M and window W: the engine's forward of the W tokens over the cached M-token prefix,
+# against reading the window's KV from host memory and from a file on disk (page cache dropped). Two
+# predictions of the recompute time: the article's compute-only rule (FLOPs at EFFICIENCY x the measured peak)
+# and a roofline with this machine's measured ceilings (`lab.hardware.probe`) that also reads the weights and
+# the prefix's KV, plus a fixed per-forward overhead measured once on a one-token forward.
+
+# %%
+machine = probe(2.0 if params.SMOKE else 6.0)
+measured = study.measure(params, machine)
+run.save_table("measured", measured)
+run.save_figure("crossover", study.plot_crossover(measured))
+measured[["model", "prefix", "window", "recompute_s", "predicted_roofline_s", "predicted_article_s",
+          "load host memory s", "load disk file s", "measured_crossover_GBps", "predicted_crossover_GBps",
+          "roofline_error"]].round(6)
+
+# %%
+summary = measured.groupby("model").agg(
+    points=("recompute_s", "size"),
+    roofline_within_20pct=("roofline_error", lambda e: int((e.abs() <= 0.2).sum())),
+    roofline_median_error=("roofline_error", "median"),
+    article_median_ratio=("predicted_article_s", lambda s: float((s / measured.loc[s.index, "recompute_s"]).median())),
+    recompute_beats_host_memory=("recompute_s", lambda s: int((measured.loc[s.index, "load host memory s"] > s).sum())),
+    recompute_beats_disk=("recompute_s", lambda s: int((measured.loc[s.index, "load disk file s"] > s).sum())))
+run.save_table("measured_summary", summary.reset_index())
+summary
+
+# %% [markdown]
+# ## 5. The PD-disaggregation scenario
+# A decode node either receives the last PD_WINDOW tokens' KV over a link or recomputes them locally
+# (bounded by compute at EFFICIENCY, and by reading the weights and the PD_PREFIX-token prefix's KV).
+
+# %%
+pd_table = study.pd_scenario(params)
+run.save_table("pd_scenario", pd_table)
+pd_table.round(3)
+
+# %% [markdown]
+# ## 6. The article's numbers, recomputed
+
+# %%
+claims = study.claims_table(params, measured)
+run.save_table("claims", claims)
+with pd.option_context("display.max_colwidth", 120):
+    display(claims)  # noqa: F821
+
+# %% [markdown]
+# ## 7. Explore (INTERACTIVE)
+# The break-even window and prefix for another model and accelerator.
+
+# %%
+if INTERACTIVE:
+    import ipywidgets as widgets
+
+    def show(model, hardware, window, prefix):
+        display(study.cost_table(window, prefix, GPUS[hardware], params.EFFICIENCY)  # noqa: F821
+                .query("model == @model").T)
+
+    display(widgets.interactive(show, model=widgets.Dropdown(options=study.COST_MODELS),  # noqa: F821
+                                hardware=widgets.Dropdown(options=sorted(GPUS)),
+                                window=widgets.IntSlider(value=64, min=16, max=512, step=16),
+                                prefix=widgets.IntSlider(value=32768, min=1024, max=131072, step=1024)))
+
+# %%
+run.save_metrics(lossless=bool(lossless["greedy outputs unchanged"].all()),
+                 roofline_points_within_20pct=int(summary["roofline_within_20pct"].sum()),
+                 measured_points=int(summary["points"].sum()),
+                 recompute_beats_host_memory=int(summary["recompute_beats_host_memory"].sum()),
+                 wrong_claims=int(claims["verdict"].str.startswith("wrong").sum()))
+run.finish()
