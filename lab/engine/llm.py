@@ -121,7 +121,11 @@ class LLM:
             from lab.replay.controller import ReplayController
             if replay.chunk is not None and not enable_chunked_prefill:
                 raise ValueError("replay in chunks needs enable_chunked_prefill=True")
-            self.replay = ReplayController(replay)
+            hidden = None
+            if replay.source == "hidden":
+                from lab.replay.hidden import HiddenStateStore
+                hidden = HiddenStateStore(self.runner, replay.window)
+            self.replay = ReplayController(replay, hidden)
             self._weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
             self._kv_bytes_per_token = per_block / block_size
         self.sequences: dict[int, Sequence] = {}
@@ -196,6 +200,8 @@ class LLM:
             bm = self.block_manager
             self.replay.before_step(self.scheduler.running, bm.num_free_blocks / bm.num_blocks, self._kv_read_share())
         out = self.scheduler.schedule()
+        if self.replay is not None:
+            self.replay.begin_step(out.scheduled)
         self.last_schedule = out  # for tracing: what this step ran (see lab.engine.trace)
         if not out.scheduled:
             return []

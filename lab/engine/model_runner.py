@@ -54,6 +54,7 @@ class ModelRunner:
         self.lanes: dict[int, tuple[Sequence, int]] = {}  # request id -> (sequence, lane)
         self.staged_from: dict[int, int] = {}  # request id -> first position its lane holds exactly
         self.next_position: dict[int, int] = {}
+        self.attention_backend = attention_backend
         if attention_backend == "triton":  # imported here: lab.kernels imports Triton (and may set its interpreter)
             from .triton_attention import TritonPagedAttention, kernel_caches
             caches = kernel_caches(self.kv)

@@ -11,8 +11,10 @@ In the engine, dropping a window's KV and recomputing it from token ids is a rew
 `num_computed_tokens` goes back by W, and the scheduler's single rule gives it the W dropped tokens plus its
 new one, as a chunk that attends over the cached prefix (chunked at `chunk` tokens). Without write-back the
 window is dropped again after each step, so every decode step recomputes it; with write-back it is recomputed
-once and kept until the next trigger. Greedy outputs must not change (tested): only where the K/V come from
-does.
+once and kept until the next trigger. With source="hidden" (HCache, `lab.replay.hidden`) the window's K/V
+are instead zeroed and rebuilt in place from the layer inputs kept for it, by the K/V projections alone, before
+the step decodes as usual (the rebuilt K/V stay: write-back is inherent there). Greedy outputs must not change
+(tested): only where the K/V come from does.
 """
 
 from __future__ import annotations
@@ -31,12 +33,15 @@ class ReplayConfig:
     min_position: float = 0.7  # ... and only past this share of the sequence's context (prompt + max_tokens)
     write_back: bool = False  # keep the recomputed KV (the article's default: no)
     always: bool = False  # ignore the pressure triggers (a study forcing replay on every step)
+    source: str = "tokens"  # recompute from token ids (every layer), or "hidden": from kept layer inputs (HCache)
 
     def __post_init__(self):
         if not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"replay window must be a positive int, got {self.window!r}")
         if self.chunk is not None and (not isinstance(self.chunk, int) or self.chunk < 1):
             raise ValueError(f"replay chunk must be a positive int or None, got {self.chunk!r}")
+        if self.source not in ("tokens", "hidden"):
+            raise ValueError(f"replay source must be 'tokens' or 'hidden', got {self.source!r}")
         for name in ("memory_headroom", "bandwidth_utilization", "min_position"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
@@ -54,8 +59,9 @@ class ReplayStats:
 class ReplayController:
     """Decides, before each engine step, which running sequences drop and recompute their last window."""
 
-    def __init__(self, config: ReplayConfig):
+    def __init__(self, config: ReplayConfig, hidden=None):
         self.config = config
+        self.hidden = hidden  # a lab.replay.hidden.HiddenStateStore when config.source == "hidden"
         self.cached_ranges: dict[int, tuple[int, int]] = {}  # request id -> [start, end) of cached positions
         self.replayed: dict[int, tuple[int, int]] = {}  # request id -> (first dropped position, length then),
         # until the recompute has sampled the sequence's next token
@@ -89,17 +95,25 @@ class ReplayController:
                 self.stats.skipped_by_trigger += 1
                 continue
             start, end = self.replay_window(seq)
-            seq.num_computed_tokens = start  # the window's KV is dropped: recomputed from its token ids
-            seq.max_chunk = self.config.chunk
+            if self.hidden is not None:
+                # Rebuilt in place from the kept layer inputs; the step then decodes as usual.
+                start = max(start, self.hidden.restorable_from(seq))
+                if start < end:
+                    self.hidden.restore(seq, start, end)
+            else:
+                seq.num_computed_tokens = start  # the window's KV is dropped: recomputed from its token ids
+                seq.max_chunk = self.config.chunk
+                self.replayed[seq.request_id] = (start, len(seq))
             self.stats.replays += 1
             self.stats.recomputed_tokens += end - start
             self.stats.per_request[seq.request_id] = self.stats.per_request.get(seq.request_id, 0) + 1
-            self.replayed[seq.request_id] = (start, len(seq))
 
     def after_step(self, running: list[Sequence]) -> None:
         """Update the cached ranges: a window recomputed without write-back stays dropped (so the next step
         replays it again), everything else computed this step is cached. Sequences that caught up stop
         chunking."""
+        if self.hidden is not None:
+            self.hidden.end_step()
         for seq in running:
             dropped_from, length = self.replayed.get(seq.request_id, (None, 0))
             keep = dropped_from is None or self.config.write_back
@@ -108,6 +122,12 @@ class ReplayController:
                 seq.max_chunk = None
                 self.replayed.pop(seq.request_id, None)
 
+    def begin_step(self, scheduled) -> None:
+        if self.hidden is not None:
+            self.hidden.begin_step(scheduled)
+
     def forget(self, request_id: int) -> None:
         self.cached_ranges.pop(request_id, None)
         self.replayed.pop(request_id, None)
+        if self.hidden is not None:
+            self.hidden.forget(request_id)

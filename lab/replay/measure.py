@@ -10,6 +10,8 @@ scheduler do). Load: the window's KV bytes read from a tier into a buffer:
   after fsync), i.e. from the device;
 - on a GPU also `device memory`, `pinned host -> device` and `pageable host -> device`.
 
+HCache's restore (`lab.replay.hidden`): the K/V projections of the window from the layer inputs the engine kept.
+
 Times are medians of repeats. The crossover bandwidth measured is kv_bytes / t_recompute: a tier slower than
 it loses to recomputing.
 """
@@ -123,6 +125,14 @@ class RecomputeBench:
             return _median_seconds(run, repeats)
         finally:
             self.seq.num_computed_tokens = done
+
+    def hidden_restore_seconds(self, window: int, repeats: int = 3) -> float:
+        """HCache: median time to zero and rebuild the K/V of the sequence's last `window` positions from the
+        layer inputs the engine kept (needs an engine made with ReplayConfig(source="hidden")). Independent
+        of the prefix: only the K/V projections run."""
+        store = self.llm.replay.hidden
+        end = self.seq.num_prompt_tokens
+        return _median_seconds(lambda: store.restore(self.seq, end - window, end), repeats)
 
     def kv_bytes(self, window: int) -> int:
         """Bytes of the window's KV in the engine's pool (all layers, K and V)."""

@@ -95,6 +95,7 @@ def measure(p: ReplayParams, machine: Hardware) -> pd.DataFrame:
     KV, and the two predictions of the recompute time."""
     from lab.engine import LLM
     from lab.models import load_model
+    from lab.replay import ReplayConfig
     from lab.replay.measure import RecomputeBench, tier_loads
 
     rows = []
@@ -107,9 +108,14 @@ def measure(p: ReplayParams, machine: Hardware) -> pd.DataFrame:
                            tie_word_embeddings=c.tie_word_embeddings)
         weight_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
         ids = torch.randint(0, c.vocab_size, (total,), generator=torch.Generator().manual_seed(0)).tolist()
-        llm = LLM(model, num_kv_blocks=-(-(total + 2) // 16), max_model_len=total + 16, max_num_batched_tokens=1024)
+        # Keeps the layer inputs of the last max(WINDOWS) positions (for the HCache timing); never replays itself.
+        keep = ReplayConfig(window=max(p.WINDOWS), source="hidden", memory_headroom=0.0, bandwidth_utilization=1.0,
+                            min_position=1.0)
+        llm = LLM(model, num_kv_blocks=-(-(total + 2) // 16), max_model_len=total + 16, max_num_batched_tokens=1024,
+                  replay=keep)
         bench = RecomputeBench(llm, ids)
         loads = {w: tier_loads(bench.kv_bytes(w), max(p.REPEATS, 5)) for w in p.WINDOWS}
+        hcache = {w: bench.hidden_restore_seconds(w, p.REPEATS) for w in p.WINDOWS}
 
         def roofline(m, w):
             cost = window_cost(shape, w, m, dtype_bytes=4)
@@ -130,6 +136,7 @@ def measure(p: ReplayParams, machine: Hardware) -> pd.DataFrame:
                        "predicted_article_s": cost.recompute_flops / (p.EFFICIENCY * machine.peak_flops),
                        "measured_crossover_GBps": kv / seconds / 1e9,
                        "predicted_crossover_GBps": kv / predicted / 1e9}
+                row["hcache_restore_s"] = hcache[w]
                 for t in loads[w]:
                     row[f"load {t.what} s"] = t.seconds
                 rows.append(row)
