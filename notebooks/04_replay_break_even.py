@@ -122,20 +122,17 @@ measured[["model", "prefix", "window", "recompute_s", "predicted_roofline_s", "p
           "predicted_crossover_GBps", "roofline_error"]].round(6)
 
 # %%
-summary = measured.groupby("model").agg(
-    points=("recompute_s", "size"),
-    roofline_within_20pct=("roofline_error", lambda e: int((e.abs() <= 0.2).sum())),
-    roofline_median_error=("roofline_error", "median"),
-    article_median_ratio=("predicted_article_s", lambda s: float((s / measured.loc[s.index, "recompute_s"]).median())),
-    recompute_beats_host_memory=("recompute_s", lambda s: int((measured.loc[s.index, "load host memory s"] > s).sum())),
-    recompute_beats_disk=("recompute_s", lambda s: int((measured.loc[s.index, "load disk file s"] > s).sum())),
-    hcache_beats_host_memory=("hcache_restore_s",
-                              lambda s: int((measured.loc[s.index, "load host memory s"] > s).sum())),
-    hcache_beats_disk=("hcache_restore_s", lambda s: int((measured.loc[s.index, "load disk file s"] > s).sum())))
-run.save_table("measured_summary", summary.reset_index())
-summary
+summary = study.summarize(measured)
+run.save_table("measured_summary", summary)
+summary.T
 
 # %% [markdown]
+# The roofline prediction is a lower bound that the CPU engine does not reach (its achieved FLOP/s is a
+# fraction of the probe's square-matmul peak: masked attention over a gathered prefix, small matrices), so the
+# times need not come within 20% of it. The verdict (load or recompute, per tier) can still be right when the
+# crossover bandwidth is far from every tier's: `verdict_agrees_*` counts the points where prediction and
+# measurement pick the same side.
+#
 # ## 5. The PD-disaggregation scenario
 # A decode node either receives the last PD_WINDOW tokens' KV over a link or recomputes them locally
 # (bounded by compute at EFFICIENCY, and by reading the weights and the PD_PREFIX-token prefix's KV).
@@ -175,6 +172,8 @@ if INTERACTIVE:
 run.save_metrics(lossless=bool(lossless["greedy outputs unchanged"].all()),
                  roofline_points_within_20pct=int(summary["roofline_within_20pct"].sum()),
                  measured_points=int(summary["points"].sum()),
-                 recompute_beats_host_memory=int(summary["recompute_beats_host_memory"].sum()),
+                 verdicts_agree=int(summary["verdict_agrees_host memory"].sum() + summary["verdict_agrees_disk file"].sum()),
+                 recompute_beats_host_memory=int(summary["recompute_beats_host memory"].sum()),
+                 recompute_beats_disk=int(summary["recompute_beats_disk file"].sum()),
                  wrong_claims=int(claims["verdict"].str.startswith("wrong").sum()))
 run.finish()

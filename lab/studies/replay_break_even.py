@@ -132,6 +132,7 @@ def measure(p: ReplayParams, machine: Hardware) -> pd.DataFrame:
                 kv = bench.kv_bytes(w)
                 predicted = bound + overhead
                 row = {"model": name, "prefix": m, "window": w, "kv_bytes": kv, "recompute_s": seconds,
+                       "achieved_GFLOPs": cost.recompute_flops / seconds / 1e9,
                        "roofline_bound_s": bound, "overhead_s": overhead, "predicted_roofline_s": predicted,
                        "predicted_article_s": cost.recompute_flops / (p.EFFICIENCY * machine.peak_flops),
                        "measured_crossover_GBps": kv / seconds / 1e9,
@@ -144,6 +145,25 @@ def measure(p: ReplayParams, machine: Hardware) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     df["roofline_error"] = df["predicted_roofline_s"] / df["recompute_s"] - 1
     return df
+
+
+def summarize(measured: pd.DataFrame) -> pd.DataFrame:
+    """Per model: how close the predictions came, and who won against each tier, measured and predicted."""
+    rows = []
+    for name, d in measured.groupby("model", sort=False):
+        row = {"model": name, "points": len(d),
+               "roofline_within_20pct": int((d["roofline_error"].abs() <= 0.2).sum()),
+               "roofline_median_error": float(d["roofline_error"].median()),
+               "article_rule_median_ratio": float((d["predicted_article_s"] / d["recompute_s"]).median()),
+               "achieved_GFLOPs_median": float(d["achieved_GFLOPs"].median())}
+        for tier in ("host memory", "disk file"):
+            load = d[f"load {tier} s"]
+            row[f"recompute_beats_{tier}"] = int((d["recompute_s"] < load).sum())
+            row[f"hcache_beats_{tier}"] = int((d["hcache_restore_s"] < load).sum())
+            row[f"verdict_agrees_{tier}"] = int(((d["predicted_roofline_s"] < load) == (d["recompute_s"] < load)).sum())
+        row["hcache_speedup_over_recompute_median"] = float((d["recompute_s"] / d["hcache_restore_s"]).median())
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def plot_crossover(df: pd.DataFrame):
