@@ -82,13 +82,6 @@ class WindowCost:
         """B*: links slower than this lose to recomputing at `achieved_flops`."""
         return achieved_flops * self.kv_bytes / self.recompute_flops
 
-    def hcache_crossover_bandwidth(self, achieved_flops: float, link_bandwidth: float) -> float:
-        """HCache moves hidden_bytes and computes hcache_flops; it beats moving the KV on a link of
-        `link_bandwidth` when hidden_bytes / B + hcache_flops / R < kv_bytes / B, i.e. never if hidden_bytes
-        >= kv_bytes. Returns the time saved per window (negative: HCache loses)."""
-        return self.kv_bytes / link_bandwidth - (self.hidden_bytes / link_bandwidth
-                                                 + self.hcache_flops / achieved_flops)
-
 
 def _attention_dims(s: ModelShape) -> int:
     """d_qk + d_v of one query head (MLA: the nope + rope query/key dims and the value dims)."""
