@@ -79,7 +79,7 @@ class LLM:
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
                  enable_chunked_prefill: bool = True, attention_backend: str = "torch",
                  kv_cache_dtype: str | KVCacheFormat = "auto", kv_scales=None, tokenizer=None,
-                 device: str | torch.device | None = None, replay=None):
+                 device: str | torch.device | None = None, replay=None, speculative=None):
         """`model` is a name or path for `load_model`, or an already loaded `LlamaModel` (pass its tokenizer).
 
         `kv_cache_dtype`: "auto" (the model's dtype), a quantized dtype with its default granularity (fp8
@@ -89,7 +89,10 @@ class LLM:
         pool (`stats()["kv_staging_bytes"]`).
 
         `replay`: a `lab.replay.ReplayConfig`: before each step, sequences about to decode may drop the KV of
-        their last tokens and recompute it from their token ids (`lab.replay.controller`)."""
+        their last tokens and recompute it from their token ids (`lab.replay.controller`).
+
+        `speculative`: a `lab.spec.SpeculativeConfig`: requests (whose SamplingParams.speculate) decode k drafted
+        tokens a round, verified losslessly (`lab.spec.speculator`)."""
         self.config = EngineConfig(block_size, num_kv_blocks, max_model_len, max_num_seqs, max_num_batched_tokens,
                                    enable_prefix_caching, enable_chunked_prefill, attention_backend, kv_cache_dtype)
         if isinstance(model, LlamaModel):
@@ -116,6 +119,12 @@ class LLM:
         self.runner = ModelRunner(self.model, num_blocks, block_size, kv_format, kv_scales, max_num_seqs,
                                   attention_backend)
         self.eos_token_ids = set(self.model.config.eos_token_ids)
+        self.spec = None
+        if speculative is not None:
+            from lab.spec.speculator import Speculator
+            if replay is not None:
+                raise ValueError("replay and speculative decoding cannot be combined in one engine")
+            self.spec = Speculator(speculative, max_model_len)
         self.replay = None
         if replay is not None:
             from lab.replay.controller import ReplayController
@@ -199,37 +208,44 @@ class LLM:
         if self.replay is not None:
             bm = self.block_manager
             self.replay.before_step(self.scheduler.running, bm.num_free_blocks / bm.num_blocks, self._kv_read_share())
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running)
         out = self.scheduler.schedule()
+        drafts = self.spec.withdraw_unscheduled(out.scheduled) if self.spec is not None else {}
         if self.replay is not None:
             self.replay.begin_step(out.scheduled)
         self.last_schedule = out  # for tracing: what this step ran (see lab.engine.trace)
         if not out.scheduled:
             return []
-        tokens = self.runner.execute(out.scheduled)
+        tokens = self.runner.execute(out.scheduled, drafts)
         now = time.perf_counter()
         finished = []
         self.num_steps += 1
-        for (seq, n), token in zip(out.scheduled, tokens):
+        for (seq, n), result in zip(out.scheduled, tokens):
             if seq.num_computed_tokens < seq.num_prompt_tokens:
                 self.num_prefill_tokens += n
             else:
                 self.num_decode_tokens += n
-            seq.num_computed_tokens += n
+            if seq.request_id in drafts:  # verified: accepted drafts and one more token, rejected ones rolled back
+                emitted = self.spec.accept(seq, result)
+            else:
+                seq.num_computed_tokens += n
+                emitted = [] if result is None else [result]
             self.block_manager.cache_full_blocks(seq)
-            if token is None:
-                continue
-            seq.token_ids.append(token)
-            m = seq.metrics
-            m.token_times.append(now)
-            if m.first_token_time is None:
-                m.first_token_time = now
-            reason = self._finish_reason(seq, token)
-            if reason:
-                m.finish_time = now
-                self.scheduler.finish(seq, reason)
-                finished.append(self._output(self.sequences.pop(seq.request_id)))
-                if self.replay is not None:
-                    self.replay.forget(seq.request_id)
+            for token in emitted:
+                seq.token_ids.append(token)
+                m = seq.metrics
+                m.token_times.append(now)
+                if m.first_token_time is None:
+                    m.first_token_time = now
+                reason = self._finish_reason(seq, token)
+                if reason:
+                    m.finish_time = now
+                    self.scheduler.finish(seq, reason)
+                    finished.append(self._output(self.sequences.pop(seq.request_id)))
+                    if self.replay is not None:
+                        self.replay.forget(seq.request_id)
+                    break
         if self.replay is not None:
             self.replay.after_step(self.scheduler.running)
         return finished
@@ -297,4 +313,6 @@ class LLM:
             "waiting": len(s.waiting),
             **({"replays": self.replay.stats.replays, "replayed_tokens": self.replay.stats.recomputed_tokens}
                if self.replay is not None else {}),
+            **({"spec_rounds": self.spec.stats.rounds, "spec_drafted": self.spec.stats.drafted,
+                "spec_accepted": self.spec.stats.accepted} if self.spec is not None else {}),
         }

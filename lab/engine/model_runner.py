@@ -167,11 +167,23 @@ class ModelRunner:
                                t(group_slots), t(group_positions), t(group_meta))
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[tuple[Sequence, int]]) -> list[int | None]:
-        """Run one step; returns the sampled token of each scheduled sequence (None if mid-prompt)."""
+    def execute(self, scheduled: list[tuple[Sequence, int]], drafts: dict[int, int] | None = None) -> list:
+        """Run one step; returns, per scheduled sequence, its sampled token (None if mid-prompt), or for a
+        sequence whose last `drafts[request id]` tokens are drafts, the logits [drafts + 1, vocab] of its last
+        drafts + 1 positions, for speculative verification (`lab.spec`)."""
+        drafts = drafts or {}
         input_ids, positions, meta, sample_rows = self.prepare(scheduled)
         hidden = self.model(input_ids, positions, self.attention(meta))
-        sampling = [seq for seq, n in scheduled if seq.num_computed_tokens + n == len(seq)]
-        tokens = iter(sample(self.model.compute_logits(hidden[sample_rows]), [s.params for s in sampling],
-                             [s.generator for s in sampling]) if sampling else [])
-        return [next(tokens) if seq.num_computed_tokens + n == len(seq) else None for seq, n in scheduled]
+        ends = [seq.num_computed_tokens + n == len(seq) for seq, n in scheduled]
+        sampling = [(seq, r) for (seq, _), end, r in zip(scheduled, ends, sample_rows) if end
+                    and not drafts.get(seq.request_id)] if sample_rows else []
+        tokens = iter(sample(self.model.compute_logits(hidden[[r for _, r in sampling]]),
+                             [s.params for s, _ in sampling], [s.generator for s, _ in sampling]) if sampling else [])
+        out, rows = [], iter(sample_rows)
+        for (seq, n), end in zip(scheduled, ends):
+            if not end:
+                out.append(None)
+                continue
+            last, d = next(rows), drafts.get(seq.request_id, 0)
+            out.append(self.model.compute_logits(hidden[last - d:last + 1]) if d else next(tokens))
+        return out

@@ -21,6 +21,7 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
+    speculate: bool = True  # on an engine with speculative decoding: draft for this request (False: plain)
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -48,6 +49,14 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch
         drop = (cum - sorted_logits.softmax(-1)) >= top_p
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
     return logits
+
+
+def probabilities(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The distribution `sample` draws from, for each row of `logits` [n, vocab]: one-hot at the argmax for a
+    greedy request (what speculative verification compares drafts against)."""
+    if p.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
+    return torch.stack([_filter_top_k_top_p(row / p.temperature, p.top_k, p.top_p).softmax(-1) for row in logits])
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
