@@ -35,6 +35,8 @@ def test_greedy_speculative_equals_plain_greedy(smollm, prompts, plain):
     assert got == plain
     s = llm.stats()
     assert s["spec_rounds"] > 0 and 0 < s["spec_accepted"] <= s["spec_drafted"]
+    assert s["spec_accepted"] / s["spec_drafted"] <= s["spec_conditional_acceptance"] <= 1
+    assert s["spec_mean_accepted_tokens_per_step"] == pytest.approx(s["spec_accepted"] / s["spec_rounds"] + 1)
     assert s["kv_blocks_used"] == 0
 
 
@@ -59,6 +61,19 @@ def test_prefix_cache_holds_no_rejected_draft(smollm, prompts, plain):
     fresh = LLM(model, tokenizer=tok, num_kv_blocks=128, max_model_len=512)
     assert llm.stats()["prefix_cache_hit_tokens"] > 0
     assert again == [o.token_ids for o in fresh.generate(extended, SamplingParams(max_tokens=8, temperature=0))]
+
+
+def test_acceptance_metrics_by_position():
+    from lab.spec.speculator import SpecStats
+
+    s = SpecStats()
+    for drafted, accepted in ((4, 4), (4, 1), (4, 0), (2, 2)):
+        s.record(drafted, accepted)
+    # position 1: verified 4 times, accepted 3; position 2: verified 3 (after an acceptance), accepted 2; ...
+    assert s.reached == [4, 3, 1, 1] and s.accepted_at == [3, 2, 1, 1]
+    assert s.conditional_acceptance == pytest.approx(7 / 9)
+    assert s.mean_accepted_tokens_per_step == pytest.approx(7 / 4 + 1)
+    assert s.accepted / s.drafted == pytest.approx(7 / 14)  # vLLM's ratio: not a
 
 
 def test_ngram_drafter_proposes_what_followed_the_latest_match():

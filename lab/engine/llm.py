@@ -314,5 +314,9 @@ class LLM:
             **({"replays": self.replay.stats.replays, "replayed_tokens": self.replay.stats.recomputed_tokens}
                if self.replay is not None else {}),
             **({"spec_rounds": self.spec.stats.rounds, "spec_drafted": self.spec.stats.drafted,
-                "spec_accepted": self.spec.stats.accepted} if self.spec is not None else {}),
+                "spec_accepted": self.spec.stats.accepted,
+                "spec_conditional_acceptance": self.spec.stats.conditional_acceptance,
+                "spec_acceptance_by_position": self.spec.stats.acceptance_by_position,
+                "spec_mean_accepted_tokens_per_step": self.spec.stats.mean_accepted_tokens_per_step}
+               if self.spec is not None else {}),
         }

@@ -37,6 +37,32 @@ class SpecStats:
     drafted: int = 0
     accepted: int = 0
     accepted_per_round: list[int] = field(default_factory=list)
+    reached: list[int] = field(default_factory=list)  # per draft position: rounds that verified it
+    accepted_at: list[int] = field(default_factory=list)  # per draft position: rounds that accepted it
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.rounds, self.drafted, self.accepted = self.rounds + 1, self.drafted + drafted, self.accepted + accepted
+        self.accepted_per_round.append(accepted)
+        for i in range(min(accepted + 1, drafted)):  # positions up to the first rejection were verified
+            if i == len(self.reached):
+                self.reached.append(0)
+                self.accepted_at.append(0)
+            self.reached[i] += 1
+            self.accepted_at[i] += i < accepted
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / r for a, r in zip(self.accepted_at, self.reached)]
+
+    @property
+    def conditional_acceptance(self) -> float:
+        """a: accepted positions over verified positions (not vLLM's accepted / drafted)."""
+        return sum(self.accepted_at) / sum(self.reached) if self.reached else float("nan")
+
+    @property
+    def mean_accepted_tokens_per_step(self) -> float:
+        """Spec-Bench's metric: emitted tokens per verification round, the bonus or replacement included."""
+        return self.accepted / self.rounds + 1 if self.rounds else float("nan")
 
 
 class Speculator:
@@ -80,7 +106,5 @@ class Speculator:
         v = verify(draft, probabilities(logits, seq.params), None, seq.generator)
         del seq.token_ids[base:]
         seq.num_computed_tokens = base + v.num_accepted  # the KV of rejected drafts is dropped
-        s = self.stats
-        s.rounds, s.drafted, s.accepted = s.rounds + 1, s.drafted + d, s.accepted + v.num_accepted
-        s.accepted_per_round.append(v.num_accepted)
+        self.stats.record(d, v.num_accepted)
         return v.tokens
