@@ -19,7 +19,7 @@ import time
 
 from lab.quant.kv import KVCacheFormat
 
-from .kv_codec import FP8_E4M3, FP8_E5M2, INT, PLAIN, fp8_limits
+from .kv_codec import PLAIN, fp8_limits, kernel_flags
 
 ARCHITECTURES = (90, 80)
 _MODEL = "bf16"  # the engine's dtype on CUDA
@@ -34,12 +34,10 @@ def _cache_types(kind: int, per_token: bool) -> dict:
 
 def _formats():
     """(label, constexpr flags) of every KV format the kernels read."""
-    yield "plain", dict(KIND=PLAIN, BITS=16, PER_TOKEN=False, ASYM=False), None
+    yield "plain", kernel_flags(None), None  # bf16 (2 bytes)
     for fmt in (KVCacheFormat("int8"), KVCacheFormat("int4"), KVCacheFormat("int2"), KVCacheFormat("int8", "per-head"),
                 KVCacheFormat("fp8_e4m3"), KVCacheFormat("fp8_e4m3", "per-token"), KVCacheFormat("fp8_e5m2", "per-token")):
-        kind = {"fp8_e4m3": FP8_E4M3, "fp8_e5m2": FP8_E5M2}.get(fmt.dtype, INT)
-        yield (f"{fmt.dtype}/{fmt.granularity}",
-               dict(KIND=kind, BITS=fmt.bits, PER_TOKEN=not fmt.static, ASYM=fmt.asymmetric), fmt)
+        yield f"{fmt.dtype}/{fmt.granularity}", kernel_flags(fmt), fmt
 
 
 def specializations():

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lab.quant.kv import FP8_TYPES, MIN_SCALE, KVCacheFormat, fp8_max
+from lab.quant.kv import FP8_TYPES, MIN_SCALE, KVCacheFormat, QuantizedKV, dequantize, fp8_max, unpack_codes
 
 PLAIN, INT, FP8_E4M3, FP8_E5M2 = 0, 1, 2, 3
 _KIND = {"fp8_e4m3": FP8_E4M3, "fp8_e5m2": FP8_E5M2}
@@ -66,11 +66,7 @@ class PagedKVCache:
 
     @property
     def flags(self) -> dict:
-        """The constexpr arguments that pick a kernel's read/write path."""
-        fmt = self.fmt
-        if fmt is None:
-            return dict(KIND=PLAIN, BITS=8 * self.k.element_size(), PER_TOKEN=False, ASYM=False)
-        return dict(KIND=_KIND.get(fmt.dtype, INT), BITS=fmt.bits, PER_TOKEN=not fmt.static, ASYM=fmt.asymmetric)
+        return kernel_flags(self.fmt, self.k.element_size())
 
     def scale_strides(self) -> tuple[int, int]:
         """(slot, head) strides of a per-token scale; static scales are indexed by head alone."""
@@ -106,8 +102,6 @@ class PagedKVCache:
 
     def read(self, role: str, slots: torch.Tensor) -> torch.Tensor:
         """PyTorch reference read: [len(slots), n_kv, head_dim] float32 values of `role` at flat `slots`."""
-        from lab.quant.kv import QuantizedKV, dequantize, unpack_codes
-
         data = getattr(self, role).view(-1, *self.k.shape[2:]).index_select(0, slots)
         if self.fmt is None:
             return data.float()
@@ -119,6 +113,14 @@ class PagedKVCache:
             scale = scale.view(-1, self.n_kv, 1).index_select(0, slots).float()
             zero = None if zero is None else zero.view(-1, self.n_kv, 1).index_select(0, slots).float()
         return dequantize(QuantizedKV(codes, scale, zero, 0), self.fmt)
+
+
+def kernel_flags(fmt: KVCacheFormat | None, element_size: int = 2) -> dict:
+    """The constexpr arguments that pick a kernel's read/write path for a format (None: the model's dtype, of
+    `element_size` bytes)."""
+    if fmt is None:
+        return dict(KIND=PLAIN, BITS=8 * element_size, PER_TOKEN=False, ASYM=False)
+    return dict(KIND=_KIND.get(fmt.dtype, INT), BITS=fmt.bits, PER_TOKEN=not fmt.static, ASYM=fmt.asymmetric)
 
 
 def check_supported(fmt: KVCacheFormat) -> None:

@@ -103,9 +103,7 @@ def measure(p: ReplayParams, machine: Hardware) -> pd.DataFrame:
     for name in p.MODELS:
         model, _ = load_model(name, dtype=torch.float32, device="cpu", max_positions=total + 16)
         c = model.config
-        shape = ModelShape(name, c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers,
-                           c.num_attention_heads, c.num_key_value_heads, c.head_dim,
-                           tie_word_embeddings=c.tie_word_embeddings)
+        shape = ModelShape.from_hf_config(c.to_hf_dict(), name)
         weight_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
         ids = torch.randint(0, c.vocab_size, (total,), generator=torch.Generator().manual_seed(0)).tolist()
         # Keeps the layer inputs of the last max(WINDOWS) positions (for the HCache timing); never replays itself.
