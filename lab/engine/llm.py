@@ -92,7 +92,8 @@ class LLM:
         their last tokens and recompute it from their token ids (`lab.replay.controller`).
 
         `speculative`: a `lab.spec.SpeculativeConfig`: requests (whose SamplingParams.speculate) decode k drafted
-        tokens a round, verified losslessly (`lab.spec.speculator`)."""
+        tokens a round from its drafter (n-gram lookup, the first layers, a quantized copy or a draft model, whose
+        KV pool has num_kv_blocks blocks too), verified losslessly (`lab.spec.speculator`)."""
         self.config = EngineConfig(block_size, num_kv_blocks, max_model_len, max_num_seqs, max_num_batched_tokens,
                                    enable_prefix_caching, enable_chunked_prefill, attention_backend, kv_cache_dtype)
         if isinstance(model, LlamaModel):
@@ -124,7 +125,7 @@ class LLM:
             from lab.spec.speculator import Speculator
             if replay is not None:
                 raise ValueError("replay and speculative decoding cannot be combined in one engine")
-            self.spec = Speculator(speculative, max_model_len)
+            self.spec = Speculator(speculative, self.model, num_blocks, block_size, max_model_len, self.tokenizer)
         self.replay = None
         if replay is not None:
             from lab.replay.controller import ReplayController
@@ -198,6 +199,8 @@ class LLM:
         seq = self.sequences.pop(request_id, None)
         if seq is not None and seq.status != Status.FINISHED:
             self.scheduler.finish(seq, "abort")
+            if self.spec is not None:
+                self.spec.finish(seq)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -245,6 +248,8 @@ class LLM:
                     finished.append(self._output(self.sequences.pop(seq.request_id)))
                     if self.replay is not None:
                         self.replay.forget(seq.request_id)
+                    if self.spec is not None:
+                        self.spec.finish(seq)
                     break
         if self.replay is not None:
             self.replay.after_step(self.scheduler.running)
@@ -317,6 +322,8 @@ class LLM:
                 "spec_accepted": self.spec.stats.accepted,
                 "spec_conditional_acceptance": self.spec.stats.conditional_acceptance,
                 "spec_acceptance_by_position": self.spec.stats.acceptance_by_position,
-                "spec_mean_accepted_tokens_per_step": self.spec.stats.mean_accepted_tokens_per_step}
+                "spec_mean_accepted_tokens_per_step": self.spec.stats.mean_accepted_tokens_per_step,
+                "spec_draft_seconds": self.spec.draft_seconds, "spec_policy_pauses": self.spec.pauses,
+                **{f"spec_draft_{k}": v for k, v in self.spec.drafter.stats().items()}}
                if self.spec is not None else {}),
         }

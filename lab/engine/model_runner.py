@@ -167,6 +167,15 @@ class ModelRunner:
                                t(group_slots), t(group_positions), t(group_meta))
 
     @torch.inference_mode()
+    def last_logits(self, scheduled: list[tuple[Sequence, int]]) -> torch.Tensor:
+        """Logits [len(scheduled), vocab] at the last token of each scheduled chunk, nothing sampled: what a
+        draft model's runner returns to its drafter (`lab.spec.drafters.ModelDrafter`)."""
+        input_ids, positions, meta, _ = self.prepare(scheduled)
+        hidden = self.model(input_ids, positions, self.attention(meta))
+        ends = torch.tensor([n for _, n in scheduled], device=self.device).cumsum(0) - 1
+        return self.model.compute_logits(hidden[ends])
+
+    @torch.inference_mode()
     def execute(self, scheduled: list[tuple[Sequence, int]], drafts: dict[int, int] | None = None) -> list:
         """Run one step; returns, per scheduled sequence, its sampled token (None if mid-prompt), or for a
         sequence whose last `drafts[request id]` tokens are drafts, the logits [drafts + 1, vocab] of its last

@@ -35,6 +35,7 @@ class RequestMetrics:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     num_preemptions: int = 0
+    speculation: object | None = None  # a lab.spec.speculator.SpecStats once the request had a speculative round
 
     @property
     def ttft(self) -> float | None:
@@ -59,7 +60,8 @@ class RequestMetrics:
                 "finish_time": self.finish_time, "ttft": self.ttft, "tpot": self.tpot,
                 "e2e_latency": self.e2e_latency, "inter_token_latencies": self.inter_token_latencies,
                 "num_prompt_tokens": self.num_prompt_tokens, "num_cached_tokens": self.num_cached_tokens,
-                "num_preemptions": self.num_preemptions}
+                "num_preemptions": self.num_preemptions,
+                "speculation": self.speculation.as_dict() if self.speculation is not None else None}
 
 
 @dataclass
