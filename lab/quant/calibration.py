@@ -136,7 +136,7 @@ def _spec_bench_records(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def _chat(tokenizer, text: str) -> list[int]:
+def chat_token_ids(tokenizer, text: str) -> list[int]:
     # Template to text, then tokenize: apply_chat_template(tokenize=True) returns an Encoding object in
     # recent transformers releases, plain ids in older ones.
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
@@ -166,12 +166,12 @@ def _stratified_pool(tokenizer, max_tokens: int, spec_bench: Path | None) -> lis
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             pool += _cut(ids, task, source, max_tokens, rng)
     for i, prompt in enumerate(CHAT_PROMPTS):
-        ids = _chat(tokenizer, prompt)[:max_tokens]
+        ids = chat_token_ids(tokenizer, prompt)[:max_tokens]
         pool.append(Sample(ids, "chat", bucket_of(len(ids), max_tokens), f"CHAT_PROMPTS[{i}]"))
     if spec_bench is not None:
         for rec in _spec_bench_records(spec_bench):
             # Multi-turn questions become one user message per turn; the answers are not in the file.
-            ids = _chat(tokenizer, "\n\n".join(rec["turns"]))[:max_tokens]
+            ids = chat_token_ids(tokenizer, "\n\n".join(rec["turns"]))[:max_tokens]
             pool.append(Sample(ids, f"spec_bench/{rec['category']}", bucket_of(len(ids), max_tokens),
                                f"spec_bench:{rec['question_id']}"))
     return pool
@@ -190,7 +190,7 @@ def _short_qa_pool(tokenizer, max_tokens: int, spec_bench: Path | None) -> list[
     limit = int(BUCKETS[0][1] * max_tokens)
     pool = []
     for source, task, q in questions:
-        ids = _chat(tokenizer, q)
+        ids = chat_token_ids(tokenizer, q)
         if len(ids) <= limit:  # too long for a "short" question: left out, not truncated mid-question
             pool.append(Sample(ids, task, "short", source))
     return pool

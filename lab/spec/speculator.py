@@ -84,12 +84,14 @@ class SpecStats:
     drafted: int = 0
     accepted: int = 0
     accepted_per_round: list[int] = field(default_factory=list)
+    drafted_per_round: list[int] = field(default_factory=list)
     reached: list[int] = field(default_factory=list)  # per draft position: rounds that verified it
     accepted_at: list[int] = field(default_factory=list)  # per draft position: rounds that accepted it
 
     def record(self, drafted: int, accepted: int) -> None:
         self.rounds, self.drafted, self.accepted = self.rounds + 1, self.drafted + drafted, self.accepted + accepted
         self.accepted_per_round.append(accepted)
+        self.drafted_per_round.append(drafted)
         for i in range(min(accepted + 1, drafted)):  # positions up to the first rejection were verified
             if i == len(self.reached):
                 self.reached.append(0)

@@ -9,9 +9,15 @@ acceptance, not vLLM's accepted / drafted ratio), a round of k drafts emits
 and costs k draft steps of relative cost c (draft step time / target step time) plus one target forward, so
 
     speedup = E[tokens] / (k c + 1).
+
+The "1" is the article's assumption that verifying k + 1 tokens costs one target step. On a CPU (and at
+large batch on a GPU) a (k+1)-token forward costs more; `verify_cost` v(k), measured in target steps by
+`lab.spec.measure`, replaces it: speedup = E / (k c + v(k)).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 
 def expected_tokens_per_round(a: float, k: int) -> float:
@@ -20,15 +26,36 @@ def expected_tokens_per_round(a: float, k: int) -> float:
     return float(k + 1) if a == 1.0 else (1 - a ** (k + 1)) / (1 - a)
 
 
-def predicted_speedup(a: float, k: int, c: float) -> float:
-    if c < 0:
-        raise ValueError(f"draft cost ratio c must be >= 0, got {c}")
-    return expected_tokens_per_round(a, k) / (k * c + 1)
+def predicted_speedup(a: float, k: int, c: float, verify_cost: float = 1.0) -> float:
+    if c < 0 or verify_cost <= 0:
+        raise ValueError(f"need draft cost ratio c >= 0 and verify_cost > 0, got c={c}, verify_cost={verify_cost}")
+    return expected_tokens_per_round(a, k) / (k * c + (verify_cost if k else 1.0))
 
 
-def best_k(a: float, c: float, max_k: int = 16) -> int:
+def best_k(a: float, c: float, max_k: int = 16, verify_cost: Callable[[int], float] = lambda k: 1.0) -> int:
     """The number of drafts that maximises the predicted speedup (0: do not speculate)."""
-    return max(range(max_k + 1), key=lambda k: predicted_speedup(a, k, c))
+    return max(range(max_k + 1), key=lambda k: predicted_speedup(a, k, c, verify_cost(k)))
+
+
+def expected_tokens_by_position(rates: list[float], k: int) -> float:
+    """E[tokens] of a round of k drafts when position i is accepted with its own conditional rate rates[i]
+    (positions never measured count as rejected): 1 + sum_i prod_{j <= i} rates[j]. With equal rates a this is
+    the formula above; with the rates of a run it is that run's mean tokens per round of k drafts."""
+    total, reach = 1.0, 1.0
+    for i in range(k):
+        reach *= rates[i] if i < len(rates) else 0.0
+        total += reach
+    return total
+
+
+def predicted_run_speedup(drafted_per_round: list[int], plain_steps: int, c: float,
+                          expected_tokens: Callable[[int], float],
+                          verify_cost: Callable[[int], float] = lambda k: 1.0) -> float:
+    """The model applied to a run whose rounds drafted different numbers of tokens (an n-gram drafter proposes
+    fewer than k, or none: those steps are plain): expected tokens over cost, both in target steps."""
+    tokens = sum(expected_tokens(d) for d in drafted_per_round) + plain_steps
+    cost = sum(d * c + verify_cost(d) for d in drafted_per_round) + plain_steps
+    return tokens / cost
 
 
 def conditional_acceptance(accepted_per_round: list[int], k: int) -> float:

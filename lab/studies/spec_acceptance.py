@@ -1,0 +1,396 @@
+"""Speculative decoding acceptance by task (notebook 05): a, mean accepted tokens per step, c, and the
+predicted against the measured speedup, per drafter and task category.
+
+Every run is at batch 1 (one request at a time, Spec-Bench's setting), greedy, on the lab engine, and every
+speculative run is checked to give the plain run's tokens. Per category:
+
+- a: the conditional acceptance (accepted positions / verified positions), pooled over the category's rounds;
+  vLLM's accepted / drafted beside it, labelled, because it is not a;
+- mean accepted tokens per step (Spec-Bench's metric, the bonus or replacement token included);
+- c: the drafter's wall time per drafted token over the plain run's time per token (c_effective: what the
+  run paid, catch-up prefill of the draft's own cache included), and one draft forward over one target forward
+  at the same context (c_forward, timed by `lab.spec.measure`);
+- the article's predicted speedup E / (k c + 1), the same with the measured verification cost v(k) in place of
+  its "1", both applied to the run's actual rounds (`lab.spec.theory.predicted_run_speedup`), and the measured
+  wall-clock speedup: plain decode time over speculative decode time for the same prompts in the same run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import pandas as pd
+
+from lab.engine import LLM, SamplingParams
+from lab.quant.calibration import SPEC_BENCH_PATH, chat_token_ids
+from lab.runs import as_tuple, check_choice, check_range
+from lab.spec.drafters import layer_skip_model, quantized_copy, weight_bytes_ratio
+from lab.spec.measure import StepCosts, step_costs
+from lab.spec.prompts import TaskPrompt, load_prompts
+from lab.spec.speculator import DRAFTERS, SpeculativeConfig, SpecStats
+from lab.spec.theory import (best_k, expected_tokens_by_position, expected_tokens_per_round, predicted_run_speedup,
+                             predicted_speedup)
+
+STUDY_DRAFTERS = tuple(d for d in DRAFTERS if d != "model")
+MAX_MODEL_LEN = 4096
+
+
+@dataclass
+class SpecParams:
+    SMOKE: bool = False
+    INTERACTIVE: bool = False
+    DATA: str = ""  # "": the lab's prompt set (calibration_data/spec_prompts.jsonl); else a JSONL path
+    PER_CATEGORY: int = 5
+    MAX_TOKENS: int = 64
+    DRAFTERS: tuple = ("ngram", "layerskip", "quantized")
+    K: int = 4  # drafts per round (the article's draft_len)
+    K_SWEEP: tuple = (1, 2, 4, 8)
+    SWEEP_DRAFTERS: tuple = ("ngram", "quantized")
+    SWEEP_PER_CATEGORY: int = 2
+    DRAFT_LAYERS: int = 10  # layerskip: the first N of SmolLM2's 30 layers
+    DRAFT_QUANT: str = "rtn"  # quantized: lab.quant method of the copy (rtn, gptq, awq)
+    DRAFT_BITS: int = 4
+    THRESHOLD: float = 0.55  # the article's acceptance_threshold
+    SPEC_BENCH_PER_CATEGORY: int = 2  # Spec-Bench questions a category when its file is present (0: skip)
+    SPEC_BENCH_DRAFTERS: tuple = ("ngram", "quantized")
+    REPEATS: int = 5  # timing repeats of the step-cost forwards
+
+    def __post_init__(self):
+        for name in ("DRAFTERS", "K_SWEEP", "SWEEP_DRAFTERS", "SPEC_BENCH_DRAFTERS"):
+            setattr(self, name, as_tuple(name, getattr(self, name)))
+        for name in ("DRAFTERS", "SWEEP_DRAFTERS", "SPEC_BENCH_DRAFTERS"):
+            for d in getattr(self, name):
+                check_choice(name, d, STUDY_DRAFTERS)
+        check_range("PER_CATEGORY", self.PER_CATEGORY, 1, 1000, int)
+        check_range("SWEEP_PER_CATEGORY", self.SWEEP_PER_CATEGORY, 1, 1000, int)
+        check_range("SPEC_BENCH_PER_CATEGORY", self.SPEC_BENCH_PER_CATEGORY, 0, 1000, int)
+        check_range("MAX_TOKENS", self.MAX_TOKENS, 2, 1024, int)
+        check_range("K", self.K, 1, 32, int)
+        for k in self.K_SWEEP:
+            check_range("K_SWEEP", k, 1, 32, int)
+        check_range("DRAFT_LAYERS", self.DRAFT_LAYERS, 1, 29, int)
+        check_choice("DRAFT_QUANT", self.DRAFT_QUANT, ("rtn", "gptq", "awq"))
+        check_choice("DRAFT_BITS", self.DRAFT_BITS, (2, 3, 4, 8))
+        check_range("THRESHOLD", self.THRESHOLD, 0.0, 1.0)
+        check_range("REPEATS", self.REPEATS, 1, 100, int)
+        if self.SMOKE:
+            self.PER_CATEGORY, self.MAX_TOKENS, self.K_SWEEP, self.SWEEP_PER_CATEGORY = 1, 12, (1, 2), 1
+            self.SPEC_BENCH_PER_CATEGORY, self.REPEATS = min(self.SPEC_BENCH_PER_CATEGORY, 1), 1
+
+
+def task_prompts(p: SpecParams, per_category: int | None = None) -> list[TaskPrompt]:
+    return load_prompts(p.DATA or None, per_category or p.PER_CATEGORY)
+
+
+def draft_models(p: SpecParams, model, tokenizer) -> dict:
+    """The model drafters' models, built once for every engine of the study."""
+    wanted = set(p.DRAFTERS) | set(p.SWEEP_DRAFTERS) | set(p.SPEC_BENCH_DRAFTERS)
+    out = {}
+    if "layerskip" in wanted:
+        out["layerskip"] = layer_skip_model(model, p.DRAFT_LAYERS)
+    if "quantized" in wanted:
+        out["quantized"] = quantized_copy(model, tokenizer, p.DRAFT_QUANT, p.DRAFT_BITS)
+    return out
+
+
+def spec_config(drafter: str, k: int, p: SpecParams, drafts: dict, **policy) -> SpeculativeConfig:
+    return SpeculativeConfig(k=k, method=drafter, draft_layers=p.DRAFT_LAYERS, draft_quant=p.DRAFT_QUANT,
+                             draft_bits=p.DRAFT_BITS, draft_model=drafts.get(drafter), **policy)
+
+
+def _engine(model, tokenizer, speculative=None) -> LLM:
+    return LLM(model, tokenizer=tokenizer, num_kv_blocks=MAX_MODEL_LEN // 16 + 8, max_model_len=MAX_MODEL_LEN,
+               max_num_seqs=1, speculative=speculative)
+
+
+def run_requests(llm: LLM, prompts: list[TaskPrompt], ids: list[list[int]], max_tokens: int) -> pd.DataFrame:
+    """Each prompt alone (batch 1), greedy: one row a request with its decode time and speculation record."""
+    rows = []
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    for prompt, tokens in zip(prompts, ids):
+        llm.block_manager.reset_prefix_cache()  # no request is helped by an earlier one's prompt
+        spec = llm.spec
+        drafted_s, forwards = (spec.draft_seconds, spec.drafter.stats().get("forwards", 0)) if spec else (0.0, 0)
+        out = llm.generate([tokens], params)[0]
+        m, s = out.metrics, out.metrics.speculation
+        rows.append({"id": prompt.id, "category": prompt.category, "prompt_tokens": len(tokens),
+                     "output": out.token_ids, "decode_tokens": len(out.token_ids) - 1,
+                     "decode_s": m.finish_time - m.first_token_time,
+                     "draft_s": spec.draft_seconds - drafted_s if spec else 0.0,
+                     "draft_forwards": spec.drafter.stats().get("forwards", 0) - forwards if spec else 0,
+                     "drafted_per_round": s.drafted_per_round if s else [],
+                     "accepted_per_round": s.accepted_per_round if s else []})
+    return pd.DataFrame(rows)
+
+
+def pooled(rows: pd.DataFrame) -> SpecStats:
+    """One SpecStats over the rounds of several requests."""
+    stats = SpecStats()
+    for drafted, accepted in zip(rows["drafted_per_round"], rows["accepted_per_round"]):
+        for d, a in zip(drafted, accepted):
+            stats.record(d, a)
+    return stats
+
+
+def summarize(drafter: str, k: int, spec: pd.DataFrame, plain: pd.DataFrame, costs: StepCosts) -> pd.DataFrame:
+    """Per category (and 'all'): acceptance metrics, c, three predictions and the measured speedup.
+
+    The unit of cost is the plain run's time per token (its TPOT). Predictions: the article's (E(a, d) tokens
+    for d c + 1 steps a round); with measured costs (a verification of d drafts costs its measured forward plus
+    the engine's fixed per-step work, which is the plain TPOT less a one-token forward); and the same with
+    E from the measured acceptance at each draft position instead of one a (`expected_tokens_by_position`)."""
+    rows = []
+    groups = [(cat, spec.index[spec["category"] == cat]) for cat in dict.fromkeys(spec["category"])]
+    for cat, idx in groups + [("all", spec.index)]:
+        s, base = spec.loc[idx], plain.loc[idx]
+        st = pooled(s)
+        a, rates = st.conditional_acceptance, st.acceptance_by_position
+        tokens = int(s["decode_tokens"].sum())
+        plain_steps = tokens - (st.accepted + st.rounds)  # decode steps without drafts (no match, paused)
+        plain_tpot = base["decode_s"].sum() / tokens
+        overhead = max(plain_tpot - costs.target_step_s, 0.0)  # scheduling, sampling: paid by every step
+
+        def verify(d, tpot=plain_tpot, overhead=overhead):
+            return 1.0 if d == 0 else (costs.verify_s[d] + overhead) / tpot
+
+        c_eff = s["draft_s"].sum() / max(st.drafted, 1) / plain_tpot
+        measured = base["decode_s"].sum() / s["decode_s"].sum()
+        if st.rounds:
+            article = predicted_run_speedup(st.drafted_per_round, plain_steps, c_eff,
+                                            lambda d, a=a: expected_tokens_per_round(a, d))
+            with_v = predicted_run_speedup(st.drafted_per_round, plain_steps, c_eff,
+                                           lambda d, a=a: expected_tokens_per_round(a, d), verify)
+            by_pos = predicted_run_speedup(st.drafted_per_round, plain_steps, c_eff,
+                                           lambda d, r=rates: expected_tokens_by_position(r, d), verify)
+        else:
+            article = with_v = by_pos = 1.0
+        rows.append({
+            "drafter": drafter, "k": k, "category": cat, "requests": len(s), "decode_tokens": tokens,
+            "lossless": bool((s["output"].apply(tuple) == base["output"].apply(tuple)).all()),
+            "rounds": st.rounds, "plain_steps": plain_steps, "a": a,
+            "accepted/drafted (vLLM)": st.accepted / st.drafted if st.drafted else float("nan"),
+            "mean_accepted_tokens_per_step": st.mean_accepted_tokens_per_step,
+            "E[tokens] at k (formula)": expected_tokens_per_round(a, k) if st.rounds else float("nan"),
+            "mean_drafts_per_round": st.drafted / st.rounds if st.rounds else 0.0,
+            "c_effective": c_eff, "c_forward": costs.c if costs.c is not None else float("nan"),
+            "v(k)": verify(k), "predicted_article": article, "predicted_measured_costs": with_v,
+            "predicted_by_position": by_pos, "measured_speedup": measured,
+            "error_article": article / measured - 1, "error_measured_costs": with_v / measured - 1,
+            "error_by_position": by_pos / measured - 1, "acceptance_by_position": [round(x, 4) for x in rates],
+        })
+    return pd.DataFrame(rows)
+
+
+def study(p: SpecParams, model, tokenizer, prompts: list[TaskPrompt], drafters, k: int, drafts: dict,
+          log=print) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, StepCosts]]:
+    """Plain, then each drafter, over `prompts`: (per-category table, per-request table, step costs)."""
+    ids = [chat_token_ids(tokenizer, q.text) for q in prompts]
+    context = int(sum(map(len, ids)) / len(ids) + p.MAX_TOKENS / 2)  # the mean context of a decode step
+    plain_llm = _engine(model, tokenizer)
+    t = time.perf_counter()
+    plain = run_requests(plain_llm, prompts, ids, p.MAX_TOKENS)
+    log(f"plain: {len(prompts)} requests in {time.perf_counter() - t:.1f} s")
+    tables, requests, costs = [], [plain.assign(drafter="plain", k=0)], {}
+    for drafter in drafters:
+        llm = _engine(model, tokenizer, spec_config(drafter, k, p, drafts))
+        t = time.perf_counter()
+        spec = run_requests(llm, prompts, ids, p.MAX_TOKENS)
+        costs[drafter] = step_costs(llm, context, range(1, k + 1), p.REPEATS)
+        tables.append(summarize(drafter, k, spec, plain, costs[drafter]))
+        requests.append(spec.assign(drafter=drafter, k=k))
+        log(f"{drafter} k={k}: {time.perf_counter() - t:.1f} s")
+    return pd.concat(tables, ignore_index=True), pd.concat(requests, ignore_index=True), costs
+
+
+def k_sweep(p: SpecParams, model, tokenizer, drafts: dict, log=print) -> pd.DataFrame:
+    """Measured and predicted speedup against k, per drafter and category (fewer prompts than the main run)."""
+    prompts = task_prompts(p, p.SWEEP_PER_CATEGORY)
+    ids = [chat_token_ids(tokenizer, q.text) for q in prompts]
+    context = int(sum(map(len, ids)) / len(ids) + p.MAX_TOKENS / 2)
+    plain = run_requests(_engine(model, tokenizer), prompts, ids, p.MAX_TOKENS)
+    tables = []
+    for drafter in p.SWEEP_DRAFTERS:
+        for k in p.K_SWEEP:
+            llm = _engine(model, tokenizer, spec_config(drafter, k, p, drafts))
+            spec = run_requests(llm, prompts, ids, p.MAX_TOKENS)
+            tables.append(summarize(drafter, k, spec, plain, step_costs(llm, context, range(1, k + 1), p.REPEATS)))
+            log(f"sweep {drafter} k={k} done")
+    return pd.concat(tables, ignore_index=True)
+
+
+def best_k_table(sweep: pd.DataFrame, main: pd.DataFrame, costs: dict[str, StepCosts], max_k: int) -> pd.DataFrame:
+    """Per drafter and category: the k with the best measured speedup in the sweep, and the k the model picks
+    from the main run's a and c (with the article's v = 1, and with v(k) measured as a line through the
+    measured points)."""
+    rows = []
+    for (drafter, cat), g in sweep[sweep["category"] != "all"].groupby(["drafter", "category"], sort=False):
+        m = main[(main["drafter"] == drafter) & (main["category"] == cat)]
+        if m.empty:
+            continue
+        a, c = float(m["a"].iloc[0]), float(m["c_effective"].iloc[0])
+        v = _verify_line(g)
+        best = g.loc[g["measured_speedup"].idxmax()]
+        rows.append({"drafter": drafter, "category": cat, "a": a, "c_effective": c,
+                     "best_k_measured": int(best["k"]), "speedup_at_best_k": best["measured_speedup"],
+                     "best_k_article (v=1)": best_k(a, c, max_k) if a == a else 0,
+                     "best_k_measured_costs": best_k(a, c, max_k, v) if a == a else 0})
+    return pd.DataFrame(rows)
+
+
+def _verify_line(g: pd.DataFrame):
+    """v(k) as a line through the sweep's measured (k, v(k)) points (v(0) = 1)."""
+    ks, vs = g["k"].to_numpy(float), g["v(k)"].to_numpy(float)
+    if len(ks) < 2:
+        return lambda k: 1.0 if k == 0 else float(vs[0])
+    slope = float(((ks - ks.mean()) * (vs - vs.mean())).sum() / ((ks - ks.mean()) ** 2).sum())
+    icept = float(vs.mean() - slope * ks.mean())
+    return lambda k: 1.0 if k == 0 else icept + slope * k
+
+
+def policy_table(main: pd.DataFrame, threshold: float) -> pd.DataFrame:
+    """The article's per-category switch: speculate where the measured a reaches the threshold."""
+    t = main[main["category"] != "all"][["drafter", "category", "a", "measured_speedup"]].copy()
+    t["speculate (a >= threshold)"] = t["a"] >= threshold
+    t["speedup with the switch"] = t["measured_speedup"].where(t["speculate (a >= threshold)"], 1.0)
+    t["switch right"] = t["speculate (a >= threshold)"] == (t["measured_speedup"] > 1)
+    return t
+
+
+def adaptive_policy(p: SpecParams, model, tokenizer, prompts: list[TaskPrompt], drafter: str, drafts: dict,
+                    plain: pd.DataFrame) -> pd.DataFrame:
+    """The per-request adaptive switch (lab.spec.speculator's min_acceptance) on one drafter."""
+    ids = [chat_token_ids(tokenizer, q.text) for q in prompts]
+    cfg = spec_config(drafter, p.K, p, drafts, min_acceptance=p.THRESHOLD, probe_rounds=4, backoff_tokens=16)
+    llm = _engine(model, tokenizer, cfg)
+    spec = run_requests(llm, prompts, ids, p.MAX_TOKENS)
+    context = int(sum(map(len, ids)) / len(ids) + p.MAX_TOKENS / 2)
+    table = summarize(f"{drafter} + adaptive switch", p.K, spec, plain.reset_index(drop=True),
+                      step_costs(llm, context, range(1, p.K + 1), p.REPEATS))
+    return table.assign(pauses=llm.stats()["spec_policy_pauses"])
+
+
+def spec_bench_available(p: SpecParams) -> bool:
+    return p.SPEC_BENCH_PER_CATEGORY > 0 and SPEC_BENCH_PATH.is_file()
+
+
+def spec_bench(p: SpecParams, model, tokenizer, drafts: dict, log=print):
+    prompts = load_prompts(SPEC_BENCH_PATH, p.SPEC_BENCH_PER_CATEGORY)
+    return study(replace(p, DATA=str(SPEC_BENCH_PATH)), model, tokenizer, prompts, p.SPEC_BENCH_DRAFTERS, p.K,
+                 drafts, log)
+
+
+def quantized_c_bound(p: SpecParams, model) -> float:
+    """The c a bandwidth-bound int-DRAFT_BITS GEMM would give the quantized copy (bytes read per step)."""
+    return weight_bytes_ratio(p.DRAFT_BITS, 64, model)
+
+
+def claims_table(main: pd.DataFrame, costs: dict[str, StepCosts], p: SpecParams, model) -> pd.DataFrame:
+    """The deployment article's section 5 numbers, recomputed or measured here."""
+    cats = main[main["category"] != "all"]
+    rows = []
+
+    def add(claim, ours, verdict):
+        rows.append({"article (seeds/003 section 5)": claim, "recomputed or measured": ours, "verdict": verdict})
+
+    e = expected_tokens_per_round(0.7, 4)
+    s = predicted_speedup(0.7, 4, 0.05)
+    add("a=0.7, k=4, c=0.05: E = 2.77 tokens, cost 1.2, speedup ~2.3x", f"E = {e:.3f}, speedup = {s:.3f}",
+        "right" if abs(e - 2.77) < 0.01 and abs(s - 2.3) < 0.05 else "wrong")
+    e, s = expected_tokens_per_round(0.5, 4), predicted_speedup(0.5, 4, 0.05)
+    add("a=0.5: E = 1.94, speedup ~1.6x", f"E = {e:.3f}, speedup = {s:.3f}",
+        "right" if abs(e - 1.94) < 0.01 and abs(s - 1.6) < 0.05 else "wrong")
+    s4, kb = predicted_speedup(0.4, 4, 0.05), best_k(0.4, 0.05)
+    add("a below 0.4 is hardly worth it", f"a=0.4, c=0.05: {s4:.2f}x at k=4, {predicted_speedup(0.4, kb, 0.05):.2f}x "
+        f"at the best k={kb}", "by the article's own formula, a=0.4 still gives >1.3x when c=0.05: the cut-off "
+        "depends on c and on v(k), not on a alone")
+    for name, sc in costs.items():
+        c_eff = float(main[(main["drafter"] == name) & (main["category"] == "all")]["c_effective"].iloc[0])
+        add(f"draft cost ratio c is typically 0.03-0.1 ({name})",
+            f"c_effective = {c_eff:.3f}" + (f", c_forward = {sc.c:.3f}" if sc.c is not None else ""),
+            "holds" if 0.0 <= c_eff <= 0.1 else "not on this engine")
+    if "quantized" in costs:
+        add("(no claim) a weight-quantized copy as draft", f"c a bandwidth-bound int{p.DRAFT_BITS} kernel would "
+            f"give: {quantized_c_bound(p, model):.3f}; measured here with dequantized weights: "
+            f"{float(main[(main['drafter'] == 'quantized') & (main['category'] == 'all')]['c_effective'].iloc[0]):.3f}",
+            "the lab's copy runs fp32 matmuls, so its c is ~1; the bound is what a real int4 GEMM could reach")
+    v = {name: sc.v(p.K) for name, sc in costs.items()}
+    add("one target forward verifies k drafts (cost 1 + k c)", f"measured v({p.K}) = " +
+        ", ".join(f"{x:.2f} ({n})" for n, x in v.items()) + " target steps",
+        "wrong on this CPU: a (k+1)-token forward costs more than a 1-token step")
+    high = cats[cats["category"].isin(["code", "rewriting", "translation", "summarization"])]
+    low = cats[cats["category"] == "open-ended"]
+    for drafter in cats["drafter"].unique():
+        h, lo = high[high["drafter"] == drafter], low[low["drafter"] == drafter]
+        if h.empty or lo.empty:
+            continue
+        add(f"code/rewriting/translation/summarization a >= 0.7; open-ended writing a < 0.5 ({drafter})",
+            ", ".join(f"{r.category} {r.a:.2f}" for r in h.itertuples()) + f"; open-ended {lo['a'].iloc[0]:.2f}",
+            "holds" if (h["a"] >= 0.7).all() and (lo["a"] < 0.5).all() else "does not hold here")
+    ng = cats[(cats["drafter"] == "ngram") & cats["category"].isin(["rewriting", "summarization"])]
+    if not ng.empty:
+        add("n-gram drafts work wonders for document rewriting and RAG, at almost zero cost",
+            ", ".join(f"{r.category}: a {r.a:.2f}, {r.measured_speedup:.2f}x" for r in ng.itertuples()),
+            "holds" if (ng["measured_speedup"] > 1.1).all() else "not as measured here")
+    add("acceptance_threshold 0.55, draft_len 4 as a starting point", "see the policy and best-k tables",
+        "a per-category choice; k=4 is not the best k everywhere (best-k table)")
+    add("a same-family small model drafts best", "SmolLM2-135M is the family's smallest: no smaller sibling is "
+        "embedded", "not testable here")
+    return pd.DataFrame(rows)
+
+
+def plot_acceptance_by_position(main: pd.DataFrame):
+    import matplotlib.pyplot as plt
+
+    drafters = list(dict.fromkeys(main["drafter"]))
+    fig, axes = plt.subplots(1, len(drafters), figsize=(4.5 * len(drafters), 3.4), squeeze=False, sharey=True)
+    for ax, drafter in zip(axes[0], drafters):
+        for r in main[(main["drafter"] == drafter) & (main["category"] != "all")].itertuples():
+            if r.acceptance_by_position:
+                ax.plot(range(1, len(r.acceptance_by_position) + 1), r.acceptance_by_position, marker="o",
+                        label=r.category)
+        ax.set(title=drafter, xlabel="draft position", ylim=(0, 1.02))
+    axes[0][0].set_ylabel("acceptance given the earlier ones")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_speedup_vs_k(sweep: pd.DataFrame):
+    import matplotlib.pyplot as plt
+
+    drafters = list(dict.fromkeys(sweep["drafter"]))
+    fig, axes = plt.subplots(1, len(drafters), figsize=(5 * len(drafters), 3.6), squeeze=False, sharey=True)
+    for ax, drafter in zip(axes[0], drafters):
+        d = sweep[(sweep["drafter"] == drafter) & (sweep["category"] != "all")]
+        for i, (cat, g) in enumerate(d.groupby("category", sort=False)):
+            color = f"C{i}"
+            ax.plot(g["k"], g["measured_speedup"], marker="o", color=color, label=f"{cat} measured")
+            ax.plot(g["k"], g["predicted_measured_costs"], ls="--", color=color, alpha=0.7)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set(title=f"{drafter} (dashed: predicted with measured c, v(k))", xlabel="k (drafts per round)")
+    axes[0][0].set_ylabel("speedup over plain decoding")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_predicted_vs_measured(main: pd.DataFrame):
+    import matplotlib.pyplot as plt
+
+    d = main[main["category"] != "all"]
+    fig, ax = plt.subplots(figsize=(4.6, 4.2))
+    for i, (drafter, g) in enumerate(d.groupby("drafter", sort=False)):
+        ax.scatter(g["measured_speedup"], g["predicted_article"], marker="x", color=f"C{i}",
+                   label=f"{drafter}: article (v=1)")
+        ax.scatter(g["measured_speedup"], g["predicted_measured_costs"], marker="o", color=f"C{i}",
+                   label=f"{drafter}: measured v(k)")
+    lo = min(d["measured_speedup"].min(), d["predicted_measured_costs"].min(), d["predicted_article"].min()) * 0.9
+    hi = max(d["measured_speedup"].max(), d["predicted_measured_costs"].max(), d["predicted_article"].max()) * 1.1
+    ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8)
+    ax.plot([lo, hi], [lo * 1.1, hi * 1.1], color="grey", lw=0.5, ls=":")
+    ax.plot([lo, hi], [lo * 0.9, hi * 0.9], color="grey", lw=0.5, ls=":")
+    ax.set(xlabel="measured speedup", ylabel="predicted speedup", title="per category (dotted: ±10%)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
