@@ -1,0 +1,191 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · Speculative decoding: acceptance by task, and what it buys
+#
+# The deployment article (seeds/003, section 5) says a round of k drafts emits (1 - a^(k+1)) / (1 - a) tokens
+# for a cost of 1 + k c target steps, that "acceptance decides everything", that a depends on the task (code
+# completion, rewriting, translation and summarization above 0.7; open-ended writing often below 0.5), and
+# recommends switching speculation per task below an acceptance threshold (0.55 in its configuration). This
+# notebook measures it on the lab engine with SmolLM2-135M-Instruct at batch 1 (Spec-Bench's setting, Xia et
+# al. 2024): for three drafters (n-gram prompt lookup, the target's first layers, a 4-bit copy of the target),
+# per task category, the conditional acceptance a, Spec-Bench's mean accepted tokens per step, vLLM's
+# accepted/drafted (which is not a), the draft cost ratio c, and the predicted against the measured speedup.
+# Every speculative run must give the plain run's tokens (lossless; the sampling case is a chi-square test in
+# `tests/test_spec_engine.py`). The logic lives in `lab.studies.spec_acceptance`.
+
+# %% tags=["parameters"]
+SMOKE = False  # tiny sizes, for tests
+INTERACTIVE = False  # show the widget cells
+DATA = ""  # "": the lab's prompt set (calibration_data/spec_prompts.jsonl); or a JSONL path (Spec-Bench's format too)
+PER_CATEGORY = 5  # prompts a category in the main run
+MAX_TOKENS = 64  # new tokens a request (greedy, EOS ignored: every run decodes the same count)
+DRAFTERS = ("ngram", "layerskip", "quantized")
+K = 4  # drafts per round (the article's draft_len)
+K_SWEEP = (1, 2, 4, 8)
+SWEEP_DRAFTERS = ("ngram", "quantized")
+SWEEP_PER_CATEGORY = 2
+DRAFT_LAYERS = 10  # layerskip: the first N of the 30 layers
+DRAFT_QUANT = "rtn"  # quantized copy: rtn, gptq or awq (lab.quant)
+DRAFT_BITS = 4
+THRESHOLD = 0.55  # the article's acceptance_threshold
+SPEC_BENCH_PER_CATEGORY = 2  # Spec-Bench questions a category, when ../shared/data/spec_bench is present (0: skip)
+SPEC_BENCH_DRAFTERS = ("ngram", "quantized")
+REPEATS = 5  # timing repeats of the step-cost forwards
+
+# %%
+import pandas as pd
+import torch
+
+from lab.models import load_model
+from lab.runs import params_from_namespace, start_run
+from lab.studies import spec_acceptance as study
+
+params = params_from_namespace(study.SpecParams, globals())  # validates every value before heavy work
+run = start_run("05_speculative_acceptance", params)
+prompts = study.task_prompts(params)
+model, tok = load_model("smollm2-135m", dtype=torch.float32, device="cpu")
+drafts = study.draft_models(params, model, tok)
+pd.DataFrame([{"category": c, "prompts": sum(p.category == c for p in prompts)}
+              for c in dict.fromkeys(p.category for p in prompts)])
+
+# %% [markdown]
+# ## 1. The costs: c and the verification step
+# The article's model charges one target step for verifying k drafts. The engine's verification is a
+# (k+1)-token forward over the cached prefix whose LM head runs on k + 1 rows; `lab.spec.measure` times it
+# (v(k) in plain steps) beside one draft forward (c). The n-gram drafter runs no model: its c is its lookup
+# time.
+
+# %%
+main, requests, costs = study.study(params, model, tok, prompts, params.DRAFTERS, params.K, drafts)
+cost_rows = pd.DataFrame([{"drafter": d, "context": c.context, "target step ms": 1e3 * c.target_step_s,
+                           "draft step ms": None if c.draft_step_s is None else 1e3 * c.draft_step_s,
+                           "c_forward": c.c, **{f"v({k}) forward only": c.verify_s[k] / c.target_step_s
+                                                for k in sorted(c.verify_s)}} for d, c in costs.items()])
+run.save_table("step_costs", cost_rows)
+cost_rows.round(3)
+
+# %% [markdown]
+# ## 2. Per drafter and category: a, accepted tokens, c, predicted and measured speedup
+# `predicted_article` is E(a, d) / (d c + 1) over the run's rounds; `predicted_measured_costs` replaces the 1
+# with the measured verification (its forward plus the engine's per-step work); `predicted_by_position` also
+# replaces the single a with the measured acceptance at each draft position. `measured_speedup` is the plain
+# run's decode time over the speculative run's for the same prompts, in the same process.
+
+# %%
+run.save_table("by_category", main)
+run.save_table("requests", requests.drop(columns=["output"]))
+main[["drafter", "category", "lossless", "a", "accepted/drafted (vLLM)", "mean_accepted_tokens_per_step",
+      "c_effective", "v(k)", "predicted_article", "predicted_measured_costs", "predicted_by_position",
+      "measured_speedup", "error_measured_costs"]].round(3)
+
+# %%
+run.save_figure("acceptance_by_position", study.plot_acceptance_by_position(main))
+run.save_figure("predicted_vs_measured", study.plot_predicted_vs_measured(main))
+
+# %% [markdown]
+# ## 3. Which k? Speedup against the number of drafts
+# Fewer prompts a category (SWEEP_PER_CATEGORY), every k of K_SWEEP. The best k per category, measured,
+# against the k the model picks from the main run's a and c (with the article's v = 1, and with the verification
+# cost measured in the sweep).
+
+# %%
+sweep = study.k_sweep(params, model, tok, drafts)
+run.save_table("k_sweep", sweep)
+run.save_figure("speedup_vs_k", study.plot_speedup_vs_k(sweep))
+best = study.best_k_table(sweep, main, max(params.K_SWEEP))
+run.save_table("best_k", best)
+best.round(3)
+
+# %% [markdown]
+# ## 4. The acceptance-threshold policy
+# Per category (the article's switch): speculate where the measured a reaches THRESHOLD, plain decoding
+# elsewhere; "switch right" says whether that matched the measured speedup. Per request (the engine's adaptive
+# switch, `SpeculativeConfig(min_acceptance=...)`): a request whose a over its last 4 rounds falls below the
+# threshold decodes plainly for 16 tokens, then probes again; shown on the drafter with the lowest a.
+
+# %%
+policy = study.policy_table(main, params.THRESHOLD)
+run.save_table("policy_by_category", policy)
+lowest = main[main["category"] == "all"].sort_values("a")["drafter"].iloc[0]
+plain_rows = requests[requests["drafter"] == "plain"].reset_index(drop=True)
+adaptive = study.adaptive_policy(params, model, tok, prompts, lowest, drafts, plain_rows)
+run.save_table("policy_adaptive", adaptive)
+pd.concat([main[(main["drafter"] == lowest)], adaptive])[["drafter", "category", "a", "rounds", "plain_steps",
+                                                          "measured_speedup"]].round(3)
+
+# %%
+policy.round(3)
+
+# %% [markdown]
+# ## 5. Spec-Bench's categories
+# The first SPEC_BENCH_PER_CATEGORY questions of each Spec-Bench category (multi-turn conversation is MT-bench's
+# first turn), when `../shared/data/spec_bench/question.jsonl` is present.
+
+# %%
+if study.spec_bench_available(params):
+    bench, _, _ = study.spec_bench(params, model, tok, drafts)
+    run.save_table("spec_bench", bench)
+    display(bench[["drafter", "category", "lossless", "a", "mean_accepted_tokens_per_step",  # noqa: F821
+                   "c_effective", "predicted_measured_costs", "measured_speedup"]].round(3))
+else:
+    bench = None
+    print("Spec-Bench's question.jsonl is not at ../shared/data/spec_bench/: section skipped")
+
+# %% [markdown]
+# ## 6. The article's numbers, recomputed or measured
+
+# %%
+claims = study.claims_table(main, costs, params, model)
+run.save_table("claims", claims)
+with pd.option_context("display.max_colwidth", 140):
+    display(claims)  # noqa: F821
+
+# %% [markdown]
+# ## 7. Explore (INTERACTIVE)
+# The article's model: speedup against a for several k, at a chosen c and verification cost.
+
+# %%
+if INTERACTIVE:
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+
+    from lab.spec import predicted_speedup
+
+    def show(c, verify_cost):
+        a = [i / 100 for i in range(0, 100)]
+        fig, ax = plt.subplots(figsize=(5, 3.4))
+        for k in (1, 2, 4, 8):
+            ax.plot(a, [predicted_speedup(x, k, c, verify_cost) for x in a], label=f"k={k}")
+        ax.axhline(1, color="grey", lw=0.8)
+        ax.set(xlabel="a", ylabel="predicted speedup")
+        ax.legend()
+        plt.show()
+
+    display(widgets.interactive(show, c=widgets.FloatSlider(value=0.05, min=0, max=1.2, step=0.01),  # noqa: F821
+                                verify_cost=widgets.FloatSlider(value=1.0, min=1.0, max=3.0, step=0.05)))
+
+# %%
+overall = main[main["category"] == "all"].set_index("drafter")
+run.save_metrics(lossless=bool(main["lossless"].all() and (bench is None or bench["lossless"].all())),
+                 **{f"a_{d}": float(overall.loc[d, "a"]) for d in overall.index},
+                 **{f"speedup_{d}": float(overall.loc[d, "measured_speedup"]) for d in overall.index},
+                 categories_within_10pct=int((main["category"].ne("all") &
+                                              main["error_measured_costs"].abs().le(0.10)).sum()),
+                 categories=int(main["category"].ne("all").sum()),
+                 article_within_10pct=int((main["category"].ne("all") & main["error_article"].abs().le(0.10)).sum()),
+                 claims_that_fail=int(claims["holds"].eq(False).sum()))
+run.finish()

@@ -1,0 +1,142 @@
+"""The acceptance study's parts: task prompts (the lab's set and Spec-Bench's format), the by-position and
+per-run forms of the speedup model, step costs timed on the engine, the per-category summary on a synthetic
+run, and `lab spec`."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from lab.quant.calibration import SPEC_BENCH_PATH
+from lab.spec.measure import StepCosts
+from lab.spec.prompts import LAB_PROMPTS, MULTI_TURN, load_prompts
+from lab.spec.theory import expected_tokens_by_position, expected_tokens_per_round, predicted_run_speedup
+from lab.studies.spec_acceptance import SpecParams, policy_table, summarize
+
+
+def test_lab_prompt_set_covers_the_articles_categories():
+    prompts = load_prompts()
+    cats = {p.category for p in prompts}
+    assert cats == {"code", "rewriting", "translation", "summarization", "open-ended"}
+    assert len({p.id for p in prompts}) == len(prompts)
+    assert [p.category for p in load_prompts(LAB_PROMPTS, 1)] == ["code", "rewriting", "translation",
+                                                                  "summarization", "open-ended"]
+
+
+def test_spec_bench_format_is_read_and_mt_bench_grouped(tmp_path):
+    f = tmp_path / "q.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in [
+        {"question_id": 1, "category": "writing", "turns": ["Write a haiku.", "Now another."]},
+        {"question_id": 2, "category": "coding", "turns": ["Sort a list."]},
+        {"question_id": 3, "category": "rag", "turns": ["Given the passage, answer."]},
+        {"question_id": 4, "category": "rag", "turns": ["Second."]}]) + "\n")
+    prompts = load_prompts(f, per_category=1)
+    assert [(p.id, p.category, p.text) for p in prompts] == [
+        ("spec_bench:1", MULTI_TURN, "Write a haiku."), ("spec_bench:3", "retrieval-augmented generation",
+                                                        "Given the passage, answer.")]
+
+
+@pytest.mark.skipif(not SPEC_BENCH_PATH.is_file(), reason="Spec-Bench's question.jsonl is not in ../shared/data")
+def test_the_real_spec_bench_file_has_six_categories():
+    prompts = load_prompts(SPEC_BENCH_PATH)
+    assert len(prompts) == 480 and len({p.category for p in prompts}) == 6
+
+
+def test_bad_prompt_files_are_refused_by_line(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.jsonl does not exist"):
+        load_prompts(tmp_path / "nope.jsonl")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "category": "x", "prompt": "p"}\n{"text": "no"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: a record needs .* got keys \['text'\]"):
+        load_prompts(bad)
+    bad.write_text('{"question_id": 1, "category": "poetry", "turns": ["x"]}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1: Spec-Bench category 'poetry' is not one of"):
+        load_prompts(bad)
+    bad.write_text("not json\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1: not JSON"):
+        load_prompts(bad)
+
+
+def test_expected_tokens_by_position():
+    assert expected_tokens_by_position([0.5] * 4, 4) == pytest.approx(expected_tokens_per_round(0.5, 4))
+    assert expected_tokens_by_position([1.0, 0.5, 0.0], 3) == pytest.approx(1 + 1 + 0.5)
+    assert expected_tokens_by_position([0.9], 3) == pytest.approx(1.9)  # never-reached positions count as rejected
+
+
+def test_predicted_run_speedup_counts_plain_steps_and_short_rounds():
+    # Two rounds of 2 drafts at a = 1 (3 tokens each, cost 2c + 1), one plain step (1 token, cost 1).
+    got = predicted_run_speedup([2, 2], 1, 0.25, lambda d: expected_tokens_per_round(1.0, d))
+    assert got == pytest.approx((3 + 3 + 1) / (1.5 + 1.5 + 1))
+    got = predicted_run_speedup([1], 0, 0.0, lambda d: expected_tokens_per_round(0.5, d), lambda d: 2.0)
+    assert got == pytest.approx(1.5 / 2)
+
+
+def test_step_costs_on_the_engine(smollm):
+    from lab.engine import LLM
+    from lab.spec import SpeculativeConfig
+    from lab.spec.measure import forward_seconds, step_costs
+
+    model, tok = smollm
+    llm = LLM(model, tokenizer=tok, num_kv_blocks=32, max_model_len=256,
+              speculative=SpeculativeConfig(method="layerskip", draft_layers=3))
+    costs = step_costs(llm, 40, [1, 3], repeats=1)
+    assert costs.target_step_s > 0 and set(costs.verify_s) == {1, 3} and costs.v(0) == 1.0
+    assert 0 < costs.c < 1.5  # 3 of 30 layers: a fraction of a target step plus the fixed part
+    assert llm.block_manager.num_used_blocks == 0 and llm.spec.drafter.block_manager.num_used_blocks == 0
+    with pytest.raises(ValueError, match="blocks; 32 are free"):
+        forward_seconds(llm.runner, llm.block_manager, 600, 1)
+
+
+def _run(outputs, decode_s, drafted, accepted, draft_s=0.0):
+    return pd.DataFrame([{"id": str(i), "category": "code", "output": o, "decode_tokens": len(o) - 1,
+                          "decode_s": t, "draft_s": draft_s, "drafted_per_round": d, "accepted_per_round": a}
+                         for i, (o, t, d, a) in enumerate(zip(outputs, decode_s, drafted, accepted))])
+
+
+def test_summary_of_a_synthetic_run():
+    """Two requests of 9 decode tokens each: the plain run took 0.9 s each (0.1 s a token); the speculative one
+    0.5 s each, with rounds (2 drafts, 2 accepted), (2, 0), (2, 1) and 3 plain steps: 3 + 1 + 2 + 3 = 9."""
+    out = [list(range(10)), list(range(10, 20))]
+    plain = _run(out, [0.9, 0.9], [[], []], [[], []])
+    spec = _run(out, [0.5, 0.5], [[2, 2, 2]] * 2, [[2, 0, 1]] * 2, draft_s=0.06)
+    costs = StepCosts(context=10, target_step_s=0.1, verify_s={1: 0.1, 2: 0.15}, draft_step_s=None)
+    row = summarize("ngram", 2, spec, plain, costs).iloc[0]
+    assert row["lossless"] and row["rounds"] == 6 and row["plain_steps"] == 6
+    # position 1: verified 6 times, accepted 4; position 2: verified 4 times (after an acceptance), accepted 2
+    assert row["a"] == pytest.approx(6 / 10) and row["acceptance_by_position"] == [pytest.approx(4 / 6, abs=1e-4),
+                                                                                    pytest.approx(0.5)]
+    assert row["accepted/drafted (vLLM)"] == pytest.approx(6 / 12)
+    assert row["mean_accepted_tokens_per_step"] == pytest.approx(1 + 6 / 6)
+    assert row["measured_speedup"] == pytest.approx(1.8)
+    assert row["c_effective"] == pytest.approx(0.12 / 12 / 0.1)
+    e = expected_tokens_per_round(0.6, 2)
+    assert row["predicted_article"] == pytest.approx((6 * e + 6) / (6 * (2 * 0.1 + 1) + 6))
+    assert row["v(k)"] == pytest.approx(1.5)  # overhead 0: the verification's forward over a plain step
+    assert row["predicted_measured_costs"] == pytest.approx((6 * e + 6) / (6 * (2 * 0.1 + 1.5) + 6))
+    bad = spec.copy()
+    bad.at[0, "output"] = list(range(1, 11))
+    assert not summarize("ngram", 2, bad, plain, costs).iloc[0]["lossless"]
+    policy = policy_table(summarize("ngram", 2, spec, plain, costs), threshold=0.65)
+    assert not policy.iloc[0]["speculate (a >= threshold)"] and policy.iloc[0]["speedup with the switch"] == 1.0
+
+
+def test_study_parameters_are_checked():
+    with pytest.raises(ValueError, match="DRAFTERS"):
+        SpecParams(DRAFTERS=("medusa",))
+    with pytest.raises(ValueError, match="DRAFT_LAYERS=30"):
+        SpecParams(DRAFT_LAYERS=30)
+    with pytest.raises(ValueError, match="THRESHOLD=1.5"):
+        SpecParams(THRESHOLD=1.5)
+
+
+def test_cli_spec_json(capsys):
+    from lab.cli import main
+
+    assert main(["spec", "--drafter", "ngram", "--k", "2", "--per-category", "1", "--max-tokens", "6",
+                 "--repeats", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    cats = {r["category"]: r for r in out["categories"]}
+    assert set(cats) == {"code", "rewriting", "translation", "summarization", "open-ended", "all"}
+    assert all(r["lossless"] for r in cats.values()) and cats["all"]["requests"] == 5
+    assert main(["spec", "--data", "/nonexistent/q.jsonl"]) == 2
+    assert "does not exist" in capsys.readouterr().err
