@@ -66,3 +66,19 @@ def test_formats_the_kernels_cannot_read_are_refused_by_name(smollm, fmt):
     model, tok = smollm
     with pytest.raises(ValueError, match="attention_backend='torch'"):
         LLM(model, tokenizer=tok, attention_backend="triton", kv_cache_dtype=fmt, num_kv_blocks=8)
+
+
+@pytest.mark.slow
+def test_triton_backend_verifies_drafts_as_the_torch_backend(smollm):
+    """Speculative rounds on the Triton backend: the verification is an extend chunk over the cached prefix
+    (drafts + 1 query rows) and rejected drafts' slots are rewritten; greedy tokens equal plain torch decoding."""
+    from lab.spec import SpeculativeConfig
+
+    model, tok = smollm
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Repeat exactly: one two three four "
+                                                  "five six seven eight."}], add_generation_prompt=True,
+                                                tokenize=False), add_special_tokens=False)
+    want, _ = _run(model, tok, [prompt], 6, "torch")
+    got, stats = _run(model, tok, [prompt], 6, "triton", speculative=SpeculativeConfig(k=3))
+    assert got == want
+    assert stats["spec_rounds"] > 0 and stats["spec_accepted"] > 0

@@ -194,8 +194,22 @@ def test_bad_speculative_settings_are_refused(smollm):
         SpeculativeConfig(method="model")
     with pytest.raises(ValueError, match="min_acceptance must be in"):
         SpeculativeConfig(min_acceptance=1.5)
+    from lab.quant.kv import KVCacheFormat
+    with pytest.raises(ValueError, match="speculative decoding needs a KV format without staged exact copies"):
+        LLM(model, tokenizer=tok, num_kv_blocks=16, max_model_len=128, speculative=SpeculativeConfig(),
+            kv_cache_dtype=KVCacheFormat("int4", window=16))
     from lab.models import load_model
     other, _ = load_model("random:tiny")
     with pytest.raises(ValueError, match=r"draft model's vocabulary \(\d+\) is not the target's \(49152\)"):
         LLM(model, tokenizer=tok, num_kv_blocks=16, max_model_len=128,
             speculative=SpeculativeConfig(method="model", draft_model=other))
+
+
+def test_speculation_on_a_quantized_pool_equals_plain_decoding_on_it(smollm, prompts):
+    """int8 per-token codes and scales live in each token's slot: a rolled-back draft's are rewritten."""
+    model, tok = smollm
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0)
+    runs = [[o.token_ids for o in LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=512,
+                                      kv_cache_dtype="int8", speculative=spec).generate(prompts, params)]
+            for spec in (None, SpeculativeConfig(k=4))]
+    assert runs[0] == runs[1]

@@ -125,6 +125,10 @@ class LLM:
             from lab.spec.speculator import Speculator
             if replay is not None:
                 raise ValueError("replay and speculative decoding cannot be combined in one engine")
+            if self.runner.stages:  # a rollback would leave the exact copies behind the rewound position
+                raise ValueError(f"speculative decoding needs a KV format without staged exact copies; "
+                                 f"kv_cache_dtype {kv_cache_dtype!r} keeps a full-precision window or per-channel "
+                                 f"keys")
             self.spec = Speculator(speculative, self.model, num_blocks, block_size, max_model_len, self.tokenizer)
         self.replay = None
         if replay is not None:
