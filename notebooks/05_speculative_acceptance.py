@@ -115,7 +115,8 @@ best.round(3)
 # Per category (the article's switch): speculate where the measured a reaches THRESHOLD, plain decoding
 # elsewhere; "switch right" says whether that matched the measured speedup. Per request (the engine's adaptive
 # switch, `SpeculativeConfig(min_acceptance=...)`): a request whose a over its last 4 rounds falls below the
-# threshold decodes plainly for 16 tokens, then probes again; shown on the drafter with the lowest a.
+# threshold decodes plainly for 16 tokens, then probes again, pausing twice as long after each failed probe;
+# shown on the drafter with the lowest a.
 
 # %%
 policy = study.policy_table(main, params.THRESHOLD)

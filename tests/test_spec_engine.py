@@ -213,3 +213,20 @@ def test_speculation_on_a_quantized_pool_equals_plain_decoding_on_it(smollm, pro
                                       kv_cache_dtype="int8", speculative=spec).generate(prompts, params)]
             for spec in (None, SpeculativeConfig(k=4))]
     assert runs[0] == runs[1]
+
+
+def test_policy_pause_doubles_after_each_failed_probe_and_resets():
+    from lab.engine.sequence import Sequence
+    from lab.spec.speculator import Speculator
+
+    spec = Speculator(SpeculativeConfig(min_acceptance=0.5, probe_rounds=1, backoff_tokens=4, max_backoff_tokens=12),
+                      None, 1, 16, 100)
+    seq = Sequence([1, 2, 3], SamplingParams())
+    pauses = []
+    for out in (10, 20, 40, 60):
+        spec._apply_policy(seq, 4, 0, out)  # a = 0: the probe fails
+        pauses.append(spec.paused_until[seq.request_id] - out)
+    assert pauses == [4, 8, 12, 12] and spec.pauses == 4
+    spec._apply_policy(seq, 4, 4, 80)  # a = 1: passes, the next failure pauses for backoff_tokens again
+    spec._apply_policy(seq, 4, 0, 90)
+    assert spec.paused_until[seq.request_id] == 94

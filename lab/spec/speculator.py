@@ -11,8 +11,8 @@ the prefix cache. A draft the scheduler did not schedule (budget, preemption) is
 
 The acceptance-threshold policy (the deployment article, seeds/003 section 5, switches speculation off below
 a = 0.55) is per request and adaptive: a request whose a over its last rounds falls below `min_acceptance`
-decodes plainly for a while, then probes again. Per category, `lab.studies.spec_acceptance` decides it from
-measured a.
+decodes plainly for a while, then probes again, pausing twice as long after each failed probe. Per category,
+`lab.studies.spec_acceptance` decides it from measured a.
 """
 
 from __future__ import annotations
@@ -44,10 +44,12 @@ class SpeculativeConfig:
     # by layer_skip_model / quantized_copy, to share between engines (else it is built from the target).
     draft_model: LlamaModel | None = None
     # Adaptive policy: a request whose conditional acceptance over its last `probe_rounds` rounds is below
-    # `min_acceptance` decodes plainly for `backoff_tokens` tokens, then probes again (None: always draft).
+    # `min_acceptance` decodes plainly for `backoff_tokens` tokens, then probes again; each probe that fails
+    # again doubles the pause, up to `max_backoff_tokens` (None: always draft).
     min_acceptance: float | None = None
     probe_rounds: int = 8
     backoff_tokens: int = 32
+    max_backoff_tokens: int = 1024
 
     def __post_init__(self):
         if not isinstance(self.k, int) or self.k < 1:
@@ -58,7 +60,7 @@ class SpeculativeConfig:
             raise ValueError('method "model" needs draft_model (a LlamaModel sharing the target\'s vocabulary)')
         if self.min_acceptance is not None and not 0 <= self.min_acceptance <= 1:
             raise ValueError(f"min_acceptance must be in [0, 1] or None, got {self.min_acceptance}")
-        for name in ("probe_rounds", "backoff_tokens"):
+        for name in ("probe_rounds", "backoff_tokens", "max_backoff_tokens"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
 
@@ -132,6 +134,7 @@ class Speculator:
         self.pauses = 0  # times the adaptive policy turned a request's speculation off
         self.probes: dict[int, SpecStats] = {}  # request id -> rounds since its policy window began
         self.paused_until: dict[int, int] = {}  # request id -> output length at which it drafts again
+        self.failed_probes: dict[int, int] = {}  # request id -> probes failed in a row
 
     def propose(self, running: list[Sequence]) -> None:
         requests = []
@@ -194,14 +197,20 @@ class Speculator:
         probe.record(drafted, accepted)
         if probe.rounds < c.probe_rounds:
             return
+        rid = seq.request_id
         if probe.conditional_acceptance < c.min_acceptance:
-            self.paused_until[seq.request_id] = num_output_tokens + c.backoff_tokens
+            failed = self.failed_probes.get(rid, 0)
+            self.paused_until[rid] = num_output_tokens + min(c.backoff_tokens << failed, c.max_backoff_tokens)
+            self.failed_probes[rid] = failed + 1
             self.pauses += 1
-        del self.probes[seq.request_id]
+        else:
+            self.failed_probes.pop(rid, None)
+        del self.probes[rid]
 
     def finish(self, seq: Sequence) -> None:
         """The request finished or was aborted: forget its drafts and policy state."""
         self.drafts.pop(seq.request_id, None)
         self.probes.pop(seq.request_id, None)
         self.paused_until.pop(seq.request_id, None)
+        self.failed_probes.pop(seq.request_id, None)
         self.drafter.forget(seq.request_id)
