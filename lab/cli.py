@@ -1,4 +1,4 @@
-"""The `lab` console command: `lab generate` and `lab bench engine`."""
+"""The `lab` console command: `lab generate`, `lab serve`, `lab bench engine|serve|quant`, the studies' CLIs."""
 
 from __future__ import annotations
 
@@ -211,6 +211,53 @@ def _spec(args) -> int:
     return 0
 
 
+def _serve(args) -> int:
+    from lab.engine import LLM
+    from lab.serve import serve
+
+    llm = LLM(args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
+              enable_prefix_caching=not args.no_prefix_caching, enable_chunked_prefill=not args.no_chunked_prefill)
+    if args.warmup:
+        from lab.engine import SamplingParams
+        llm.generate([[1] * 16], SamplingParams(max_tokens=2, ignore_eos=True))  # first-step costs paid here
+    serve(llm, args.served_model_name or args.model, args.host, args.port)
+    return 0
+
+
+def _length(text: str):
+    from lab.bench.serve import LengthDist
+
+    parts = [int(x) for x in text.split(",")]
+    if len(parts) == 1:
+        return LengthDist(parts[0], parts[0], parts[0], fixed=True)
+    if len(parts) != 3:
+        raise ValueError(f"a length is N (fixed) or P50,P90,P99 (log-normal), got {text!r}")
+    return LengthDist(*parts)
+
+
+def _bench_serve(args) -> int:
+    import math
+
+    from lab.bench.serve import LoadConfig, run_load_sync
+
+    cfg = LoadConfig(url=args.url.rstrip("/"), model=args.model, num_requests=args.num_requests,
+                     rate=math.inf if args.rate in ("inf", "0") else float(args.rate), arrivals=args.arrivals,
+                     max_concurrency=args.max_concurrency, input_len=_length(args.input_len),
+                     output_len=_length(args.output_len), system_prompt_tokens=args.system_prompt_tokens,
+                     max_model_len=args.max_model_len, vocab_size=args.vocab_size, duration_s=args.duration,
+                     slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, seed=args.seed,
+                     scrape_interval_s=args.scrape_interval or None)
+    report = run_load_sync(cfg)
+    summary = report.summary()
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=2, default=float) + "\n")
+    width = max(map(len, summary))
+    for k, v in summary.items():
+        print(f"{k:<{width}}  {v:.4g}" if isinstance(v, float) else f"{k:<{width}}  {v}")
+    return 0 if summary["ok"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lab", description="Inference Lab: a reference engine and studies.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -239,6 +286,27 @@ def build_parser() -> argparse.ArgumentParser:
                      help="weights and activations of both engines (default float32, the reference workload)")
     eng.add_argument("--json", default=None, help="also write the result with provenance to this JSON file")
     eng.set_defaults(func=_bench_engine)
+    bs = bench_sub.add_parser("serve", help="load an OpenAI-compatible server (the lab's, vLLM, SGLang): TTFT, "
+                                            "TPOT, percentiles, throughput, goodput (lab.bench.serve)")
+    bs.add_argument("--url", default="http://127.0.0.1:8000")
+    bs.add_argument("--model", default="smollm2-135m", help="the served model name")
+    bs.add_argument("--num-requests", type=int, default=64)
+    bs.add_argument("--rate", default="inf", help="requests per second ('inf': all at once)")
+    bs.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson")
+    bs.add_argument("--max-concurrency", type=int, default=None)
+    bs.add_argument("--input-len", default="128,384,768", help="N (fixed) or P50,P90,P99 of a log-normal")
+    bs.add_argument("--output-len", default="32,64,96", help="N (fixed) or P50,P90,P99 of a log-normal")
+    bs.add_argument("--system-prompt-tokens", type=int, default=0, help="a prefix shared by every request")
+    bs.add_argument("--max-model-len", type=int, default=2048, help="the server's; every request must fit")
+    bs.add_argument("--vocab-size", type=int, default=49152, help="prompt token ids are drawn below this")
+    bs.add_argument("--duration", type=float, default=600.0, help="seconds; unfinished requests are cancelled")
+    bs.add_argument("--slo-ttft", type=float, default=2.0, help="goodput: TTFT at most this many seconds")
+    bs.add_argument("--slo-tpot", type=float, default=0.2, help="goodput: TPOT at most this many seconds")
+    bs.add_argument("--seed", type=int, default=0)
+    bs.add_argument("--scrape-interval", type=float, default=0.5, help="seconds between /metrics polls (0: none)")
+    bs.add_argument("--json", default=None, help="write the report (config, summary, requests, scrapes) here")
+    bs.set_defaults(func=_bench_serve)
+
     bq = bench_sub.add_parser("quant", help="GPTQ and AWQ time on the whole model at the reference sizes")
     bq.add_argument("--model", default="smollm2-135m")
     bq.add_argument("--gptq-blocks", type=int, default=128)
@@ -325,6 +393,20 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--model", default="smollm2-135m")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(func=_spec)
+
+    sv = sub.add_parser("serve", help="serve a model behind an OpenAI-compatible HTTP API (lab.serve)")
+    sv.add_argument("--model", default="smollm2-135m")
+    sv.add_argument("--served-model-name", default=None, help="the name clients ask for (default: --model)")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--max-model-len", type=int, default=2048)
+    sv.add_argument("--max-num-seqs", type=int, default=32)
+    sv.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    sv.add_argument("--num-kv-blocks", type=int, default=None)
+    sv.add_argument("--no-prefix-caching", action="store_true")
+    sv.add_argument("--no-chunked-prefill", action="store_true")
+    sv.add_argument("--warmup", action="store_true", help="run one tiny request before accepting traffic")
+    sv.set_defaults(func=_serve)
 
     res = sub.add_parser("results", help="list study runs with their key metrics and refresh results/README.md")
     res.add_argument("--results-dir", default=None)

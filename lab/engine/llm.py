@@ -176,14 +176,16 @@ class LLM:
 
     def add_request(self, prompt, params: SamplingParams | None = None, cache_salt: str | None = None) -> int:
         """Validate and queue one request; returns its id. Raises ValueError, leaving other requests untouched."""
-        return self._enqueue(self._make_sequence(prompt, params, cache_salt))
+        return self.enqueue(self.make_sequence(prompt, params, cache_salt))
 
-    def _enqueue(self, seq: Sequence) -> int:
+    def enqueue(self, seq: Sequence) -> int:
+        """Queue a sequence from `make_sequence` (a server validates in one thread and queues in another)."""
         self.sequences[seq.request_id] = seq
         self.scheduler.add(seq)
         return seq.request_id
 
-    def _make_sequence(self, prompt, params: SamplingParams | None, cache_salt: str | None = None) -> Sequence:
+    def make_sequence(self, prompt, params: SamplingParams | None, cache_salt: str | None = None) -> Sequence:
+        """Tokenize and validate one request (ValueError names the value and the limit) without queueing it."""
         params = params or SamplingParams()
         ids, salt = self._tokenize(prompt)
         salt = cache_salt if cache_salt is not None else salt
@@ -289,8 +291,8 @@ class LLM:
         params = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
-        seqs = [self._make_sequence(prompt, p) for prompt, p in zip(prompts, params)]
-        ids = [self._enqueue(seq) for seq in seqs]
+        seqs = [self.make_sequence(prompt, p) for prompt, p in zip(prompts, params)]
+        ids = [self.enqueue(seq) for seq in seqs]
         done: dict[int, RequestOutput] = {}
         pbar = None
         if use_tqdm:

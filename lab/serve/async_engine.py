@@ -1,0 +1,157 @@
+"""`AsyncLLM`: the engine stepping in a thread of its own, requests arriving from an asyncio event loop.
+
+The engine is synchronous (`LLM.step` is one forward). A server must accept and stream requests while it
+steps, so the engine runs in one dedicated thread that owns it: requests and aborts reach it through a
+command queue, drained before every step, and each step's new tokens go back to each request's asyncio
+queue with `loop.call_soon_threadsafe`. Nothing else touches the `LLM`, so it needs no lock. This is the
+shape of vLLM's `AsyncLLM` (engine core in its own process) reduced to one thread.
+
+A request that is abandoned (the client disconnected, the handler was cancelled) is aborted: its blocks go
+back to the pool. A step that raises fails the requests it held, with the error, and the engine goes on
+serving the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from lab.engine import LLM, SamplingParams
+from lab.engine.sequence import RequestOutput, Sequence
+
+from .metrics import ServerMetrics
+
+
+@dataclass
+class Delta:
+    """What one step added to a request: new token ids and their text; `output` on the last one."""
+
+    token_ids: list[int]
+    text: str
+    finished: bool = False
+    output: RequestOutput | None = None
+    error: str | None = None
+
+
+class _Stream:
+    def __init__(self, seq: Sequence, q: asyncio.Queue):
+        self.seq, self.queue = seq, q
+        self.sent_tokens = 0
+        self.sent_text = ""
+
+
+class AsyncLLM:
+    def __init__(self, llm: LLM, metrics: ServerMetrics | None = None):
+        self.llm = llm
+        self.metrics = metrics or ServerMetrics(llm)
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[int, _Stream] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ---- lifecycle (event-loop side) -------------------------------------------------------------
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="lab-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    # ---- requests (event-loop side) --------------------------------------------------------------
+    def validate(self, prompt, params: SamplingParams) -> Sequence:
+        """Tokenize and check a request (ValueError names the value and the limit); nothing is queued."""
+        return self.llm.make_sequence(prompt, params)
+
+    async def generate(self, seq: Sequence) -> AsyncIterator[Delta]:
+        """Queue a validated request and yield its deltas until it finishes; abandoning the iterator aborts it."""
+        q: asyncio.Queue = asyncio.Queue()
+        self._commands.put(("add", seq, q))
+        self._wake.set()
+        finished = False
+        try:
+            while not finished:
+                delta = await q.get()
+                finished = delta.finished
+                yield delta
+        finally:
+            if not finished:
+                self._commands.put(("abort", seq.request_id, None))
+                self._wake.set()
+
+    # ---- the engine thread --------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._drain()
+            if not self.llm.has_unfinished():
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            try:
+                finished = self.llm.step()
+            except Exception as e:  # noqa: BLE001  one failing step must not take the server down
+                self._fail_running(f"engine step failed: {type(e).__name__}: {e}")
+                continue
+            self._publish({o.request_id: o for o in finished})
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                kind, arg, q = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                self.llm.enqueue(arg)
+                self._streams[arg.request_id] = _Stream(arg, q)
+            elif arg in self._streams:  # abort
+                self.llm.abort(arg)
+                del self._streams[arg]
+                self.metrics.aborted.inc()
+
+    def _publish(self, finished: dict[int, RequestOutput]) -> None:
+        tok = self.llm.tokenizer
+        for rid, st in list(self._streams.items()):
+            out = finished.get(rid)
+            tokens = out.token_ids if out is not None else st.seq.output_token_ids
+            if len(tokens) == st.sent_tokens and out is None:
+                continue
+            text = tok.decode(tokens, skip_special_tokens=True) if tok is not None else ""
+            if out is None and text.endswith("\ufffd"):  # a character split across tokens: wait for the rest
+                continue
+            delta = Delta(tokens[st.sent_tokens:], text[len(st.sent_text):], out is not None, out)
+            st.sent_tokens, st.sent_text = len(tokens), text
+            self._loop.call_soon_threadsafe(st.queue.put_nowait, delta)
+            if out is not None:
+                del self._streams[rid]
+                self.metrics.observe_finished(out)
+
+    def _fail_running(self, message: str) -> None:
+        for rid, st in list(self._streams.items()):
+            if st.seq.status.value == "running":
+                self.llm.abort(rid)
+                del self._streams[rid]
+                self._loop.call_soon_threadsafe(st.queue.put_nowait, Delta([], "", True, error=message))
+                self.metrics.failed.inc()
+
+    @property
+    def num_active(self) -> int:
+        return len(self._streams)
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Block until no request is active (for tests and between experiments)."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if not self._streams and self._commands.empty() and not self.llm.has_unfinished():
+                return True
+            time.sleep(0.01)
+        return False

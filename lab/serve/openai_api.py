@@ -1,0 +1,199 @@
+"""An OpenAI-compatible HTTP front end for the engine (FastAPI on uvicorn): `/v1/completions`,
+`/v1/chat/completions` (both with server-sent-event streaming), `/v1/models`, `/health`, `/metrics`.
+
+The request and response shapes are OpenAI's (https://platform.openai.com/docs/api-reference/completions),
+with vLLM's extensions where the lab needs them: `top_k`, `ignore_eos`, `return_token_ids`, and `prompt` as a
+list of token ids. A field the engine does not implement (n > 1, logprobs, stop strings, penalties) is refused
+with a 400 naming it rather than ignored. A client that disconnects mid-stream has its request aborted.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import aclosing, asynccontextmanager
+from typing import Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from lab.engine import SamplingParams
+
+from .async_engine import AsyncLLM
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict | None = None
+    ignore_eos: bool = False
+    return_token_ids: bool = False
+    user: str | None = None  # metadata: accepted, not used
+    # Accepted only at the value that means "off": the engine has no n > 1, logprobs, stop strings or penalties.
+    n: Literal[1] = 1
+    logprobs: None = None
+    stop: None = None
+    presence_penalty: Literal[0] = 0
+    frequency_penalty: Literal[0] = 0
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_usage(cls, v):
+        if v is not None and set(v) - {"include_usage"}:
+            raise ValueError(f"stream_options supports include_usage only, got {sorted(v)}")
+        return v
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                              max_tokens=self.max_tokens, seed=self.seed, ignore_eos=self.ignore_eos)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int]
+    echo: Literal[False] = False
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+def _error(status: int, message: str, code: str | None = None, param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
+                                   "code": code}}, status_code=status)
+
+
+def _sse(obj) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def create_app(engine: AsyncLLM, model_name: str) -> FastAPI:
+    """The FastAPI app serving `engine` under `model_name`; the engine thread starts and stops with the app."""
+
+    @asynccontextmanager
+    async def lifespan(app):
+        engine.start()
+        yield
+        engine.shutdown()
+
+    app = FastAPI(title="Inference Lab", lifespan=lifespan)
+    tokenizer = engine.llm.tokenizer
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        engine.metrics.rejected.inc()
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        return _error(400, f"{where or 'body'}: {first.get('msg')} (got {first.get('input')!r})"[:500], param=where)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "active_requests": engine.num_active}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "inference-lab",
+                                            "max_model_len": engine.llm.config.max_model_len}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(engine.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    async def serve(request: Request, body: _Sampling, prompt, chat: bool):
+        if body.model != model_name:
+            engine.metrics.rejected.inc()
+            return _error(404, f"model {body.model!r} does not exist; this server serves {model_name!r}",
+                          "model_not_found", "model")
+        try:
+            seq = engine.validate(prompt, body.sampling_params())
+        except ValueError as e:
+            engine.metrics.rejected.inc()
+            return _error(400, str(e))
+        rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{seq.request_id}", int(time.time())
+        kind = "chat.completion" if chat else "text_completion"
+        head = {"id": rid, "created": created, "model": model_name}
+        if body.stream:
+            return StreamingResponse(_stream(seq, body, chat, head, kind), media_type="text/event-stream")
+        text, tokens, final = [], [], None
+        async with aclosing(engine.generate(seq)) as deltas:  # closing it early aborts the request
+            async for delta in deltas:
+                if delta.error:
+                    return _error(500, delta.error)
+                text.append(delta.text)
+                tokens += delta.token_ids
+                final = delta.output
+                if await request.is_disconnected():
+                    break
+        if final is None:  # the client went away
+            return Response(status_code=499)
+        choice = {"index": 0, "finish_reason": final.finish_reason, "logprobs": None}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": "".join(text)}
+        else:
+            choice["text"] = "".join(text)
+        if body.return_token_ids:
+            choice["token_ids"] = tokens
+        return {**head, "object": kind, "choices": [choice], "usage": _usage(final)}
+
+    async def _stream(seq, body, chat, head, kind):
+        chunk_kind = "chat.completion.chunk" if chat else kind
+        first = True
+        # A disconnect cancels or closes this generator; closing the engine's stream then aborts the request.
+        async with aclosing(engine.generate(seq)) as deltas:
+            async for delta in deltas:
+                if delta.error:
+                    yield _sse({"error": {"message": delta.error, "type": "server_error"}})
+                    break
+                if not delta.token_ids and not delta.finished:
+                    continue
+                reason = delta.output.finish_reason if delta.finished else None
+                if chat:
+                    msg = {"content": delta.text, **({"role": "assistant"} if first else {})}
+                    choice = {"index": 0, "delta": msg, "finish_reason": reason}
+                else:
+                    choice = {"index": 0, "text": delta.text, "finish_reason": reason, "logprobs": None}
+                if body.return_token_ids:
+                    choice["token_ids"] = delta.token_ids
+                first = False
+                yield _sse({**head, "object": chunk_kind, "choices": [choice]})
+                if delta.finished and body.include_usage:
+                    yield _sse({**head, "object": chunk_kind, "choices": [], "usage": _usage(delta.output)})
+        yield "data: [DONE]\n\n"
+
+    @app.post("/v1/completions")
+    async def completions(request: Request, body: CompletionRequest):
+        return await serve(request, body, body.prompt, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request, body: ChatCompletionRequest):
+        if tokenizer is None:
+            return _error(400, "this model has no tokenizer, hence no chat template: use /v1/completions with "
+                               "token ids")
+        prompt = tokenizer.apply_chat_template([m.model_dump() for m in body.messages], add_generation_prompt=True,
+                                               tokenize=False)
+        return await serve(request, body, prompt, chat=True)
+
+    return app
+
+
+def _usage(out) -> dict:
+    return {"prompt_tokens": len(out.prompt_token_ids), "completion_tokens": len(out.token_ids),
+            "total_tokens": len(out.prompt_token_ids) + len(out.token_ids)}

@@ -1,0 +1,297 @@
+"""Serving under load (notebook 06): TTFT, TPOT and goodput from a real HTTP server and a real load generator.
+
+Each experiment starts the lab's OpenAI-compatible server (`lab.serve.ServerThread`, in this process, on
+loopback, sharing one loaded model) with one engine configuration, drives it with `lab.bench.serve`, and
+stops it. The experiments are the procedures of the TTFT article (seeds/002) and the deployment article
+(seeds/003 sections 1.3, 3 and 6):
+
+- a concurrency ramp to the knee (the first level where output throughput grows by less than
+  KNEE_GAIN while TPOT P99 keeps rising), and the article's operating point at 70% of it, measured;
+- a `max_num_seqs` sweep under the same open-loop load with the article's rule applied in order: stop at the
+  first batch size whose TTFT P50 rises by more than 20% while throughput gains less than 10%;
+- chunked prefill on and off with long prompts mixed in: TPOT P99 and the largest inter-token gap;
+- prefix caching on and off with a shared system prompt: TTFT and the hit rate;
+- cold start: model load (GGUF conversion, cached safetensors) and the first request's TTFT with and without
+  a warm-up request, each in a fresh process;
+- fixed against log-normal lengths at the same load: what fixed lengths overstate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+
+import pandas as pd
+
+from lab.bench.serve import LengthDist, LoadConfig, LoadReport, run_load_sync
+from lab.engine import LLM
+from lab.runs import as_tuple, check_range
+from lab.serve import ServerThread
+
+
+@dataclass
+class ServingParams:
+    SMOKE: bool = False
+    INTERACTIVE: bool = False
+    INPUT_LEN: tuple = (64, 192, 512)  # P50, P90, P99 of the log-normal prompt length (tokens)
+    OUTPUT_LEN: tuple = (32, 64, 128)  # P50, P90, P99 of the output length
+    CONCURRENCY: tuple = (1, 2, 4, 8, 16, 32)  # the ramp: requests in flight (closed loop)
+    REQUESTS_PER_LEVEL: int = 24
+    KNEE_GAIN: float = 0.10  # the knee: the first level whose throughput gain falls below this
+    OPERATING_SHARE: float = 0.7  # the article's operating point, a share of the knee's concurrency
+    BATCH_SIZES: tuple = (1, 2, 4, 8, 16)  # max_num_seqs
+    SLO_TTFT: float = 3.0  # seconds: goodput counts requests within both SLOs
+    SLO_TPOT: float = 0.2
+    LONG_PROMPT: int = 1536  # chunked-prefill experiment: long prompts mixed in
+    LONG_SHARE: float = 0.25
+    CHUNK_TOKENS: int = 256  # the chunked engine's max_num_batched_tokens
+    SYSTEM_PROMPT: int = 512  # prefix-caching experiment: shared system prompt tokens
+    MAX_MODEL_LEN: int = 2048
+    DURATION: float = 180.0  # bound on each load run (seconds)
+    SEED: int = 0
+
+    def __post_init__(self):
+        for name in ("INPUT_LEN", "OUTPUT_LEN", "CONCURRENCY", "BATCH_SIZES"):
+            setattr(self, name, as_tuple(name, getattr(self, name)))
+            for v in getattr(self, name):
+                check_range(name, v, 1, 1 << 16, int)
+        for name in ("INPUT_LEN", "OUTPUT_LEN"):
+            if len(getattr(self, name)) != 3:
+                raise ValueError(f"parameter {name}={getattr(self, name)!r} must be (P50, P90, P99)")
+            LengthDist(*getattr(self, name))  # ordered
+        check_range("REQUESTS_PER_LEVEL", self.REQUESTS_PER_LEVEL, 1, 10_000, int)
+        check_range("KNEE_GAIN", self.KNEE_GAIN, 0.0, 1.0)
+        check_range("OPERATING_SHARE", self.OPERATING_SHARE, 0.05, 1.0)
+        check_range("LONG_SHARE", self.LONG_SHARE, 0.0, 1.0)
+        check_range("MAX_MODEL_LEN", self.MAX_MODEL_LEN, 64, 8192, int)
+        check_range("LONG_PROMPT", self.LONG_PROMPT, 1, self.MAX_MODEL_LEN - self.OUTPUT_LEN[2], int)
+        check_range("SYSTEM_PROMPT", self.SYSTEM_PROMPT, 0,
+                    self.MAX_MODEL_LEN - self.INPUT_LEN[2] - self.OUTPUT_LEN[2], int)
+        check_range("CHUNK_TOKENS", self.CHUNK_TOKENS, 16, self.MAX_MODEL_LEN, int)
+        check_range("DURATION", self.DURATION, 1.0, 3600.0)
+        if self.SMOKE:
+            self.INPUT_LEN, self.OUTPUT_LEN, self.CONCURRENCY, self.REQUESTS_PER_LEVEL = (16, 32, 48), (4, 6, 8), (1, 2), 4
+            self.BATCH_SIZES, self.LONG_PROMPT, self.CHUNK_TOKENS, self.SYSTEM_PROMPT = (1, 2), 256, 64, 64
+            self.MAX_MODEL_LEN, self.DURATION = 512, 60.0
+
+
+def load_config(p: ServingParams, url: str, **overrides) -> LoadConfig:
+    base = LoadConfig(url=url, num_requests=p.REQUESTS_PER_LEVEL, input_len=LengthDist(*p.INPUT_LEN),
+                      output_len=LengthDist(*p.OUTPUT_LEN), max_model_len=p.MAX_MODEL_LEN, duration_s=p.DURATION,
+                      slo_ttft_s=p.SLO_TTFT, slo_tpot_s=p.SLO_TPOT, seed=p.SEED, scrape_interval_s=0.25)
+    return replace(base, **overrides)
+
+
+def serve_and_load(model, tokenizer, engine: dict, cfg: LoadConfig) -> LoadReport:
+    """Start a server with `engine` settings (LLM keyword arguments), run one load against it, stop it."""
+    llm = LLM(model, tokenizer=tokenizer, **engine)
+    with ServerThread(llm) as srv:
+        return run_load_sync(replace(cfg, url=srv.url))
+
+
+def _engine(p: ServingParams, **kw) -> dict:
+    return {"max_model_len": p.MAX_MODEL_LEN, "max_num_seqs": max(p.CONCURRENCY + p.BATCH_SIZES),
+            "num_kv_blocks": max(p.CONCURRENCY + p.BATCH_SIZES) * p.MAX_MODEL_LEN // 16 + 16} | kw
+
+
+def _row(label: dict, report: LoadReport) -> dict:
+    return label | report.summary()
+
+
+def ramp(p: ServingParams, model, tokenizer, log=print) -> tuple[pd.DataFrame, dict[int, LoadReport]]:
+    rows, reports = [], {}
+    for c in p.CONCURRENCY:
+        cfg = load_config(p, "", num_requests=max(p.REQUESTS_PER_LEVEL, 2 * c), max_concurrency=c)
+        reports[c] = serve_and_load(model, tokenizer, _engine(p), cfg)
+        rows.append(_row({"concurrency": c}, reports[c]))
+        log(f"concurrency {c}: {rows[-1]['output_throughput']:.1f} tok/s, TPOT p99 {rows[-1]['tpot_p99']:.3f} s")
+    return pd.DataFrame(rows), reports
+
+
+def find_knee(ramp_table: pd.DataFrame, gain: float) -> int:
+    """The first concurrency whose throughput gain over the previous level is below `gain` while its TPOT P99
+    rose (throughput flattens, latency degrades); the last level when throughput never flattens."""
+    t = ramp_table.reset_index(drop=True)
+    for i in range(1, len(t)):
+        grew = t.loc[i, "output_throughput"] / t.loc[i - 1, "output_throughput"] - 1
+        if grew < gain and t.loc[i, "tpot_p99"] > t.loc[i - 1, "tpot_p99"]:
+            return int(t.loc[i - 1, "concurrency"])  # the knee is the last level that still paid off
+    return int(t["concurrency"].iloc[-1])
+
+
+def operating_point(p: ServingParams, model, tokenizer, knee: int) -> tuple[int, LoadReport]:
+    c = max(1, round(p.OPERATING_SHARE * knee))
+    cfg = load_config(p, "", num_requests=max(p.REQUESTS_PER_LEVEL, 2 * c), max_concurrency=c)
+    return c, serve_and_load(model, tokenizer, _engine(p), cfg)
+
+
+def batch_sweep(p: ServingParams, model, tokenizer, rate: float, log=print) -> tuple[pd.DataFrame, int]:
+    """Open-loop Poisson load at `rate` requests/s against max_num_seqs = each of BATCH_SIZES; the article's
+    rule picks the largest batch before the first step with TTFT +20% and throughput +<10%."""
+    rows = []
+    for b in p.BATCH_SIZES:
+        cfg = load_config(p, "", num_requests=max(p.REQUESTS_PER_LEVEL, 2 * b), rate=rate)
+        rows.append(_row({"max_num_seqs": b, "rate": rate}, serve_and_load(model, tokenizer,
+                                                                           _engine(p, max_num_seqs=b), cfg)))
+        log(f"max_num_seqs {b}: TTFT p50 {rows[-1]['ttft_p50']:.3f} s, {rows[-1]['output_throughput']:.1f} tok/s")
+    t = pd.DataFrame(rows)
+    t["ttft_rise"] = t["ttft_p50"] / t["ttft_p50"].shift() - 1
+    t["throughput_gain"] = t["output_throughput"] / t["output_throughput"].shift() - 1
+    t["rule_stops_here"] = (t["ttft_rise"] > 0.2) & (t["throughput_gain"] < 0.1)
+    stops = t.index[t["rule_stops_here"]]
+    chosen = int(t.loc[stops[0] - 1, "max_num_seqs"]) if len(stops) else int(t["max_num_seqs"].iloc[-1])
+    return t, chosen
+
+
+def chunked_prefill(p: ServingParams, model, tokenizer, concurrency: int) -> tuple[pd.DataFrame, dict]:
+    """A share of long prompts among the usual ones; the chunked engine takes CHUNK_TOKENS a step, the other
+    must take a whole prompt in one (its budget is max_model_len)."""
+    n = max(p.REQUESTS_PER_LEVEL, 2 * concurrency)
+    long_every = max(1, round(1 / p.LONG_SHARE)) if p.LONG_SHARE else 0
+    rows, reports = [], {}
+    for chunked in (True, False):
+        engine = _engine(p, enable_chunked_prefill=chunked,
+                         max_num_batched_tokens=p.CHUNK_TOKENS if chunked else p.MAX_MODEL_LEN)
+        cfg = load_config(p, "", num_requests=n, max_concurrency=concurrency, long_prompt_every=long_every,
+                          long_prompt_tokens=p.LONG_PROMPT)
+        reports[chunked] = serve_and_load(model, tokenizer, engine, cfg)
+        rows.append(_row({"chunked_prefill": chunked, "max_num_batched_tokens": engine["max_num_batched_tokens"]},
+                         reports[chunked]))
+    return pd.DataFrame(rows), reports
+
+
+def prefix_caching(p: ServingParams, model, tokenizer, concurrency: int) -> tuple[pd.DataFrame, dict]:
+    rows, reports = [], {}
+    for cached in (True, False):
+        cfg = load_config(p, "", max_concurrency=concurrency, system_prompt_tokens=p.SYSTEM_PROMPT)
+        reports[cached] = serve_and_load(model, tokenizer, _engine(p, enable_prefix_caching=cached), cfg)
+        hit = max((s.get("lab_prefix_cache_hit_rate", 0.0) for s in reports[cached].scrapes), default=float("nan"))
+        rows.append(_row({"prefix_caching": cached, "system_prompt_tokens": p.SYSTEM_PROMPT, "hit_rate": hit},
+                         reports[cached]))
+    return pd.DataFrame(rows), reports
+
+
+def length_shapes(p: ServingParams, model, tokenizer, concurrency: int) -> pd.DataFrame:
+    """The same load with log-normal lengths, lengths fixed at the P50 (the usual benchmark), and fixed at the
+    log-normal's mean (same token volume)."""
+    rows = []
+    lognormal_in, lognormal_out = LengthDist(*p.INPUT_LEN), LengthDist(*p.OUTPUT_LEN)
+
+    def mean(d: LengthDist) -> int:
+        mu, sigma = d.fit()
+        return max(1, round(math.exp(mu + sigma ** 2 / 2)))
+
+    shapes = {"log-normal": (lognormal_in, lognormal_out),
+              "fixed at P50": (LengthDist(p.INPUT_LEN[0], p.INPUT_LEN[0], p.INPUT_LEN[0], fixed=True),
+                               LengthDist(p.OUTPUT_LEN[0], p.OUTPUT_LEN[0], p.OUTPUT_LEN[0], fixed=True)),
+              "fixed at the mean": tuple(LengthDist(mean(d), mean(d), mean(d), fixed=True)
+                                         for d in (lognormal_in, lognormal_out))}
+    for name, (i, o) in shapes.items():
+        cfg = load_config(p, "", max_concurrency=concurrency, input_len=i, output_len=o)
+        rows.append(_row({"lengths": name, "input_p50": i.p50, "output_p50": o.p50},
+                         serve_and_load(model, tokenizer, _engine(p), cfg)))
+    t = pd.DataFrame(rows)
+    base = t.loc[t["lengths"] == "log-normal"].iloc[0]
+    for col in ("goodput_requests", "output_throughput", "tpot_p99", "ttft_p99"):
+        t[f"{col}_vs_lognormal"] = t[col] / base[col]
+    return t
+
+
+_COLD_START = r"""
+import json, os, sys, time
+t0 = time.perf_counter()
+import torch
+from lab.engine import LLM, SamplingParams
+from lab.models import load_model
+t1 = time.perf_counter()
+model, tok = load_model("smollm2-135m", dtype=torch.float32, device="cpu")
+t2 = time.perf_counter()
+llm = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=512)
+prompt = list(range(1000, 1000 + int(sys.argv[1])))
+params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+if sys.argv[2] == "warm":
+    llm.generate([list(range(2000, 2016))], SamplingParams(max_tokens=2, ignore_eos=True))
+first = llm.generate([prompt], params)[0].metrics
+second = llm.generate([[t + 1 for t in prompt]], params)[0].metrics
+print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_ttft_s": first.ttft, "first_tpot_s": first.tpot,
+                  "second_ttft_s": second.ttft, "second_tpot_s": second.tpot}))
+"""
+
+
+def cold_start(prompt_tokens: int = 128) -> pd.DataFrame:
+    """Fresh processes: the first with an empty model cache (the GGUF is converted), then with the cache warm;
+    then the first request's TTFT without and with a warm-up request."""
+    rows = []
+    with tempfile.TemporaryDirectory() as cache:
+        for label, env_cache, mode in (("first load: convert the GGUF", cache, "cold"),
+                                       ("cached safetensors", cache, "cold"),
+                                       ("cached, warm-up request first", cache, "warm")):
+            env = os.environ | {"LAB_CACHE_DIR": env_cache}
+            out = subprocess.run([sys.executable, "-c", _COLD_START, str(prompt_tokens), mode], env=env,
+                                 capture_output=True, text=True, check=True)
+            rows.append({"case": label, **json.loads(out.stdout.strip().splitlines()[-1])})
+    t = pd.DataFrame(rows)
+    t["first_over_second_ttft"] = t["first_ttft_s"] / t["second_ttft_s"]
+    return t
+
+
+def plot_ramp(t: pd.DataFrame, knee: int, op: int):
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
+    a.plot(t["concurrency"], t["output_throughput"], marker="o", label="output tokens/s")
+    a.plot(t["concurrency"], t["goodput_tokens"], marker="s", label="goodput tokens/s (within SLO)")
+    b.plot(t["concurrency"], t["tpot_p50"], marker="o", label="TPOT P50")
+    b.plot(t["concurrency"], t["tpot_p99"], marker="o", label="TPOT P99")
+    b.plot(t["concurrency"], t["ttft_p99"], marker="^", label="TTFT P99")
+    for ax in (a, b):
+        ax.axvline(knee, color="red", ls="--", lw=0.8, label=f"knee ({knee})")
+        ax.axvline(op, color="green", ls=":", lw=0.8, label=f"70% point ({op})")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency (requests in flight)")
+        ax.legend(fontsize=7)
+    b.set_yscale("log")
+    b.set_ylabel("seconds")
+    fig.tight_layout()
+    return fig
+
+
+def plot_dashboard(report: LoadReport, title: str):
+    """Latency percentiles over time, throughput over time, KV blocks and queue over time."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    ok = sorted((r for r in report.requests if r.status == "ok"), key=lambda r: r.finish_time)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.4))
+    if ok:
+        done = np.array([r.finish_time for r in ok])
+        for name in ("ttft", "tpot"):
+            v = np.array([getattr(r, name) or np.nan for r in ok])
+            for q, ls in ((50, "-"), (99, "--")):
+                roll = [np.nanpercentile(v[max(0, i - 7):i + 1], q) for i in range(len(v))]
+                axes[0].plot(done, roll, ls=ls, label=f"{name.upper()} P{q} (last 8)")
+        axes[0].set_yscale("log")
+        edges = np.arange(0, report.duration_s + 1.0, 1.0)
+        tokens = np.zeros(len(edges) - 1)
+        for r in ok:  # spread each request's tokens evenly between its first token and its end
+            start = r.send_time + r.ttft
+            grid = np.linspace(start, r.finish_time, max(r.output_tokens, 1))
+            tokens += np.histogram(grid, edges)[0]
+        axes[1].step(edges[:-1], tokens, where="post")
+    axes[0].set(title=f"{title}: latency", xlabel="s", ylabel="seconds")
+    axes[0].legend(fontsize=7)
+    axes[1].set(title="output tokens per second", xlabel="s")
+    if report.scrapes:
+        s = pd.DataFrame(report.scrapes)
+        for col in ("lab_kv_blocks_used", "lab_num_requests_running", "lab_num_requests_waiting"):
+            if col in s:
+                axes[2].plot(s["t"], s[col], label=col.removeprefix("lab_"))
+    axes[2].set(title="engine state (from /metrics)", xlabel="s")
+    axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    return fig

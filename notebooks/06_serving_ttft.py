@@ -1,0 +1,169 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 06 · Serving: TTFT, TPOT and goodput under load
+#
+# The TTFT article (seeds/002) and the deployment article (seeds/003, sections 1.3, 3 and 6) say how a
+# serving setup is tuned and checked: report P50/P99/P99.9, not means; count goodput (throughput within the
+# latency SLO), not raw throughput; draw lengths from a log-normal fitted to observed percentiles, because
+# fixed lengths overstate capacity; ramp concurrency to the knee where throughput flattens and TPOT degrades,
+# and operate at about 70% of it; grow the batch until TTFT rises by more than 20% while throughput gains less
+# than 10%; chunk long prefills so they do not stall decodes; cache shared system prompts; warm up before
+# taking traffic. Here each is measured on the lab's engine behind its OpenAI-compatible server
+# (`lab.serve`), driven over loopback by the load generator (`lab.bench.serve`), which speaks only the
+# OpenAI protocol, so `lab bench serve --url` runs the same load against vLLM or SGLang. The logic lives in
+# `lab.studies.serving`. All of it runs on this machine's CPU: the absolute numbers are a 135M model on two
+# cores; the shapes of the curves are the point.
+
+# %% tags=["parameters"]
+SMOKE = False  # tiny sizes, for tests
+INTERACTIVE = False  # show the widget cells
+INPUT_LEN = (64, 192, 512)  # prompt tokens: P50, P90, P99 of the log-normal
+OUTPUT_LEN = (32, 64, 128)  # output tokens: P50, P90, P99
+CONCURRENCY = (1, 2, 4, 8, 16, 32)  # the ramp (closed loop: requests in flight)
+REQUESTS_PER_LEVEL = 24
+KNEE_GAIN = 0.10  # the knee: the first level whose throughput gain falls below this while TPOT rises
+OPERATING_SHARE = 0.7  # the article's operating point
+BATCH_SIZES = (1, 2, 4, 8, 16)  # max_num_seqs sweep
+SLO_TTFT = 3.0  # seconds
+SLO_TPOT = 0.2  # seconds
+LONG_PROMPT = 1536  # chunked prefill: long prompts mixed in
+LONG_SHARE = 0.25
+CHUNK_TOKENS = 256
+SYSTEM_PROMPT = 512  # prefix caching: a shared system prompt
+MAX_MODEL_LEN = 2048
+DURATION = 180.0  # bound on each load run, seconds
+SEED = 0
+
+# %%
+import pandas as pd
+import torch
+
+from lab.models import load_model
+from lab.runs import params_from_namespace, start_run
+from lab.studies import serving as study
+
+params = params_from_namespace(study.ServingParams, globals())  # validates every value before heavy work
+run = start_run("06_serving_ttft", params)
+model, tok = load_model("smollm2-135m", dtype=torch.float32, device="cpu")
+cols = ["ok", "cancelled", "failed", "output_throughput", "goodput_tokens", "goodput_requests", "slo_attainment",
+        "ttft_p50", "ttft_p99", "ttft_p999", "tpot_p50", "tpot_p99", "max_gap_p99", "e2e_p99"]
+
+# %% [markdown]
+# ## 1. Concurrency ramp: the knee, and 70% of it
+# Closed loop: c requests in flight, log-normal lengths. The knee is the last level before throughput grows
+# by less than KNEE_GAIN while TPOT P99 still rises.
+
+# %%
+ramp, ramp_reports = study.ramp(params, model, tok)
+knee = study.find_knee(ramp, params.KNEE_GAIN)
+op, op_report = study.operating_point(params, model, tok, knee)
+ramp_table = pd.concat([ramp, pd.DataFrame([{"concurrency": op, "operating point": True, **op_report.summary()}])])
+run.save_table("ramp", ramp_table)
+run.save_figure("ramp", study.plot_ramp(ramp, knee, op))
+run.save_figure("dashboard_knee", study.plot_dashboard(ramp_reports[knee], f"concurrency {knee} (knee)"))
+print(f"knee: concurrency {knee}; operating point: {op}")
+ramp_table[["concurrency"] + cols].round(3)
+
+# %% [markdown]
+# ## 2. Batch size: the 20% / 10% rule
+# Open-loop Poisson arrivals at the operating point's request rate, against max_num_seqs = each of
+# BATCH_SIZES. The rule stops at the first batch size whose TTFT P50 rises by more than 20% while throughput
+# gains less than 10%; the one before it is chosen.
+
+# %%
+rate = op_report.summary()["request_throughput"]
+batch, chosen = study.batch_sweep(params, model, tok, rate)
+run.save_table("batch_sweep", batch)
+print(f"rate {rate:.2f} requests/s; the rule picks max_num_seqs = {chosen}")
+batch[["max_num_seqs", "ttft_p50", "ttft_p99", "tpot_p50", "output_throughput", "ttft_rise", "throughput_gain",
+       "rule_stops_here"]].round(3)
+
+# %% [markdown]
+# ## 3. Chunked prefill with long prompts mixed in
+# One request in 1/LONG_SHARE has a LONG_PROMPT-token prompt. Without chunking, a step that admits one runs its
+# whole prefill, and every decoding request waits for it: the largest inter-token gap (`max_gap`) shows it.
+
+# %%
+chunked, chunked_reports = study.chunked_prefill(params, model, tok, op)
+run.save_table("chunked_prefill", chunked)
+for on, rep in chunked_reports.items():
+    run.save_figure(f"dashboard_chunked_{'on' if on else 'off'}",
+                    study.plot_dashboard(rep, f"chunked prefill {'on' if on else 'off'}"))
+chunked[["chunked_prefill", "max_num_batched_tokens"] + cols].round(3)
+
+# %% [markdown]
+# ## 4. Prefix caching with a shared system prompt
+
+# %%
+prefix, _ = study.prefix_caching(params, model, tok, op)
+run.save_table("prefix_caching", prefix)
+prefix[["prefix_caching", "system_prompt_tokens", "hit_rate"] + cols].round(3)
+
+# %% [markdown]
+# ## 5. Cold start
+# Fresh processes: the first with an empty model cache (the GGUF in the wheel is converted to safetensors),
+# then with the cache filled; the first request's TTFT against the second's, without and with a warm-up request.
+
+# %%
+cold = study.cold_start(16 if params.SMOKE else 128)
+run.save_table("cold_start", cold)
+cold.round(4)
+
+# %% [markdown]
+# ## 6. Fixed against log-normal lengths
+# The same closed-loop load at the operating point with log-normal lengths, with every length fixed at the
+# P50 (what a quick benchmark does), and fixed at the log-normal's mean (the same token volume).
+
+# %%
+shapes = study.length_shapes(params, model, tok, op)
+run.save_table("length_shapes", shapes)
+shapes[["lengths", "input_p50", "output_p50", "goodput_requests", "output_throughput", "tpot_p99", "ttft_p99",
+        "goodput_requests_vs_lognormal", "ttft_p99_vs_lognormal"]].round(3)
+
+# %% [markdown]
+# ## 7. Explore (INTERACTIVE)
+# The log-normal a set of percentiles gives.
+
+# %%
+if INTERACTIVE:
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+    import random
+
+    from lab.bench.serve import LengthDist
+
+    def show(p50, p90, p99):
+        d = LengthDist(p50, max(p50, p90), max(p50, p90, p99))
+        draws, _ = d.sample(random.Random(0), 5000, 1 << 20)
+        plt.hist(draws, bins=60)
+        plt.title(f"mu, sigma = {d.fit()[0]:.2f}, {d.fit()[1]:.2f}")
+        plt.show()
+
+    display(widgets.interactive(show, p50=widgets.IntSlider(value=64, min=1, max=2048),  # noqa: F821
+                                p90=widgets.IntSlider(value=192, min=1, max=4096),
+                                p99=widgets.IntSlider(value=512, min=1, max=8192)))
+
+# %%
+run.save_metrics(knee_concurrency=knee, operating_concurrency=op,
+                 knee_output_throughput=float(ramp.loc[ramp["concurrency"] == knee, "output_throughput"].iloc[0]),
+                 operating_goodput_tokens=float(op_report.summary()["goodput_tokens"]),
+                 batch_rule_choice=chosen,
+                 chunked_max_gap_p99=float(chunked.loc[chunked["chunked_prefill"], "max_gap_p99"].iloc[0]),
+                 unchunked_max_gap_p99=float(chunked.loc[~chunked["chunked_prefill"], "max_gap_p99"].iloc[0]),
+                 prefix_ttft_p50_ratio=float(prefix["ttft_p50"].iloc[1] / prefix["ttft_p50"].iloc[0]),
+                 fixed_p50_goodput_overstatement=float(shapes["goodput_requests_vs_lognormal"].iloc[1]))
+run.finish()

@@ -1,0 +1,189 @@
+"""The OpenAI-compatible server (lab.serve) on the real model, and the load generator (lab.bench.serve):
+streamed and whole answers equal `LLM.generate`'s greedy tokens; /metrics parses as Prometheus text; a client
+that disconnects frees its blocks; bad requests get a 4xx naming the problem while valid ones complete; the
+load generator stops by itself within its bounds; the log-normal fit hits its percentiles."""
+
+import asyncio
+import json
+import math
+import random
+import time
+
+import httpx
+import pytest
+
+from lab.bench.serve import LengthDist, LoadConfig, percentiles, run_load, run_load_sync
+from lab.engine import LLM, SamplingParams
+from lab.serve import ServerThread
+
+PROMPT = "Explain what a KV cache is in two sentences."
+
+
+@pytest.fixture(scope="module")
+def server(smollm):
+    model, tok = smollm
+    llm = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=512, max_num_seqs=8)
+    with ServerThread(llm) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def want(smollm):
+    model, tok = smollm
+    llm = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=512)
+    chat = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=False)
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    return {"text": llm.generate([PROMPT], params)[0], "chat": llm.generate([chat], params)[0]}
+
+
+def _stream(url, path, body):
+    chunks = []
+    with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                chunks.append(line[6:])
+    assert chunks[-1] == "[DONE]"
+    return [json.loads(c) for c in chunks[:-1]]
+
+
+def test_completion_whole_and_streamed_equal_generate(server, want):
+    body = {"model": "smollm2-135m", "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    r = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+    assert r["choices"][0]["token_ids"] == want["text"].token_ids
+    assert r["choices"][0]["text"] == want["text"].text and r["choices"][0]["finish_reason"] == "length"
+    assert r["usage"] == {"prompt_tokens": len(want["text"].prompt_token_ids), "completion_tokens": 12,
+                          "total_tokens": len(want["text"].prompt_token_ids) + 12}
+    chunks = _stream(server.url, "/v1/completions", {**body, "stream_options": {"include_usage": True}})
+    tokens = [t for c in chunks if c["choices"] for t in c["choices"][0]["token_ids"]]
+    assert tokens == want["text"].token_ids
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == want["text"].text
+    assert chunks[-1]["usage"]["completion_tokens"] == 12
+
+
+def test_chat_completion_whole_and_streamed_equal_generate(server, want):
+    body = {"model": "smollm2-135m", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 12,
+            "temperature": 0, "ignore_eos": True}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
+    assert r["object"] == "chat.completion" and r["choices"][0]["message"]["content"] == want["chat"].text
+    chunks = _stream(server.url, "/v1/chat/completions", body)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"]["content"] for c in chunks) == want["chat"].text
+
+
+def test_metrics_parse_as_prometheus_text(server):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    httpx.post(server.url + "/v1/completions", json={"model": "smollm2-135m", "prompt": "Hi", "max_tokens": 3},
+               timeout=60)
+    r = httpx.get(server.url + "/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    fams = {f.name: f for f in text_string_to_metric_families(r.text)}
+    for name in ("lab_time_to_first_token_seconds", "lab_time_per_output_token_seconds",
+                 "lab_e2e_request_latency_seconds", "lab_num_requests_waiting", "lab_kv_blocks_used",
+                 "lab_prefix_cache_hit_rate", "lab_num_preemptions"):
+        assert name in fams, name
+    count = next(s.value for s in fams["lab_time_to_first_token_seconds"].samples if s.name.endswith("_count"))
+    assert count >= 1
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"
+
+
+def _idle(server, timeout=30.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        s = server.engine.llm.stats()
+        if s["running"] == 0 and s["waiting"] == 0 and s["kv_blocks_used"] == 0:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_disconnecting_client_frees_its_blocks(server):
+    aborted = server.engine.metrics.aborted._value.get()
+    body = {"model": "smollm2-135m", "prompt": PROMPT, "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        while not next(lines).startswith("data: "):
+            pass
+        assert server.engine.llm.stats()["kv_blocks_used"] > 0
+    # the connection is closed after one chunk: the request must be aborted and its blocks returned
+    assert _idle(server)
+    assert server.engine.metrics.aborted._value.get() == aborted + 1
+
+
+def test_bad_requests_get_4xx_while_valid_ones_complete(server, want):
+    url = server.url + "/v1/completions"
+    good = {"model": "smollm2-135m", "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    bad = [({"content": b"{not json"}, 400, "JSON"),
+           ({"json": {**good, "model": "gpt-4"}}, 404, "model 'gpt-4' does not exist"),
+           ({"json": {**good, "max_tokens": 600}}, 400, "exceeds max_model_len 512"),
+           ({"json": {**good, "n": 2}}, 400, "n: Input should be 1"),
+           ({"json": {**good, "stop": ["\n"]}}, 400, "stop: Input should be None"),
+           ({"json": {**good, "temperature": -1}}, 400, "temperature: Input should be greater than or equal to 0"),
+           ({"json": {"model": "smollm2-135m"}}, 400, "prompt: Field required"),
+           ({"json": {**good, "prompt": [10**9]}}, 400, "outside the vocabulary")]
+
+    async def main():
+        async with httpx.AsyncClient(timeout=60) as c:
+            valid = [c.post(url, json=good) for _ in range(2)]
+            invalid = [c.post(url, headers={"content-type": "application/json"}, **kw) for kw, _, _ in bad]
+            return await asyncio.gather(*valid, *invalid)
+
+    responses = asyncio.run(main())
+    for r in responses[:2]:
+        assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == want["text"].token_ids
+    for r, (_, status, words) in zip(responses[2:], bad):
+        assert r.status_code == status, (r.status_code, r.text)
+        assert words in r.json()["error"]["message"], r.text
+    assert _idle(server)
+
+
+def test_load_generator_runs_and_reports(server):
+    cfg = LoadConfig(url=server.url, num_requests=6, max_concurrency=3, input_len=LengthDist(16, 32, 48),
+                     output_len=LengthDist(4, 6, 8), max_model_len=512, scrape_interval_s=0.05)
+    report = run_load_sync(cfg)
+    s = report.summary()
+    assert s["ok"] == 6 and s["failed"] == 0 and s["cancelled"] == 0
+    assert all(r.output_tokens == r.output_tokens_requested for r in report.requests)
+    assert s["ttft_p50"] <= s["ttft_p99"] <= s["e2e_p99"] and s["output_throughput"] > 0
+    assert 0 <= s["slo_attainment"] <= 1 and report.scrapes and "lab_kv_blocks_used" in report.scrapes[0]
+
+
+def test_load_generator_stops_within_its_time_bound(server):
+    cfg = LoadConfig(url=server.url, num_requests=20, max_concurrency=4, input_len=LengthDist(8, 8, 8, fixed=True),
+                     output_len=LengthDist(300, 300, 300, fixed=True), max_model_len=512, duration_s=1.5,
+                     scrape_interval_s=None)
+    t = time.perf_counter()
+    report = asyncio.run(run_load(cfg))
+    assert time.perf_counter() - t < 10
+    s = report.summary()
+    assert s["cancelled"] > 0 and s["ok"] + s["cancelled"] + s["failed"] == 20
+    assert _idle(server)  # the cancelled requests were aborted on the server
+
+
+def test_lognormal_fit_hits_its_percentiles():
+    d = LengthDist(100, 300, 900)
+    draws, redrawn = d.sample(random.Random(0), 40000, 10**6)
+    p = percentiles(draws, (50, 90, 99))
+    mu, sigma = d.fit()
+    assert p["p50"] == pytest.approx(100, rel=0.05) and mu == pytest.approx(math.log(100))
+    assert p["p90"] == pytest.approx(300, rel=0.1) and p["p99"] == pytest.approx(900, rel=0.15)
+    assert redrawn == 0
+    assert LengthDist(64, 64, 64, fixed=True).sample(random.Random(0), 3, 100) == ([64, 64, 64], 0)
+    with pytest.raises(ValueError, match="need 1 <= P50 <= P90 <= P99"):
+        LengthDist(100, 50, 900)
+    with pytest.raises(ValueError, match="length P99 900 exceeds the limit 512"):
+        d.sample(random.Random(0), 1, 512)
+
+
+def test_cli_bench_serve(server, tmp_path, capsys):
+    from lab.cli import main
+
+    out = tmp_path / "report.json"
+    assert main(["bench", "serve", "--url", server.url, "--num-requests", "3", "--input-len", "16",
+                 "--output-len", "4", "--max-model-len", "512", "--json", str(out)]) == 0
+    assert "ttft_p99" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["summary"]["ok"] == 3 and len(report["requests"]) == 3
