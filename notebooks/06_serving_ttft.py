@@ -45,6 +45,7 @@ LONG_SHARE = 0.25
 CHUNK_TOKENS = 256
 SYSTEM_PROMPT = 512  # prefix caching: a shared system prompt
 MAX_MODEL_LEN = 2048
+KV_BLOCKS = 1024  # of 16 tokens (0.75 GB in float32): more requests than fit are preempted, and counted
 DURATION = 180.0  # bound on each load run, seconds
 SEED = 0
 

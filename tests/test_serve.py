@@ -187,3 +187,23 @@ def test_cli_bench_serve(server, tmp_path, capsys):
     assert "ttft_p99" in capsys.readouterr().out
     report = json.loads(out.read_text())
     assert report["summary"]["ok"] == 3 and len(report["requests"]) == 3
+
+
+def test_knee_and_batch_rule_on_synthetic_sweeps():
+    import pandas as pd
+
+    from lab.studies.serving import ServingParams, batch_rule, find_knee
+
+    ramp = pd.DataFrame({"concurrency": [1, 2, 4, 8, 16], "output_throughput": [10, 19, 35, 37, 38],
+                         "tpot_p99": [0.05, 0.06, 0.08, 0.15, 0.3]})
+    assert find_knee(ramp, 0.10) == 4  # 4 -> 8 gains 6% while TPOT P99 rises: 4 is the knee
+    ramp["output_throughput"] = [10, 19, 35, 60, 100]
+    assert find_knee(ramp, 0.10) == 16  # never flattens: the last level
+    sweep = pd.DataFrame({"max_num_seqs": [1, 2, 4, 8], "ttft_p50": [1.0, 1.1, 1.25, 1.6],
+                          "output_throughput": [10, 18, 21, 22]})
+    t, chosen = batch_rule(sweep)
+    assert chosen == 4 and t["rule_stops_here"].tolist() == [False, False, False, True]
+    with pytest.raises(ValueError, match=r"INPUT_LEN=\(64, 32, 512\)|P50 <= P90"):
+        ServingParams(INPUT_LEN=(64, 32, 512))
+    with pytest.raises(ValueError, match="CONCURRENCY"):
+        ServingParams(CONCURRENCY=(0,))

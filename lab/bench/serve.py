@@ -149,7 +149,9 @@ class LoadReport:
                "output_throughput": tokens / self.duration_s,
                "goodput_requests": len(good) / self.duration_s,
                "goodput_tokens": sum(r.output_tokens for r in good) / self.duration_s,
-               "slo_attainment": len(good) / len(self.requests), "redrawn_lengths": self.redrawn_lengths}
+               "slo_attainment": len(good) / len(self.requests), "redrawn_lengths": self.redrawn_lengths,
+               "server_preemptions": max((s.get("lab_num_preemptions_total", 0) for s in self.scrapes),
+                                         default=float("nan"))}
         for name in ("ttft", "tpot", "e2e", "max_gap"):
             out.update({f"{name}_{k}": v for k, v in percentiles([getattr(r, name) for r in ok]).items()})
             vals = [getattr(r, name) for r in ok if getattr(r, name) is not None]
@@ -216,7 +218,7 @@ async def _scrape(client: httpx.AsyncClient, cfg: LoadConfig, t0: float, out: li
     from prometheus_client.parser import text_string_to_metric_families
 
     names = {"lab_kv_blocks_used", "lab_num_requests_running", "lab_num_requests_waiting",
-             "lab_prefix_cache_hit_rate", "vllm:num_requests_running", "vllm:num_requests_waiting",
+             "lab_prefix_cache_hit_rate", "lab_num_preemptions_total", "vllm:num_requests_running", "vllm:num_requests_waiting",
              "vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc"}
     while True:
         try:

@@ -18,6 +18,7 @@ stops it. The experiments are the procedures of the TTFT article (seeds/002) and
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -52,6 +53,7 @@ class ServingParams:
     CHUNK_TOKENS: int = 256  # the chunked engine's max_num_batched_tokens
     SYSTEM_PROMPT: int = 512  # prefix-caching experiment: shared system prompt tokens
     MAX_MODEL_LEN: int = 2048
+    KV_BLOCKS: int = 1024  # of 16 tokens: 16K tokens, 0.75 GB in float32 (more requests than fit are preempted)
     DURATION: float = 180.0  # bound on each load run (seconds)
     SEED: int = 0
 
@@ -74,10 +76,11 @@ class ServingParams:
                     self.MAX_MODEL_LEN - self.INPUT_LEN[2] - self.OUTPUT_LEN[2], int)
         check_range("CHUNK_TOKENS", self.CHUNK_TOKENS, 16, self.MAX_MODEL_LEN, int)
         check_range("DURATION", self.DURATION, 1.0, 3600.0)
+        check_range("KV_BLOCKS", self.KV_BLOCKS, -(-self.MAX_MODEL_LEN // 16), 1 << 20, int)
         if self.SMOKE:
             self.INPUT_LEN, self.OUTPUT_LEN, self.CONCURRENCY, self.REQUESTS_PER_LEVEL = (16, 32, 48), (4, 6, 8), (1, 2), 4
             self.BATCH_SIZES, self.LONG_PROMPT, self.CHUNK_TOKENS, self.SYSTEM_PROMPT = (1, 2), 256, 64, 64
-            self.MAX_MODEL_LEN, self.DURATION = 512, 60.0
+            self.MAX_MODEL_LEN, self.DURATION, self.KV_BLOCKS = 512, 60.0, 128
 
 
 def load_config(p: ServingParams, url: str, **overrides) -> LoadConfig:
@@ -90,13 +93,17 @@ def load_config(p: ServingParams, url: str, **overrides) -> LoadConfig:
 def serve_and_load(model, tokenizer, engine: dict, cfg: LoadConfig) -> LoadReport:
     """Start a server with `engine` settings (LLM keyword arguments), run one load against it, stop it."""
     llm = LLM(model, tokenizer=tokenizer, **engine)
-    with ServerThread(llm) as srv:
-        return run_load_sync(replace(cfg, url=srv.url))
+    try:
+        with ServerThread(llm) as srv:
+            return run_load_sync(replace(cfg, url=srv.url))
+    finally:
+        del llm
+        gc.collect()  # the server's app and engine hold each other: free this KV pool before the next one
 
 
 def _engine(p: ServingParams, **kw) -> dict:
     return {"max_model_len": p.MAX_MODEL_LEN, "max_num_seqs": max(p.CONCURRENCY + p.BATCH_SIZES),
-            "num_kv_blocks": max(p.CONCURRENCY + p.BATCH_SIZES) * p.MAX_MODEL_LEN // 16 + 16} | kw
+            "num_kv_blocks": p.KV_BLOCKS} | kw
 
 
 def _row(label: dict, report: LoadReport) -> dict:
@@ -139,10 +146,16 @@ def batch_sweep(p: ServingParams, model, tokenizer, rate: float, log=print) -> t
         rows.append(_row({"max_num_seqs": b, "rate": rate}, serve_and_load(model, tokenizer,
                                                                            _engine(p, max_num_seqs=b), cfg)))
         log(f"max_num_seqs {b}: TTFT p50 {rows[-1]['ttft_p50']:.3f} s, {rows[-1]['output_throughput']:.1f} tok/s")
-    t = pd.DataFrame(rows)
+    return batch_rule(pd.DataFrame(rows))
+
+
+def batch_rule(t: pd.DataFrame, ttft_rise: float = 0.2, min_gain: float = 0.1) -> tuple[pd.DataFrame, int]:
+    """The deployment article's rule over a batch sweep in increasing order: stop at the first step where TTFT
+    P50 rises by more than `ttft_rise` while throughput gains less than `min_gain`; keep the size before it."""
+    t = t.reset_index(drop=True).copy()
     t["ttft_rise"] = t["ttft_p50"] / t["ttft_p50"].shift() - 1
     t["throughput_gain"] = t["output_throughput"] / t["output_throughput"].shift() - 1
-    t["rule_stops_here"] = (t["ttft_rise"] > 0.2) & (t["throughput_gain"] < 0.1)
+    t["rule_stops_here"] = (t["ttft_rise"] > ttft_rise) & (t["throughput_gain"] < min_gain)
     stops = t.index[t["rule_stops_here"]]
     chosen = int(t.loc[stops[0] - 1, "max_num_seqs"]) if len(stops) else int(t["max_num_seqs"].iloc[-1])
     return t, chosen
