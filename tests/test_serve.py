@@ -207,3 +207,23 @@ def test_knee_and_batch_rule_on_synthetic_sweeps():
         ServingParams(INPUT_LEN=(64, 32, 512))
     with pytest.raises(ValueError, match="CONCURRENCY"):
         ServingParams(CONCURRENCY=(0,))
+
+
+def test_a_stopped_server_releases_its_engine(smollm):
+    """FastAPI caches endpoint functions process-wide; routes that closed over the engine kept every engine and
+    its KV pool alive (a study that starts a server per experiment ran out of memory)."""
+    import gc
+    import weakref
+
+    model, tok = smollm
+
+    def serve_once():
+        llm = LLM(model, tokenizer=tok, num_kv_blocks=16, max_model_len=256)
+        with ServerThread(llm) as srv:
+            assert httpx.post(srv.url + "/v1/completions", json={"model": "smollm2-135m", "prompt": "Hi",
+                                                                 "max_tokens": 2}, timeout=60).status_code == 200
+        return weakref.ref(llm)
+
+    ref = serve_once()
+    gc.collect()
+    assert ref() is None

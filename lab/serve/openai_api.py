@@ -14,7 +14,7 @@ import time
 from contextlib import aclosing, asynccontextmanager
 from typing import Literal
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -85,113 +85,130 @@ def _sse(obj) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
+router = APIRouter()
+
+
 def create_app(engine: AsyncLLM, model_name: str) -> FastAPI:
-    """The FastAPI app serving `engine` under `model_name`; the engine thread starts and stops with the app."""
+    """The FastAPI app serving `engine` under `model_name`; the engine thread starts and stops with the app.
+
+    The routes are module-level and reach the engine through `app.state`: FastAPI caches endpoint functions
+    in a process-wide cache, so a route closing over the engine would keep every engine (and its KV pool)
+    alive for the life of the process."""
 
     @asynccontextmanager
     async def lifespan(app):
-        engine.start()
+        app.state.engine.start()
         yield
-        engine.shutdown()
+        app.state.engine.shutdown()
 
     app = FastAPI(title="Inference Lab", lifespan=lifespan)
-    tokenizer = engine.llm.tokenizer
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError):
-        engine.metrics.rejected.inc()
-        first = exc.errors()[0]
-        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-        return _error(400, f"{where or 'body'}: {first.get('msg')} (got {first.get('input')!r})"[:500], param=where)
-
-    @app.get("/health")
-    async def health():
-        return {"status": "ok", "active_requests": engine.num_active}
-
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "inference-lab",
-                                            "max_model_len": engine.llm.config.max_model_len}]}
-
-    @app.get("/metrics")
-    async def metrics():
-        return Response(engine.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
-
-    async def serve(request: Request, body: _Sampling, prompt, chat: bool):
-        if body.model != model_name:
-            engine.metrics.rejected.inc()
-            return _error(404, f"model {body.model!r} does not exist; this server serves {model_name!r}",
-                          "model_not_found", "model")
-        try:
-            seq = engine.validate(prompt, body.sampling_params())
-        except ValueError as e:
-            engine.metrics.rejected.inc()
-            return _error(400, str(e))
-        rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{seq.request_id}", int(time.time())
-        kind = "chat.completion" if chat else "text_completion"
-        head = {"id": rid, "created": created, "model": model_name}
-        if body.stream:
-            return StreamingResponse(_stream(seq, body, chat, head, kind), media_type="text/event-stream")
-        text, tokens, final = [], [], None
-        async with aclosing(engine.generate(seq)) as deltas:  # closing it early aborts the request
-            async for delta in deltas:
-                if delta.error:
-                    return _error(500, delta.error)
-                text.append(delta.text)
-                tokens += delta.token_ids
-                final = delta.output
-                if await request.is_disconnected():
-                    break
-        if final is None:  # the client went away
-            return Response(status_code=499)
-        choice = {"index": 0, "finish_reason": final.finish_reason, "logprobs": None}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": "".join(text)}
-        else:
-            choice["text"] = "".join(text)
-        if body.return_token_ids:
-            choice["token_ids"] = tokens
-        return {**head, "object": kind, "choices": [choice], "usage": _usage(final)}
-
-    async def _stream(seq, body, chat, head, kind):
-        chunk_kind = "chat.completion.chunk" if chat else kind
-        first = True
-        # A disconnect cancels or closes this generator; closing the engine's stream then aborts the request.
-        async with aclosing(engine.generate(seq)) as deltas:
-            async for delta in deltas:
-                if delta.error:
-                    yield _sse({"error": {"message": delta.error, "type": "server_error"}})
-                    break
-                if not delta.token_ids and not delta.finished:
-                    continue
-                reason = delta.output.finish_reason if delta.finished else None
-                if chat:
-                    msg = {"content": delta.text, **({"role": "assistant"} if first else {})}
-                    choice = {"index": 0, "delta": msg, "finish_reason": reason}
-                else:
-                    choice = {"index": 0, "text": delta.text, "finish_reason": reason, "logprobs": None}
-                if body.return_token_ids:
-                    choice["token_ids"] = delta.token_ids
-                first = False
-                yield _sse({**head, "object": chunk_kind, "choices": [choice]})
-                if delta.finished and body.include_usage:
-                    yield _sse({**head, "object": chunk_kind, "choices": [], "usage": _usage(delta.output)})
-        yield "data: [DONE]\n\n"
-
-    @app.post("/v1/completions")
-    async def completions(request: Request, body: CompletionRequest):
-        return await serve(request, body, body.prompt, chat=False)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request, body: ChatCompletionRequest):
-        if tokenizer is None:
-            return _error(400, "this model has no tokenizer, hence no chat template: use /v1/completions with "
-                               "token ids")
-        prompt = tokenizer.apply_chat_template([m.model_dump() for m in body.messages], add_generation_prompt=True,
-                                               tokenize=False)
-        return await serve(request, body, prompt, chat=True)
-
+    app.state.engine, app.state.model_name = engine, model_name
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.include_router(router)
     return app
+
+
+async def _invalid(request: Request, exc: RequestValidationError):
+    request.app.state.engine.metrics.rejected.inc()
+    first = exc.errors()[0]
+    where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+    return _error(400, f"{where or 'body'}: {first.get('msg')} (got {first.get('input')!r})"[:500], param=where)
+
+
+@router.get("/health")
+async def health(request: Request):
+    return {"status": "ok", "active_requests": request.app.state.engine.num_active}
+
+
+@router.get("/v1/models")
+async def models(request: Request):
+    state = request.app.state
+    return {"object": "list", "data": [{"id": state.model_name, "object": "model", "owned_by": "inference-lab",
+                                        "max_model_len": state.engine.llm.config.max_model_len}]}
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    return Response(request.app.state.engine.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request, body: CompletionRequest):
+    return await _serve(request, body, body.prompt, chat=False)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, body: ChatCompletionRequest):
+    tokenizer = request.app.state.engine.llm.tokenizer
+    if tokenizer is None:
+        return _error(400, "this model has no tokenizer, hence no chat template: use /v1/completions with token ids")
+    prompt = tokenizer.apply_chat_template([m.model_dump() for m in body.messages], add_generation_prompt=True,
+                                           tokenize=False)
+    return await _serve(request, body, prompt, chat=True)
+
+
+async def _serve(request: Request, body: _Sampling, prompt, chat: bool):
+    engine, model_name = request.app.state.engine, request.app.state.model_name
+    if body.model != model_name:
+        engine.metrics.rejected.inc()
+        return _error(404, f"model {body.model!r} does not exist; this server serves {model_name!r}",
+                      "model_not_found", "model")
+    try:
+        seq = engine.validate(prompt, body.sampling_params())
+    except ValueError as e:
+        engine.metrics.rejected.inc()
+        return _error(400, str(e))
+    kind = "chat.completion" if chat else "text_completion"
+    head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{seq.request_id}", "created": int(time.time()),
+            "model": model_name}
+    if body.stream:
+        return StreamingResponse(_stream(engine, seq, body, chat, head), media_type="text/event-stream")
+    text, tokens, final = [], [], None
+    async with aclosing(engine.generate(seq)) as deltas:  # closing it early aborts the request
+        async for delta in deltas:
+            if delta.error:
+                return _error(500, delta.error)
+            text.append(delta.text)
+            tokens += delta.token_ids
+            final = delta.output
+            if await request.is_disconnected():
+                break
+    if final is None:  # the client went away
+        return Response(status_code=499)
+    choice = {"index": 0, "finish_reason": final.finish_reason, "logprobs": None}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": "".join(text)}
+    else:
+        choice["text"] = "".join(text)
+    if body.return_token_ids:
+        choice["token_ids"] = tokens
+    return {**head, "object": kind, "choices": [choice], "usage": _usage(final)}
+
+
+async def _stream(engine: AsyncLLM, seq, body: _Sampling, chat: bool, head: dict):
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    first = True
+    # A disconnect cancels or closes this generator; closing the engine's stream then aborts the request.
+    async with aclosing(engine.generate(seq)) as deltas:
+        async for delta in deltas:
+            if delta.error:
+                yield _sse({"error": {"message": delta.error, "type": "server_error"}})
+                break
+            if not delta.token_ids and not delta.finished:
+                continue
+            reason = delta.output.finish_reason if delta.finished else None
+            if chat:
+                msg = {"content": delta.text, **({"role": "assistant"} if first else {})}
+                choice = {"index": 0, "delta": msg, "finish_reason": reason}
+            else:
+                choice = {"index": 0, "text": delta.text, "finish_reason": reason, "logprobs": None}
+            if body.return_token_ids:
+                choice["token_ids"] = delta.token_ids
+            first = False
+            yield _sse({**head, "object": kind, "choices": [choice]})
+            if delta.finished and body.include_usage:
+                yield _sse({**head, "object": kind, "choices": [], "usage": _usage(delta.output)})
+    yield "data: [DONE]\n\n"
 
 
 def _usage(out) -> dict:

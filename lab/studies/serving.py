@@ -98,7 +98,7 @@ def serve_and_load(model, tokenizer, engine: dict, cfg: LoadConfig) -> LoadRepor
             return run_load_sync(replace(cfg, url=srv.url))
     finally:
         del llm
-        gc.collect()  # the server's app and engine hold each other: free this KV pool before the next one
+        gc.collect()  # the app and the engine reference each other: free this KV pool before the next one
 
 
 def _engine(p: ServingParams, **kw) -> dict:
