@@ -252,6 +252,9 @@ def _bench_serve(args) -> int:
     summary = report.summary()
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=2, default=float) + "\n")
+    if args.plot:
+        from lab.bench.serve import plot_dashboard
+        plot_dashboard(report, args.url).savefig(args.plot, dpi=110, bbox_inches="tight")
     width = max(map(len, summary))
     for k, v in summary.items():
         print(f"{k:<{width}}  {v:.4g}" if isinstance(v, float) else f"{k:<{width}}  {v}")
@@ -305,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--seed", type=int, default=0)
     bs.add_argument("--scrape-interval", type=float, default=0.5, help="seconds between /metrics polls (0: none)")
     bs.add_argument("--json", default=None, help="write the report (config, summary, requests, scrapes) here")
+    bs.add_argument("--plot", default=None, help="write the dashboard (latency, throughput, engine state) PNG here")
     bs.set_defaults(func=_bench_serve)
 
     bq = bench_sub.add_parser("quant", help="GPTQ and AWQ time on the whole model at the reference sizes")

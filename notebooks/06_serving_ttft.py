@@ -53,6 +53,7 @@ SEED = 0
 import pandas as pd
 import torch
 
+from lab.bench.serve import plot_dashboard
 from lab.models import load_model
 from lab.runs import params_from_namespace, start_run
 from lab.studies import serving as study
@@ -75,7 +76,7 @@ op, op_report = study.operating_point(params, model, tok, knee)
 ramp_table = pd.concat([ramp, pd.DataFrame([{"concurrency": op, "operating point": True, **op_report.summary()}])])
 run.save_table("ramp", ramp_table)
 run.save_figure("ramp", study.plot_ramp(ramp, knee, op))
-run.save_figure("dashboard_knee", study.plot_dashboard(ramp_reports[knee], f"concurrency {knee} (knee)"))
+run.save_figure("dashboard_knee", plot_dashboard(ramp_reports[knee], f"concurrency {knee} (knee)"))
 print(f"knee: concurrency {knee}; operating point: {op}")
 ramp_table[["concurrency"] + cols].round(3)
 
@@ -103,7 +104,7 @@ chunked, chunked_reports = study.chunked_prefill(params, model, tok, op)
 run.save_table("chunked_prefill", chunked)
 for on, rep in chunked_reports.items():
     run.save_figure(f"dashboard_chunked_{'on' if on else 'off'}",
-                    study.plot_dashboard(rep, f"chunked prefill {'on' if on else 'off'}"))
+                    plot_dashboard(rep, f"chunked prefill {'on' if on else 'off'}"))
 chunked[["chunked_prefill", "max_num_batched_tokens"] + cols].round(3)
 
 # %% [markdown]

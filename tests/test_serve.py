@@ -183,7 +183,9 @@ def test_cli_bench_serve(server, tmp_path, capsys):
 
     out = tmp_path / "report.json"
     assert main(["bench", "serve", "--url", server.url, "--num-requests", "3", "--input-len", "16",
-                 "--output-len", "4", "--max-model-len", "512", "--json", str(out)]) == 0
+                 "--output-len", "4", "--max-model-len", "512", "--json", str(out), "--plot",
+                 str(tmp_path / "dashboard.png")]) == 0
+    assert (tmp_path / "dashboard.png").stat().st_size > 0
     assert "ttft_p99" in capsys.readouterr().out
     report = json.loads(out.read_text())
     assert report["summary"]["ok"] == 3 and len(report["requests"]) == 3
@@ -227,3 +229,34 @@ def test_a_stopped_server_releases_its_engine(smollm):
     ref = serve_once()
     gc.collect()
     assert ref() is None
+
+
+def test_lab_serve_command_serves_a_new_user(tmp_path):
+    """`lab serve` as a user starts it: its own process, the default model, a port; then one chat request."""
+    import os
+    import subprocess
+    import sys
+
+    from lab.serve.server import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "serve", "--port", str(port), "--max-model-len", "256",
+                             "--num-kv-blocks", "32", "--warmup"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=os.environ | {"OMP_NUM_THREADS": "1"})
+    try:
+        url, end = f"http://127.0.0.1:{port}", time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < end, proc.stdout.read().decode()[-2000:]
+            time.sleep(0.2)
+        r = httpx.post(url + "/v1/chat/completions", json={"model": "smollm2-135m", "max_tokens": 4,
+                                                            "messages": [{"role": "user", "content": "Hi"}]},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

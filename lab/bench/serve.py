@@ -285,3 +285,40 @@ def run_load_sync(cfg: LoadConfig) -> LoadReport:
         return asyncio.run(run_load(cfg))
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, run_load(cfg)).result()
+
+
+def plot_dashboard(report: LoadReport, title: str):
+    """Latency percentiles over time, throughput over time, KV blocks and queue over time."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    import pandas as pd
+
+    ok = sorted((r for r in report.requests if r.status == "ok"), key=lambda r: r.finish_time)
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.4))
+    if ok:
+        done = np.array([r.finish_time for r in ok])
+        for name in ("ttft", "tpot"):
+            v = np.array([getattr(r, name) or np.nan for r in ok])
+            for q, ls in ((50, "-"), (99, "--")):
+                roll = [np.nanpercentile(v[max(0, i - 7):i + 1], q) for i in range(len(v))]
+                axes[0].plot(done, roll, ls=ls, label=f"{name.upper()} P{q} (last 8)")
+        axes[0].set_yscale("log")
+        edges = np.arange(0, report.duration_s + 1.0, 1.0)
+        tokens = np.zeros(len(edges) - 1)
+        for r in ok:  # spread each request's tokens evenly between its first token and its end
+            start = r.send_time + r.ttft
+            grid = np.linspace(start, r.finish_time, max(r.output_tokens, 1))
+            tokens += np.histogram(grid, edges)[0]
+        axes[1].step(edges[:-1], tokens, where="post")
+    axes[0].set(title=f"{title}: latency", xlabel="s", ylabel="seconds")
+    axes[0].legend(fontsize=7)
+    axes[1].set(title="output tokens per second", xlabel="s")
+    if report.scrapes:
+        s = pd.DataFrame(report.scrapes)
+        for col in ("lab_kv_blocks_used", "lab_num_requests_running", "lab_num_requests_waiting"):
+            if col in s:
+                axes[2].plot(s["t"], s[col], label=col.removeprefix("lab_"))
+    axes[2].set(title="engine state (from /metrics)", xlabel="s")
+    axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
