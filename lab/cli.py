@@ -215,9 +215,14 @@ def _serve(args) -> int:
     from lab.engine import LLM
     from lab.serve import serve
 
+    speculative = None
+    if args.speculative:
+        from lab.spec import SpeculativeConfig
+        speculative = SpeculativeConfig(k=args.num_speculative_tokens, method=args.speculative)
     llm = LLM(args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
-              enable_prefix_caching=not args.no_prefix_caching, enable_chunked_prefill=not args.no_chunked_prefill)
+              enable_prefix_caching=not args.no_prefix_caching, enable_chunked_prefill=not args.no_chunked_prefill,
+              kv_cache_dtype=args.kv_cache_dtype, speculative=speculative)
     if args.warmup:
         from lab.engine import SamplingParams
         llm.generate([[1] * 16], SamplingParams(max_tokens=2, ignore_eos=True))  # first-step costs paid here
@@ -409,6 +414,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--num-kv-blocks", type=int, default=None)
     sv.add_argument("--no-prefix-caching", action="store_true")
     sv.add_argument("--no-chunked-prefill", action="store_true")
+    sv.add_argument("--kv-cache-dtype", default="auto", help="auto, or a lab.quant.kv format: fp8_e4m3, int8, ...")
+    sv.add_argument("--speculative", choices=("ngram", "layerskip", "quantized"), default=None,
+                    help="speculative decoding for every request (lab.spec)")
+    sv.add_argument("--num-speculative-tokens", type=int, default=4, help="k: drafts per round")
     sv.add_argument("--warmup", action="store_true", help="run one tiny request before accepting traffic")
     sv.set_defaults(func=_serve)
 

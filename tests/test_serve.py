@@ -231,18 +231,28 @@ def test_a_stopped_server_releases_its_engine(smollm):
     assert ref() is None
 
 
-def test_lab_serve_command_serves_a_new_user(tmp_path):
-    """`lab serve` as a user starts it: its own process, the default model, a port; then one chat request."""
+def test_lab_serve_command_serves_a_new_user(smollm):
+    """`lab serve` as a user starts it: its own process, the default model, a port, here with n-gram speculation;
+    a chat request, then a repetitive prompt whose greedy tokens must equal plain `LLM.generate`'s."""
     import os
     import subprocess
     import sys
 
+    from prometheus_client.parser import text_string_to_metric_families
+
     from lab.serve.server import free_port
+
+    model, tok = smollm
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Repeat exactly: one two three four "
+                                                  "five six seven eight."}], add_generation_prompt=True,
+                                                tokenize=False), add_special_tokens=False)
+    want = LLM(model, tokenizer=tok, num_kv_blocks=32, max_model_len=256).generate(
+        [prompt], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0].token_ids
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "serve", "--port", str(port), "--max-model-len", "256",
-                             "--num-kv-blocks", "32", "--warmup"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=os.environ | {"OMP_NUM_THREADS": "1"})
+                             "--num-kv-blocks", "32", "--warmup", "--speculative", "ngram"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ | {"OMP_NUM_THREADS": "1"})
     try:
         url, end = f"http://127.0.0.1:{port}", time.monotonic() + 120
         while True:
@@ -257,6 +267,13 @@ def test_lab_serve_command_serves_a_new_user(tmp_path):
                                                             "messages": [{"role": "user", "content": "Hi"}]},
                        timeout=60)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        body = {"model": "smollm2-135m", "prompt": prompt, "max_tokens": 12,
+                "temperature": 0, "ignore_eos": True, "return_token_ids": True}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == want
+        metrics = {s.name: s.value for f in text_string_to_metric_families(httpx.get(url + "/metrics").text)
+                   for s in f.samples}
+        assert metrics["lab_spec_rounds_total"] > 0 and metrics["lab_spec_accepted_total"] > 0
     finally:
         proc.terminate()
         proc.wait(timeout=30)

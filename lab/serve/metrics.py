@@ -3,7 +3,7 @@
 Latencies are histograms observed when a request finishes, from the engine's own timestamps
 (`RequestMetrics`): TTFT, TPOT (mean inter-token time of the request) and end-to-end latency. The engine's
 state is read at scrape time from `LLM.stats()`: waiting and running requests, KV blocks in use, the prefix
-cache's hit rate, preemptions. Names follow vLLM's where one exists (`vllm:time_to_first_token_seconds` is
+cache's hit rate, preemptions, and with speculative decoding its rounds, drafted and accepted tokens. Names follow vLLM's where one exists (`vllm:time_to_first_token_seconds` is
 `lab_time_to_first_token_seconds` here), so dashboards carry over.
 """
 
@@ -34,6 +34,10 @@ class _EngineState:
         yield CounterMetricFamily("lab_num_preemptions", "sequences preempted (recomputed later)",
                                   value=s["preemptions"])
         yield CounterMetricFamily("lab_engine_steps", "engine steps run", value=s["steps"])
+        if "spec_rounds" in s:  # an engine with speculative decoding
+            for name, doc in (("rounds", "speculative verification rounds"), ("drafted", "draft tokens verified"),
+                              ("accepted", "draft tokens accepted")):
+                yield CounterMetricFamily(f"lab_spec_{name}", doc, value=s[f"spec_{name}"])
 
 
 class ServerMetrics:
