@@ -40,7 +40,8 @@ class Timing:
         return self.bytes / self.seconds
 
 
-def _median_seconds(fn, repeats: int, before=None) -> float:
+def median_seconds(fn, repeats: int, before=None) -> float:
+    """Median wall time of `repeats` calls of fn after one warm-up call (`before` runs, untimed, before each)."""
     times = []
     fn()  # warm-up: allocation, first touch
     for _ in range(repeats):
@@ -59,7 +60,7 @@ def host_memory_load(nbytes: int, repeats: int = 5, pool_bytes: int = 256 * 1024
     dst = torch.empty(nbytes, dtype=torch.uint8)
     offset = (pool.numel() - nbytes) // 2
     src = pool[offset:offset + nbytes]
-    return Timing("host memory", nbytes, _median_seconds(lambda: dst.copy_(src), repeats, lambda: flush.fill_(0)))
+    return Timing("host memory", nbytes, median_seconds(lambda: dst.copy_(src), repeats, lambda: flush.fill_(0)))
 
 
 def disk_load(nbytes: int, repeats: int = 5, directory: str | None = None) -> Timing:
@@ -77,7 +78,7 @@ def disk_load(nbytes: int, repeats: int = 5, directory: str | None = None) -> Ti
         def read():
             os.preadv(fd, [buf], 0)
 
-        return Timing("disk file", nbytes, _median_seconds(read, repeats, drop))
+        return Timing("disk file", nbytes, median_seconds(read, repeats, drop))
 
 
 def gpu_loads(nbytes: int, repeats: int = 5) -> list[Timing]:
@@ -92,7 +93,7 @@ def gpu_loads(nbytes: int, repeats: int = 5) -> list[Timing]:
         def copy(src=src):
             dev_dst.copy_(src, non_blocking=True)
             sync()
-        out.append(Timing(what, nbytes, _median_seconds(copy, repeats)))
+        out.append(Timing(what, nbytes, median_seconds(copy, repeats)))
     return out
 
 
@@ -122,7 +123,7 @@ class RecomputeBench:
             self.llm.runner.execute([(self.seq, window)])
 
         try:
-            return _median_seconds(run, repeats)
+            return median_seconds(run, repeats)
         finally:
             self.seq.num_computed_tokens = done
 
@@ -132,7 +133,7 @@ class RecomputeBench:
         of the prefix: only the K/V projections run."""
         store = self.llm.replay.hidden
         end = self.seq.num_prompt_tokens
-        return _median_seconds(lambda: store.restore(self.seq, end - window, end), repeats)
+        return median_seconds(lambda: store.restore(self.seq, end - window, end), repeats)
 
     def kv_bytes(self, window: int) -> int:
         """Bytes of the window's KV in the engine's pool (all layers, K and V)."""

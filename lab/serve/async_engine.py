@@ -16,12 +16,11 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from lab.engine import LLM, SamplingParams
-from lab.engine.sequence import RequestOutput, Sequence
+from lab.engine.sequence import RequestOutput, Sequence, Status
 
 from .metrics import ServerMetrics
 
@@ -137,7 +136,7 @@ class AsyncLLM:
 
     def _fail_running(self, message: str) -> None:
         for rid, st in list(self._streams.items()):
-            if st.seq.status.value == "running":
+            if st.seq.status is Status.RUNNING:
                 self.llm.abort(rid)
                 del self._streams[rid]
                 self._loop.call_soon_threadsafe(st.queue.put_nowait, Delta([], "", True, error=message))
@@ -146,12 +145,3 @@ class AsyncLLM:
     @property
     def num_active(self) -> int:
         return len(self._streams)
-
-    def wait_idle(self, timeout: float = 30.0) -> bool:
-        """Block until no request is active (for tests and between experiments)."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if not self._streams and self._commands.empty() and not self.llm.has_unfinished():
-                return True
-            time.sleep(0.01)
-        return False

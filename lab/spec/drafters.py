@@ -134,12 +134,14 @@ class ModelDrafter:
             logits = self.runner.last_logits(batch)
             for (seq, shadow, _, tokens, probs), row in zip(step, logits):
                 shadow.num_computed_tokens = len(shadow)
-                q = probabilities(row[None], seq.params)[0]
-                token = int(row.argmax()) if seq.params.greedy else int(torch.multinomial(q, 1,
-                                                                                         generator=seq.generator))
+                if seq.params.greedy:  # deterministic: verification needs no q
+                    token = int(row.argmax())
+                else:
+                    q = probabilities(row[None], seq.params)[0]
+                    token = int(torch.multinomial(q, 1, generator=seq.generator))
+                    probs.append(q)
                 shadow.token_ids.append(token)
                 tokens.append(token)
-                probs.append(q)
         return {seq.request_id: Draft(tokens, None if seq.params.greedy else torch.stack(probs))
                 for seq, _, _, tokens, probs in active if tokens}
 

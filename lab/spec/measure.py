@@ -1,12 +1,11 @@
 """The costs in the speedup model, timed on the engine: the target's one-token decode step, its verification
 forward of k + 1 tokens over the same cached context (v(k) target steps; the article's model says 1), and a
 draft model's one-token step (c = draft step / target step). Each is the median of `repeats` forwards of the
-engine's own `ModelRunner` over a prefix whose KV is in its paged pool, after one warm-up."""
+engine's own `ModelRunner` over a prefix whose KV is in its paged pool, after one warm-up
+(`lab.replay.measure.median_seconds`, which times the replay study's recompute the same way)."""
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +14,7 @@ from lab.engine.block_manager import BlockManager
 from lab.engine.model_runner import ModelRunner
 from lab.engine.sampling import SamplingParams
 from lab.engine.sequence import Sequence
+from lab.replay.measure import median_seconds
 
 from .drafters import ModelDrafter
 
@@ -43,13 +43,7 @@ def forward_seconds(runner: ModelRunner, block_manager: BlockManager, context: i
             else:
                 runner.execute([(seq, n)], {seq.request_id: n - 1})
 
-        step()  # warm-up
-        times = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t)
-        return statistics.median(times)
+        return median_seconds(step, repeats)
     finally:
         block_manager.free_sequence(seq)
 

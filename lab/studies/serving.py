@@ -83,8 +83,9 @@ class ServingParams:
             self.MAX_MODEL_LEN, self.DURATION, self.KV_BLOCKS = 512, 60.0, 128
 
 
-def load_config(p: ServingParams, url: str, **overrides) -> LoadConfig:
-    base = LoadConfig(url=url, num_requests=p.REQUESTS_PER_LEVEL, input_len=LengthDist(*p.INPUT_LEN),
+def load_config(p: ServingParams, **overrides) -> LoadConfig:
+    """The study's load; `serve_and_load` points it at the server it starts."""
+    base = LoadConfig(num_requests=p.REQUESTS_PER_LEVEL, input_len=LengthDist(*p.INPUT_LEN),
                       output_len=LengthDist(*p.OUTPUT_LEN), max_model_len=p.MAX_MODEL_LEN, duration_s=p.DURATION,
                       slo_ttft_s=p.SLO_TTFT, slo_tpot_s=p.SLO_TPOT, seed=p.SEED, scrape_interval_s=0.25)
     return replace(base, **overrides)
@@ -110,11 +111,16 @@ def _row(label: dict, report: LoadReport) -> dict:
     return label | report.summary()
 
 
+def closed_loop(p: ServingParams, model, tokenizer, concurrency: int) -> LoadReport:
+    """`concurrency` requests in flight (at least twice that many in all) on the default engine."""
+    cfg = load_config(p, num_requests=max(p.REQUESTS_PER_LEVEL, 2 * concurrency), max_concurrency=concurrency)
+    return serve_and_load(model, tokenizer, _engine(p), cfg)
+
+
 def ramp(p: ServingParams, model, tokenizer, log=print) -> tuple[pd.DataFrame, dict[int, LoadReport]]:
     rows, reports = [], {}
     for c in p.CONCURRENCY:
-        cfg = load_config(p, "", num_requests=max(p.REQUESTS_PER_LEVEL, 2 * c), max_concurrency=c)
-        reports[c] = serve_and_load(model, tokenizer, _engine(p), cfg)
+        reports[c] = closed_loop(p, model, tokenizer, c)
         rows.append(_row({"concurrency": c}, reports[c]))
         log(f"concurrency {c}: {rows[-1]['output_throughput']:.1f} tok/s, TPOT p99 {rows[-1]['tpot_p99']:.3f} s")
     return pd.DataFrame(rows), reports
@@ -133,8 +139,7 @@ def find_knee(ramp_table: pd.DataFrame, gain: float) -> int:
 
 def operating_point(p: ServingParams, model, tokenizer, knee: int) -> tuple[int, LoadReport]:
     c = max(1, round(p.OPERATING_SHARE * knee))
-    cfg = load_config(p, "", num_requests=max(p.REQUESTS_PER_LEVEL, 2 * c), max_concurrency=c)
-    return c, serve_and_load(model, tokenizer, _engine(p), cfg)
+    return c, closed_loop(p, model, tokenizer, c)
 
 
 def batch_sweep(p: ServingParams, model, tokenizer, rate: float, log=print) -> tuple[pd.DataFrame, int]:
@@ -142,7 +147,7 @@ def batch_sweep(p: ServingParams, model, tokenizer, rate: float, log=print) -> t
     rule picks the largest batch before the first step with TTFT +20% and throughput +<10%."""
     rows = []
     for b in p.BATCH_SIZES:
-        cfg = load_config(p, "", num_requests=max(p.REQUESTS_PER_LEVEL, 2 * b), rate=rate)
+        cfg = load_config(p, num_requests=max(p.REQUESTS_PER_LEVEL, 2 * b), rate=rate)
         rows.append(_row({"max_num_seqs": b, "rate": rate}, serve_and_load(model, tokenizer,
                                                                            _engine(p, max_num_seqs=b), cfg)))
         log(f"max_num_seqs {b}: TTFT p50 {rows[-1]['ttft_p50']:.3f} s, {rows[-1]['output_throughput']:.1f} tok/s")
@@ -170,7 +175,7 @@ def chunked_prefill(p: ServingParams, model, tokenizer, concurrency: int) -> tup
     for chunked in (True, False):
         engine = _engine(p, enable_chunked_prefill=chunked,
                          max_num_batched_tokens=p.CHUNK_TOKENS if chunked else p.MAX_MODEL_LEN)
-        cfg = load_config(p, "", num_requests=n, max_concurrency=concurrency, long_prompt_every=long_every,
+        cfg = load_config(p, num_requests=n, max_concurrency=concurrency, long_prompt_every=long_every,
                           long_prompt_tokens=p.LONG_PROMPT)
         reports[chunked] = serve_and_load(model, tokenizer, engine, cfg)
         rows.append(_row({"chunked_prefill": chunked, "max_num_batched_tokens": engine["max_num_batched_tokens"]},
@@ -181,7 +186,7 @@ def chunked_prefill(p: ServingParams, model, tokenizer, concurrency: int) -> tup
 def prefix_caching(p: ServingParams, model, tokenizer, concurrency: int) -> tuple[pd.DataFrame, dict]:
     rows, reports = [], {}
     for cached in (True, False):
-        cfg = load_config(p, "", max_concurrency=concurrency, system_prompt_tokens=p.SYSTEM_PROMPT)
+        cfg = load_config(p, max_concurrency=concurrency, system_prompt_tokens=p.SYSTEM_PROMPT)
         reports[cached] = serve_and_load(model, tokenizer, _engine(p, enable_prefix_caching=cached), cfg)
         hit = max((s.get("lab_prefix_cache_hit_rate", 0.0) for s in reports[cached].scrapes), default=float("nan"))
         rows.append(_row({"prefix_caching": cached, "system_prompt_tokens": p.SYSTEM_PROMPT, "hit_rate": hit},
@@ -205,7 +210,7 @@ def length_shapes(p: ServingParams, model, tokenizer, concurrency: int) -> pd.Da
               "fixed at the mean": tuple(LengthDist(mean(d), mean(d), mean(d), fixed=True)
                                          for d in (lognormal_in, lognormal_out))}
     for name, (i, o) in shapes.items():
-        cfg = load_config(p, "", max_concurrency=concurrency, input_len=i, output_len=o)
+        cfg = load_config(p, max_concurrency=concurrency, input_len=i, output_len=o)
         rows.append(_row({"lengths": name, "input_p50": i.p50, "output_p50": o.p50},
                          serve_and_load(model, tokenizer, _engine(p), cfg)))
     t = pd.DataFrame(rows)

@@ -105,6 +105,13 @@ def _engine(model, tokenizer, speculative=None) -> LLM:
                max_num_seqs=1, speculative=speculative)
 
 
+def _token_ids(tokenizer, prompts: list[TaskPrompt], max_tokens: int) -> tuple[list[list[int]], int]:
+    """The prompts as the engine receives them, and the mean context of a decode step (where step costs are
+    timed): mean prompt length plus half the output."""
+    ids = [chat_token_ids(tokenizer, q.text) for q in prompts]
+    return ids, int(sum(map(len, ids)) / len(ids) + max_tokens / 2)
+
+
 def run_requests(llm: LLM, prompts: list[TaskPrompt], ids: list[list[int]], max_tokens: int) -> pd.DataFrame:
     """Each prompt alone (batch 1), greedy: one row a request with its decode time and speculation record."""
     rows = []
@@ -186,8 +193,7 @@ def summarize(drafter: str, k: int, spec: pd.DataFrame, plain: pd.DataFrame, cos
 def study(p: SpecParams, model, tokenizer, prompts: list[TaskPrompt], drafters, k: int, drafts: dict,
           log=print) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, StepCosts]]:
     """Plain, then each drafter, over `prompts`: (per-category table, per-request table, step costs)."""
-    ids = [chat_token_ids(tokenizer, q.text) for q in prompts]
-    context = int(sum(map(len, ids)) / len(ids) + p.MAX_TOKENS / 2)  # the mean context of a decode step
+    ids, context = _token_ids(tokenizer, prompts, p.MAX_TOKENS)
     plain_llm = _engine(model, tokenizer)
     t = time.perf_counter()
     plain = run_requests(plain_llm, prompts, ids, p.MAX_TOKENS)
@@ -207,8 +213,7 @@ def study(p: SpecParams, model, tokenizer, prompts: list[TaskPrompt], drafters, 
 def k_sweep(p: SpecParams, model, tokenizer, drafts: dict, log=print) -> pd.DataFrame:
     """Measured and predicted speedup against k, per drafter and category (fewer prompts than the main run)."""
     prompts = task_prompts(p, p.SWEEP_PER_CATEGORY)
-    ids = [chat_token_ids(tokenizer, q.text) for q in prompts]
-    context = int(sum(map(len, ids)) / len(ids) + p.MAX_TOKENS / 2)
+    ids, context = _token_ids(tokenizer, prompts, p.MAX_TOKENS)
     plain = run_requests(_engine(model, tokenizer), prompts, ids, p.MAX_TOKENS)
     tables = []
     for drafter in p.SWEEP_DRAFTERS:
@@ -261,11 +266,10 @@ def policy_table(main: pd.DataFrame, threshold: float) -> pd.DataFrame:
 def adaptive_policy(p: SpecParams, model, tokenizer, prompts: list[TaskPrompt], drafter: str, drafts: dict,
                     plain: pd.DataFrame) -> pd.DataFrame:
     """The per-request adaptive switch (lab.spec.speculator's min_acceptance) on one drafter."""
-    ids = [chat_token_ids(tokenizer, q.text) for q in prompts]
+    ids, context = _token_ids(tokenizer, prompts, p.MAX_TOKENS)
     cfg = spec_config(drafter, p.K, p, drafts, min_acceptance=p.THRESHOLD, probe_rounds=4, backoff_tokens=16)
     llm = _engine(model, tokenizer, cfg)
     spec = run_requests(llm, prompts, ids, p.MAX_TOKENS)
-    context = int(sum(map(len, ids)) / len(ids) + p.MAX_TOKENS / 2)
     table = summarize(f"{drafter} + adaptive switch", p.K, spec, plain.reset_index(drop=True),
                       step_costs(llm, context, range(1, p.K + 1), p.REPEATS))
     return table.assign(pauses=llm.stats()["spec_policy_pauses"])
@@ -283,7 +287,7 @@ def spec_bench(p: SpecParams, model, tokenizer, drafts: dict, log=print):
 
 def quantized_c_bound(p: SpecParams, model) -> float:
     """The c a bandwidth-bound int-DRAFT_BITS GEMM would give the quantized copy (bytes read per step)."""
-    return weight_bytes_ratio(p.DRAFT_BITS, 64, model)
+    return weight_bytes_ratio(p.DRAFT_BITS, SpeculativeConfig.draft_group_size, model)  # the copy's group size
 
 
 def claims_table(main: pd.DataFrame, costs: dict[str, StepCosts], p: SpecParams, model) -> pd.DataFrame:
