@@ -15,6 +15,7 @@ import pandas as pd
 
 from lab import memory as mem
 from lab import roofline
+from lab.claims import verdict
 from lab.hardware import GPUS, Hardware, get_gpu
 from lab.runs import check_choice, check_range
 
@@ -194,15 +195,6 @@ def engine_allocation_check(llm) -> pd.DataFrame:
              llm.stats()["kv_blocks_total"] * llm.config.block_size * mem.kv_bytes_per_token(s, dtype))]
     return pd.DataFrame([{"what": w, "measured_bytes": m, "predicted_bytes": p, "measured / predicted": m / p}
                          for w, m, p in rows])
-
-
-def verdict(claimed, computed: float, rel_tol: float = 0.02) -> str:
-    """'correct' when the recomputation agrees within rounding (a range: falls inside it), else by how much."""
-    lo, hi = claimed if isinstance(claimed, tuple) else (claimed, claimed)
-    if lo * (1 - rel_tol) <= computed <= hi * (1 + rel_tol):
-        return "correct"
-    ref = lo if computed < lo else hi
-    return f"wrong: the lab gets {computed / ref:.4g}x the claim"
 
 
 def claims_table() -> pd.DataFrame:

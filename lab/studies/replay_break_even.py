@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
+from lab.claims import verdict
 from lab.hardware import GPUS, Hardware
 from lab.memory import ModelShape
 from lab.replay.cost import LINKS, break_even_table, recompute_seconds, window_cost
 from lab.runs import as_tuple, check_choice, check_range
-from lab.studies.memory_accounting import verdict
 
 COST_MODELS = ["smollm2-135m", "llama-2-7b", "llama-3-8b", "llama-3-70b", "qwen2.5-72b", "deepseek-v3"]
 ATTENTION = {"llama-2-7b": "MHA", "deepseek-v3": "MLA"}  # the rest are GQA
