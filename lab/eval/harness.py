@@ -6,7 +6,8 @@ long-context retrieval break (Jin et al., 2024, arXiv:2402.16775; Li et al., 202
 deployment article 003, section 2.2, draws the same conclusion: check task metrics and a set of sensitive
 samples, not perplexity alone. So this module reports three things side by side:
 
-- `perplexity` on held-out text (`heldout_texts`), the cheap and familiar number;
+- `perplexity` on held-out text (`heldout_texts`; `long_text` for one long sequence), the cheap and familiar
+  number;
 - `compare_logits`, the per-token KL(reference || quantized) and top-1 agreement against the unquantized
   model, which see distribution shifts that perplexity averages away (the KL metric of Dettmers et al.'s
   and llama.cpp's quantization reports);
@@ -14,7 +15,8 @@ samples, not perplexity alone. So this module reports three things side by side:
   `pass_rates` per category, `flips` (outputs changed, items lost and gained against the reference) and
   `bad_cases`: items the reference passes and the quantized model fails.
 
-`evaluate` bundles them into a JSON-serialisable dict (`lab eval --json`).
+`evaluate` bundles them into a JSON-serialisable dict (`lab eval --json`); `evaluate_model` into one flat row of
+metrics against a reference, the row the quantization studies tabulate per model or KV format.
 
 Held-out text and the calibration set. `lab.quant.calibration` draws its "code" documents from the first
 `STDLIB_FILES` standard-library files in order of `sha256(relative path)`; `heldout_texts(source="stdlib")`
@@ -29,12 +31,17 @@ from __future__ import annotations
 import math
 import os
 import random
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from lab.eval.sensitive import CATEGORIES, Item, build_prompt, check, load_items
 from lab.models.reference import forward_logits
+
+if TYPE_CHECKING:  # pandas is imported where a table is built, not on every import of the harness
+    import pandas as pd
 
 # ---- held-out text ------------------------------------------------------------------------------------
 
@@ -91,6 +98,29 @@ def heldout_texts(tokenizer, n: int = 8, max_tokens: int = 256, seed: int = 0, s
     if len(seqs) < n:
         raise ValueError(f"only {len(seqs)} held-out documents of >= {min_tokens} tokens in source {source!r}")
     return (seqs, labels) if return_sources else seqs
+
+
+@dataclass
+class LongText:
+    ids: list[int]
+    sources: list[str]
+
+
+def long_text(tokenizer, n_tokens: int, seed: int = 0) -> LongText:
+    """`n_tokens` of held-out standard-library source (files no calibration set reads), whole files joined
+    in a seeded order until the length is reached; refuses if the held-out files are too few."""
+    files = heldout_stdlib_files()
+    random.Random(seed).shuffle(files)
+    ids, sources = [], []
+    for label, path in files:
+        if len(ids) >= n_tokens:
+            break
+        with open(path, encoding="utf-8", errors="replace") as f:
+            ids += tokenizer(f.read(), add_special_tokens=False)["input_ids"]
+        sources.append(label)
+    if len(ids) < n_tokens:
+        raise ValueError(f"held-out text has only {len(ids)} tokens, fewer than n_tokens={n_tokens}")
+    return LongText(ids[:n_tokens], sources)
 
 
 # ---- perplexity and logit agreement -------------------------------------------------------------------
@@ -155,6 +185,24 @@ def engine_for(model, tokenizer, prompts: list[str], max_tokens: int, engine_kwa
     kwargs.setdefault("max_model_len", max(lengths, default=max_tokens))
     kwargs.setdefault("num_kv_blocks", sum(-(-n // block) for n in lengths) + 1)
     return LLM(model, tokenizer=tokenizer, **kwargs)
+
+
+def greedy_token_ids(model, tokenizer, prompts: list[str], max_tokens: int) -> list[list[int]]:
+    """The greedy output token ids of each prompt through the lab engine (sized as by `engine_for`)."""
+    from lab.engine import SamplingParams
+
+    llm = engine_for(model, tokenizer, prompts, max_tokens)
+    return [o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens))]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two outputs share: where a changed output first departs from the reference."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def run_sensitive(model, tokenizer, items: list[Item], max_tokens: int = 64, engine_kwargs: dict | None = None):
@@ -275,3 +323,29 @@ def evaluate(model, tokenizer, suite: str = "all", reference=None, *, heldout: l
             sens["bad_cases"] = _records(bad_cases(ref_df, df, k_bad))
         result["sensitive"] = sens
     return result
+
+
+def evaluate_model(model, tokenizer, reference, heldout, items, ref_sensitive, max_tokens: int,
+                   df: pd.DataFrame | None = None, kv=None) -> tuple[dict, pd.DataFrame]:
+    """Perplexity, KL and top-1 against `reference`, and the sensitive items with flips against the
+    reference's outputs `ref_sensitive` (a superset of the items). `df`: the model's sensitive outputs,
+    when already run. `kv`: (KVCacheFormat, KVScales or None) stores `model`'s KV cache through that format
+    (as in `evaluate`). Returns (metrics, per-item rows)."""
+    metrics = {"perplexity": perplexity(model, heldout, kv)}
+    logits = compare_logits(reference, model, heldout, kv)
+    metrics.update(kl_mean=logits["kl_mean"], top1_agreement=logits["top1_agreement"])
+    engine = None if kv is None else {"kv_cache_dtype": kv[0], "kv_scales": kv[1]}
+    df = run_sensitive(model, tokenizer, items, max_tokens, engine) if df is None else df
+    ref = ref_sensitive[ref_sensitive["id"].isin(df["id"])]
+    rates, moved = pass_rates(df), flips(ref, df)
+    # "all" leaves long context out: not every model runs it, and totals must compare across rows.
+    short = df["category"] != "long_context"
+    rates["all"] = pass_rates(df[short])["all"]
+    moved["all"] = flips(ref[ref["category"] != "long_context"], df[short])["all"]
+    for category in CATEGORIES + ("all",):
+        # A category this model did not run (long context, which the weight-quantization study runs only for
+        # LONG_CONTEXT_CONFIGS) is NaN, not 0.
+        metrics[f"pass_{category}"] = rates[category]["rate"] if category in rates else float("nan")
+        metrics[f"lost_{category}"] = moved[category]["lost"] if category in moved else float("nan")
+        metrics[f"same_output_{category}"] = moved[category]["same_output"] if category in moved else float("nan")
+    return metrics, df

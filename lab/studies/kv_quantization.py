@@ -6,16 +6,13 @@ per-token ones (KIVI, arXiv:2402.02750); per-token dynamic scales beat a per-ten
 context; and the error accumulates with context, so short prompts hide it. This module measures each claim on
 SmolLM2 with the formats of `lab.quant.kv`:
 
-- `attention_error_by_position`: every layer's attention output with quantized K/V against exact K/V, on the
-  exact model's own queries, keys and values (so the error is the cache's alone, not compounded through
-  layers), as a relative error per query position;
-- `kl_by_position`: the end-to-end effect, next-token KL(exact || quantized cache) per position, the model
-  run once over the whole text with every layer's K/V stored through the format (errors compound through
-  the layers here);
-- in both, a full-precision window and a per-channel key group still filling are read exactly per query,
-  as when that token is decoded (`lab.quant.kv.exact_mask`), the same rule as the paged engine's;
+- the cache's own error and its end-to-end effect, per position (`lab.eval.kv_error`: the attention output
+  against exact K/V on the exact model's own queries, keys and values; next-token KL with every layer's
+  K/V stored through the format), on a long held-out text (`lab.eval.harness.long_text`);
 - both bucketed by position (256, 512, ... up to the text's length), for any list of formats, including
-  K-only and V-only variants.
+  K-only and V-only variants (`error_growth`, `growth_slope`, `role_table`);
+- perplexity, KL and the sensitive set through the engine's quantized cache (`end_to_end`), and how many
+  sequences one KV pool holds in each format (`max_concurrency`), beside `lab.memory`'s account.
 """
 
 from __future__ import annotations
@@ -27,9 +24,10 @@ import pandas as pd
 import torch
 
 from lab.engine.llm import EngineConfig
-from lab.models.attention import partly_exact_attention
-from lab.quant.kv import KVCacheFormat, exact_mask, fake_quantize, parse_format
-from lab.quant.kv_calibration import KVScales, QuantizedContiguousKVCache, quantize_keys
+from lab.eval.harness import long_text  # noqa: F401  (notebook 03 calls study.long_text)
+from lab.eval.kv_error import attention_error_by_position, kl_by_position, record
+from lab.quant.kv import KVCacheFormat, parse_format
+from lab.quant.kv_calibration import KVScales
 from lab.runs import as_tuple, check_choice, check_range
 
 
@@ -47,72 +45,6 @@ def _bucketed(values: torch.Tensor, buckets, **labels) -> list[dict]:
             for a, b in buckets]
 
 
-class _Recorder:
-    """An `AttentionContext` (one sequence, one forward) that keeps every layer's q, k, v and output; the
-    forward's result is the exact model's hidden states (`hidden`, set by `record`). Attention runs blocked
-    (`partly_exact_attention` with nothing exact): at 8K tokens it is ~3x faster on CPU than SDPA."""
-
-    def __init__(self, n_layers: int):
-        self.q, self.k, self.v, self.out = ([None] * n_layers for _ in range(4))
-        self.hidden: torch.Tensor | None = None
-
-    def attend(self, layer, q, k, v):
-        out = partly_exact_attention(q, k, v, k, v, None, None)
-        self.q[layer], self.k[layer], self.v[layer], self.out[layer] = q, k, v, out
-        return out
-
-
-@torch.inference_mode()
-def record(model, ids: list[int]) -> _Recorder:
-    rec = _Recorder(len(model.layers))
-    rec.hidden = model(torch.tensor(ids), torch.arange(len(ids)), rec)
-    return rec
-
-
-def _layer_scale(scales: KVScales | None, fmt: KVCacheFormat, layer: int, role: str):
-    return scales.scale(fmt, layer, role) if fmt.static else None
-
-
-@torch.inference_mode()
-def attention_error_by_position(model, rec: _Recorder, fmt: KVCacheFormat, roles: str = "kv",
-                                scales: KVScales | None = None, stride: int = 1) -> torch.Tensor:
-    """Relative error ||o_q - o|| / ||o|| of the attention output per query position, averaged over layers,
-    with each layer's exact q, k, v from `rec` and its K/V (or only K, or only V) read through `fmt`. A window
-    and a per-channel key group still filling are read exactly per query, as at decode time (`exact_mask`).
-    With `stride` > 1 only every stride-th query is measured (NaN elsewhere): the error of a position does
-    not depend on the others', and 8K x 8K attention for every format and layer is the study's cost."""
-    T = rec.k[0].shape[0]
-    rows = torch.arange(0, T, stride)
-    pos = torch.arange(T)
-    errors = []
-    for layer in range(len(model.layers)):
-        q, k, v, out = rec.q[layer][rows], rec.k[layer], rec.v[layer], rec.out[layer][rows]
-        read, masks = {"k": k, "v": v}, {"k": None, "v": None}
-        for role in roles:
-            scale = _layer_scale(scales, fmt, layer, role)
-            read[role] = quantize_keys(model, k, fmt, scale) if role == "k" else fake_quantize(v, fmt, "v", scale)
-            masks[role] = exact_mask(fmt, role, rows[:, None], pos[None, :])
-        got = partly_exact_attention(q, read["k"], read["v"], k, v, masks["k"], masks["v"], q_positions=rows)
-        errors.append((got - out).flatten(1).norm(dim=1) / out.flatten(1).norm(dim=1).clamp_min(1e-12))
-    full = torch.full((T,), float("nan"))
-    full[rows] = torch.stack(errors).mean(0)
-    return full
-
-
-@torch.inference_mode()
-def kl_by_position(model, ids: list[int], exact_hidden: torch.Tensor, fmt: KVCacheFormat, roles: str = "kv",
-                   scales: KVScales | None = None, chunk: int = 512) -> torch.Tensor:
-    """Next-token KL(exact || quantized cache) per position; the LM head runs `chunk` rows at a time."""
-    cache = QuantizedContiguousKVCache(model, fmt, scales, roles, blocked=True)
-    hidden = model(torch.tensor(ids), torch.arange(len(ids)), cache)
-    kls = []
-    for a in range(0, len(ids), chunk):
-        p = model.compute_logits(exact_hidden[a:a + chunk]).double().log_softmax(-1)
-        q = model.compute_logits(hidden[a:a + chunk]).double().log_softmax(-1)
-        kls.append((p.exp() * (p - q)).sum(-1).clamp_min(0))
-    return torch.cat(kls).float()
-
-
 def growth_slope(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     """Per format: the metric in the first and last position bucket, their ratio, and the least-squares slope
     of log(metric) against log2(bucket end), i.e. how many times larger the error gets per doubling."""
@@ -128,33 +60,6 @@ def growth_slope(df: pd.DataFrame, metric: str) -> pd.DataFrame:
         rows.append({"format": name, "first_bucket": g["value"].iloc[0], "last_bucket": g["value"].iloc[-1],
                      "last_over_first": g["value"].iloc[-1] / g["value"].iloc[0], "x_per_doubling": math.exp(slope)})
     return pd.DataFrame(rows)
-
-
-@dataclass
-class LongText:
-    ids: list[int]
-    sources: list[str]
-
-
-def long_text(tokenizer, n_tokens: int, seed: int = 0) -> LongText:
-    """`n_tokens` of held-out standard-library source (files no calibration set reads), whole files joined
-    in a seeded order until the length is reached; refuses if the held-out files are too few."""
-    import random
-
-    from lab.eval.harness import heldout_stdlib_files
-
-    files = heldout_stdlib_files()
-    random.Random(seed).shuffle(files)
-    ids, sources = [], []
-    for label, path in files:
-        if len(ids) >= n_tokens:
-            break
-        with open(path, encoding="utf-8", errors="replace") as f:
-            ids += tokenizer(f.read(), add_special_tokens=False)["input_ids"]
-        sources.append(label)
-    if len(ids) < n_tokens:
-        raise ValueError(f"held-out text has only {len(ids)} tokens, fewer than n_tokens={n_tokens}")
-    return LongText(ids[:n_tokens], sources)
 
 
 # ---- the notebook's parameters, formats and experiments ---------------------------------------------------
@@ -311,9 +216,8 @@ def max_concurrency(model, tokenizer, names: list[str], calibrated: KVScales, po
 def end_to_end(p: KVStudyParams, model, tokenizer, calibrated: KVScales, log=print) -> tuple[pd.DataFrame, dict]:
     """Perplexity, KL and top-1 against the exact cache, and the sensitive set (long context included) with
     flips against the exact cache's outputs, for every E2E format; the exact cache's row first."""
-    from lab.eval.harness import heldout_texts, run_sensitive
+    from lab.eval.harness import evaluate_model, heldout_texts, run_sensitive
     from lab.eval.sensitive import CATEGORIES, load_items
-    from lab.studies.quant_accuracy import evaluate_model
 
     heldout = heldout_texts(tokenizer, p.HELDOUT_SEQUENCES, p.HELDOUT_TOKENS, p.SEED)
     items = [it for c in CATEGORIES for it in load_items((c,))[:p.LONG_CONTEXT_ITEMS if c == "long_context" else None]]

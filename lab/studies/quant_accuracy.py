@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from lab.eval.harness import compare_logits, flips, heldout_texts, pass_rates, perplexity, run_sensitive
+from lab.eval.harness import (common_prefix, compare_logits, evaluate_model, flips, greedy_token_ids, heldout_texts,
+                              pass_rates, run_sensitive)
 from lab.eval.sensitive import CATEGORIES, load_items
 from lab.memory import ModelShape, WeightFormat, weight_bytes
 from lab.quant.formats import AWQ_BITS
@@ -180,31 +181,6 @@ def quantized_weight_bytes(model_name: str, spec: QuantSpec | None, unquantized:
 # ---- one model ------------------------------------------------------------------------------------------
 
 
-def evaluate_model(model, tokenizer, reference, heldout, items, ref_sensitive, max_tokens: int,
-                   df: pd.DataFrame | None = None, kv=None) -> tuple[dict, pd.DataFrame]:
-    """Perplexity, KL and top-1 against `reference`, and the sensitive items with flips against the
-    reference's outputs `ref_sensitive` (a superset of the items). `df`: the model's sensitive outputs,
-    when already run. `kv`: (KVCacheFormat, KVScales or None) stores `model`'s KV cache through that format
-    (`lab.eval.harness.evaluate`). Returns (metrics, per-item rows)."""
-    metrics = {"perplexity": perplexity(model, heldout, kv)}
-    logits = compare_logits(reference, model, heldout, kv)
-    metrics.update(kl_mean=logits["kl_mean"], top1_agreement=logits["top1_agreement"])
-    engine = None if kv is None else {"kv_cache_dtype": kv[0], "kv_scales": kv[1]}
-    df = run_sensitive(model, tokenizer, items, max_tokens, engine) if df is None else df
-    ref = ref_sensitive[ref_sensitive["id"].isin(df["id"])]
-    rates, moved = pass_rates(df), flips(ref, df)
-    # "all" leaves long context out: not every model runs it, and totals must compare across rows.
-    short = df["category"] != "long_context"
-    rates["all"] = pass_rates(df[short])["all"]
-    moved["all"] = flips(ref[ref["category"] != "long_context"], df[short])["all"]
-    for category in CATEGORIES + ("all",):
-        # A category this model did not run (long context outside LONG_CONTEXT_CONFIGS) is NaN, not 0.
-        metrics[f"pass_{category}"] = rates[category]["rate"] if category in rates else float("nan")
-        metrics[f"lost_{category}"] = moved[category]["lost"] if category in moved else float("nan")
-        metrics[f"same_output_{category}"] = moved[category]["same_output"] if category in moved else float("nan")
-    return metrics, df
-
-
 def make_job(p: QuantAccuracyParams, method: str, spec: QuantSpec, calib: tuple, mix: str = "stratified",
              packed: bool = True) -> QuantJob:
     return QuantJob(model=p.MODEL, method=method, bits=spec.bits, group_size=spec.group_size,
@@ -297,23 +273,6 @@ def sensitive_vs_perplexity(grid: pd.DataFrame) -> pd.DataFrame:
 # ---- calibration mismatch -------------------------------------------------------------------------------
 
 
-def greedy_texts(model, tokenizer, prompts: list[str], max_tokens: int) -> list[list[int]]:
-    from lab.engine import SamplingParams
-    from lab.eval.harness import engine_for
-
-    llm = engine_for(model, tokenizer, prompts, max_tokens)
-    return [o.token_ids for o in llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens))]
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def run_mismatch(p: QuantAccuracyParams, reference, tokenizer, ref_sensitive: pd.DataFrame, log=print) -> pd.DataFrame:
     """`MISMATCH_METHOD` at `MISMATCH_CONFIG` calibrated on each mix (natural lengths, MISMATCH_SAMPLES
     samples), evaluated on held-out summarization prompts and the sensitive set."""
@@ -328,7 +287,7 @@ def run_mismatch(p: QuantAccuracyParams, reference, tokenizer, ref_sensitive: pd
         log("Spec-Bench is not at ../shared/data/spec_bench/question.jsonl: no summarization prompts, "
             "the mismatch is measured on the sensitive set only")
     prompt_tokens = [tokenizer.encode(q, add_special_tokens=False) for q in prompts]
-    ref_summaries = greedy_texts(reference, tokenizer, prompts, p.MAX_TOKENS) if prompts else []
+    ref_summaries = greedy_token_ids(reference, tokenizer, prompts, p.MAX_TOKENS) if prompts else []
     items = sensitive_items(p, long_context=p.LONG_CONTEXT_ITEMS > 0)
     ref_df = ref_sensitive[ref_sensitive["id"].isin([it.id for it in items])]
     rows = []
@@ -340,7 +299,7 @@ def run_mismatch(p: QuantAccuracyParams, reference, tokenizer, ref_sensitive: pd
                "quant_s": summary["quantization_seconds"], "summarization_docs": len(prompts)}
         if prompts:
             logits = compare_logits(reference, model, prompt_tokens)
-            summaries = greedy_texts(model, tokenizer, prompts, p.MAX_TOKENS)
+            summaries = greedy_token_ids(model, tokenizer, prompts, p.MAX_TOKENS)
             row.update(summ_kl_mean=logits["kl_mean"], summ_top1=logits["top1_agreement"],
                        summ_same_output=sum(a == b for a, b in zip(summaries, ref_summaries)) / len(prompts),
                        summ_matching_prefix_tokens=sum(common_prefix(a, b) for a, b in zip(summaries, ref_summaries))
@@ -367,7 +326,7 @@ def checkpoint_outputs(kept: dict, reference, tokenizer, prompts: list[str], max
     from lab.quant.formats import load_quantized, save_quantized
     from lab.quant.pipeline import checkpoint_format
 
-    ref_out = greedy_texts(reference, tokenizer, prompts, max_tokens)
+    ref_out = greedy_token_ids(reference, tokenizer, prompts, max_tokens)
     rows = [{"prompt": i, "model": "unquantized", "output": tokenizer.decode(t), "same_as_unquantized": True,
              "same_as_in_memory": True} for i, t in enumerate(ref_out)]
     sizes = []
@@ -375,8 +334,8 @@ def checkpoint_outputs(kept: dict, reference, tokenizer, prompts: list[str], max
         out_dir = Path(out_root) / f"{method}-{config}"
         save_quantized(model, codes, job.spec(), checkpoint_format(job), out_dir, tokenizer=tokenizer)
         loaded, _ = load_quantized(out_dir, dtype=torch.float32, device="cpu")
-        got = greedy_texts(loaded, tokenizer, prompts, max_tokens)
-        mem = greedy_texts(model, tokenizer, prompts, max_tokens)
+        got = greedy_token_ids(loaded, tokenizer, prompts, max_tokens)
+        mem = greedy_token_ids(model, tokenizer, prompts, max_tokens)
         rows += [{"prompt": i, "model": f"{method} {config} (checkpoint)", "output": tokenizer.decode(t),
                   "same_as_unquantized": t == r, "same_as_in_memory": t == m}
                  for i, (t, r, m) in enumerate(zip(got, ref_out, mem))]
