@@ -32,12 +32,10 @@ Scaling groups of a Llama layer and the block each one inspects:
 - up -> down_proj (the `up` half of gate_up_proj's rows, since silu(gate) * up is linear in up):
   down_proj's output.
 
-Clipping (after scaling, before rounding): for every linear except q and k (their rows of qkv_proj
-are left alone, as in the reference: their error goes through softmax, which the per-linear
-objective does not see) and for every (row, quantization group), the weights are clamped to
-+-ratio * max|w| with ratio on a grid from 1.0 down to 1 - max_shrink; the ratio minimising
-mean over tokens of (x_g (Q(clamp(w_g)) - w_g)^T)^2 (the group's share of the output error) on a
-subsample of the inputs is applied. Ratio 1.0 is plain rounding, so that per-group error never rises.
+Clipping (after scaling, before rounding; `lab.quant.awq_clip`): for every linear except q and k (their
+rows of qkv_proj are left alone, as in the reference: their error goes through softmax, which the per-linear
+objective does not see), each (row, quantization group) is clamped to the ratio of its max|w| that minimises
+its share of the output error.
 
 The model is processed layer by layer, in order: a layer's inputs come from the earlier layers as
 already quantized; every linear's inputs are captured in one pass, and a group's own inputs are divided
@@ -56,8 +54,9 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .awq_clip import AWQClipStats, search_clip
 from .layerwise import CalibrationPass
-from .rtn import QuantSpec, dequantize, fake_quantize, from_grid, group_params, quantize, to_grid
+from .rtn import QuantSpec, dequantize, fake_quantize, quantize
 
 MIN_SCALE = 1e-4  # floor on the scales (and the duo denominator), as in the reference
 
@@ -141,74 +140,6 @@ def search_scales(x: torch.Tensor, weights: list[torch.Tensor],
     if not math.isfinite(best):
         raise ValueError(f"every AWQ grid point gave a non-finite loss ({losses[:3]} ...)")
     return best_scales, AWQGroupStats(alpha=best_k / n_grid, loss_rtn=loss_rtn, loss_awq=best, losses=losses)
-
-
-# ---------------------------------------------------------------------------------------------
-# Clip search
-# ---------------------------------------------------------------------------------------------
-
-@dataclass
-class AWQClipStats:
-    """One linear's clipping: mean and min chosen ratio over (row, group), and the clip objective
-    (sum over rows and groups of the mean squared per-group output error) before and after."""
-
-    mean_ratio: float
-    min_ratio: float
-    err_before: float
-    err_after: float
-
-
-def subsample_tokens(x: torch.Tensor, n_tokens: int) -> torch.Tensor:
-    """At most `n_tokens` rows of `x` [..., in] flattened, evenly strided over the calibration set."""
-    x = x.reshape(-1, x.shape[-1])
-    if x.shape[0] <= n_tokens:
-        return x
-    return x[torch.linspace(0, x.shape[0] - 1, n_tokens).round().long()]
-
-
-@torch.no_grad()
-def search_clip(w: torch.Tensor, x: torch.Tensor, spec: QuantSpec, n_grid: int = 20,
-                max_shrink: float = 0.5, n_tokens: int = 512,
-                row_chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor, AWQClipStats]:
-    """Clip search for `w` [out, in] with inputs `x` [..., in].
-
-    Returns (clipped weight [out, in] float32, not yet rounded; ratios [out, groups]; stats).
-    Ratios tried: linspace(1, 1 - max_shrink, n_grid); each (row, group) keeps the ratio minimising
-    mean over the subsampled tokens of (x_g (Q(clamp(w_g, -r m, r m)) - w_g)^T)^2, m = max|w_g|.
-    """
-    if not 0 <= max_shrink < 1 or n_grid < 1:
-        raise ValueError(f"max_shrink={max_shrink} must be in [0, 1) and n_grid={n_grid} >= 1")
-    w = w.detach().float()
-    x = subsample_tokens(x, n_tokens).float()
-    ratios_grid = torch.linspace(1.0, 1.0 - max_shrink, n_grid).tolist()
-    width = spec.group_width(w.shape[1])
-    clipped = w.clone()
-    ratios = torch.ones(w.shape[0], spec.num_groups(w.shape[1]))
-    before = after = 0.0
-    for g, c0 in enumerate(range(0, w.shape[1], width)):
-        xg = x[:, c0:c0 + width]
-        for r0 in range(0, w.shape[0], row_chunk):
-            wg = w[r0:r0 + row_chunk, c0:c0 + width]
-            absmax = wg.abs().amax(dim=1, keepdim=True)
-            best_err = torch.full((wg.shape[0],), math.inf)
-            best_ratio = torch.ones(wg.shape[0])
-            for i, ratio in enumerate(ratios_grid):
-                wc = wg.clamp(-ratio * absmax, ratio * absmax)
-                scale, zero = group_params(wc, spec)
-                q = from_grid(to_grid(wc, scale[:, None], zero[:, None], spec), scale[:, None], zero[:, None])
-                err = (xg @ (q - wg).t()).pow(2).mean(0)
-                if i == 0:
-                    before += float(err.sum())
-                better = err < best_err
-                best_err = torch.where(better, err, best_err)
-                best_ratio = torch.where(better, torch.tensor(ratio), best_ratio)
-            after += float(best_err.sum())
-            ratios[r0:r0 + row_chunk, g] = best_ratio
-            m = best_ratio[:, None] * absmax
-            clipped[r0:r0 + row_chunk, c0:c0 + width] = wg.clamp(-m, m)
-    stats = AWQClipStats(mean_ratio=float(ratios.mean()), min_ratio=float(ratios.min()),
-                         err_before=before, err_after=after)
-    return clipped, ratios, stats
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,84 +245,106 @@ def awq_quantize_model(model: nn.Module, calib_token_ids: list[list[int]], spec:
     from tqdm.auto import tqdm
 
     cal = CalibrationPass(model, calib_token_ids, layers)
-
-    def mse(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-        return float((torch.cat(a).float() - torch.cat(b).float()).pow(2).mean())
-
     stats: dict[str, AWQLayerStats] = {}
     bar = tqdm(total=len(cal.chosen), desc="AWQ", disable=not progress)
     for index in range(cal.chosen[-1] + 1):
         layer = model.layers[index]
-        if index in cal.chosen:
-            start = time.perf_counter()
-            original = {n: p.detach().clone() for n, p in layer.named_parameters()}
-            names = [n for n, m in layer.named_modules() if isinstance(m, nn.Linear)]
-            # Every linear's inputs, captured once. Folding a group's scales leaves the float layer
-            # unchanged except that the group's own inputs become x / s, so those are divided in
-            # place instead of running the layer again (AutoAWQ updates its captured inputs alike).
-            inputs, ref_out = cal.capture(layer, names)
-            groups, skipped = llama_scaling_groups(layer)
-            group_stats: dict[str, AWQGroupStats] = {}
-            for grp in groups:
-                lins = [layer.get_submodule(n) for n in grp.linears]
-                x_in = inputs[grp.linears[0]]
-                if grp.inspect == "attn":
-                    def block_fn(x_in=x_in, layer=layer):
-                        return cal.attention(layer, x_in)
-                else:
-                    module = layer.get_submodule(grp.inspect)
-                    x_all = torch.cat(x_in)
-
-                    def block_fn(module=module, x_all=x_all):
-                        return module(x_all)
-                scales, gstats = search_scales(
-                    torch.cat(x_in), [lin.weight for lin in lins],
-                    lambda ws, lins=lins, block_fn=block_fn: _with_weights(lins, ws, block_fn),
-                    spec, n_grid=n_grid, duo_scaling=duo_scaling)
-                fold_scales(grp.prev, lins, scales, grp.prev_rows)
-                for name in grp.linears:
-                    inputs[name] = [x / scales.to(x.dtype) for x in inputs[name]]
-                group_stats[grp.name] = gstats
-
-            clip_stats: dict[str, AWQClipStats] = {}
-            if clip:
-                attn = layer.self_attn
-                for name in names:
-                    lin = layer.get_submodule(name)
-                    x = torch.cat(inputs[name])
-                    # q and k are not clipped: only the v rows of the fused qkv_proj.
-                    rows = slice(attn.q_size + attn.kv_size, None) if lin is attn.qkv_proj else slice(None)
-                    clipped, _, clip_stats[name] = search_clip(
-                        lin.weight[rows], x, spec, n_grid=clip_grid, max_shrink=clip_max_shrink,
-                        n_tokens=clip_tokens)
-                    _set_weight(lin, clipped, rows)
-            for name in names:
-                lin = layer.get_submodule(name)
-                q, scales, zeros = quantize(lin.weight.float(), spec)
-                _set_weight(lin, dequantize(q, scales, zeros, group_size=spec.group_size))
-                if results is not None:  # the codes, for checkpoint export
-                    results[f"layers.{index}.{name}"] = (q, scales, zeros, None)
-            awq_out = cal.run(layer)
-
-            # RTN on the original weights, for comparison; then the AWQ weights go back.
-            params = dict(layer.named_parameters())
-            awq_params = {n: p.detach().clone() for n, p in params.items()}
-            for n, p in params.items():
-                p.data.copy_(original[n])
-            for name in names:
-                lin = layer.get_submodule(name)
-                _set_weight(lin, fake_quantize(lin.weight, spec))
-            rtn_out = cal.run(layer)
-            for n, p in params.items():
-                p.data.copy_(awq_params[n])
-
-            stats[f"layers.{index}"] = AWQLayerStats(
-                groups=group_stats, skipped=skipped, clip=clip_stats,
-                layer_loss_rtn=mse(rtn_out, ref_out), layer_loss_awq=mse(awq_out, ref_out),
-                seconds=time.perf_counter() - start)
-            bar.update(1)
-            cal.hidden = awq_out  # the layer as quantized: its output feeds the next layer
-        else:
+        if index not in cal.chosen:
             cal.advance(layer)
+            continue
+        start = time.perf_counter()
+        original = {n: p.detach().clone() for n, p in layer.named_parameters()}
+        names = [n for n, m in layer.named_modules() if isinstance(m, nn.Linear)]
+        # Every linear's inputs, captured once. Folding a group's scales leaves the float layer
+        # unchanged except that the group's own inputs become x / s, so those are divided in
+        # place instead of running the layer again (AutoAWQ updates its captured inputs alike).
+        inputs, ref_out = cal.capture(layer, names)
+        group_stats, skipped = _scale_layer(cal, layer, inputs, spec, n_grid, duo_scaling)
+        clip_stats = _clip_layer(layer, names, inputs, spec, clip_grid, clip_max_shrink, clip_tokens) if clip else {}
+        _quantize_layer(layer, names, spec, index, results)
+        awq_out = cal.run(layer)
+        rtn_out = _rtn_output(cal, layer, original, names, spec)
+        stats[f"layers.{index}"] = AWQLayerStats(
+            groups=group_stats, skipped=skipped, clip=clip_stats,
+            layer_loss_rtn=_mse(rtn_out, ref_out), layer_loss_awq=_mse(awq_out, ref_out),
+            seconds=time.perf_counter() - start)
+        bar.update(1)
+        cal.hidden = awq_out  # the layer as quantized: its output feeds the next layer
     bar.close()
     return stats
+
+
+def _inspected_block(cal: CalibrationPass, layer: nn.Module, grp: _Group,
+                     x_in: list[torch.Tensor]) -> Callable[[], torch.Tensor]:
+    """The output a group's scales are judged on: the attention block, the MLP, or the group's own linear."""
+    if grp.inspect == "attn":
+        return lambda: cal.attention(layer, x_in)
+    module = layer.get_submodule(grp.inspect)
+    x_all = torch.cat(x_in)
+    return lambda: module(x_all)
+
+
+def _scale_layer(cal: CalibrationPass, layer: nn.Module, inputs: dict[str, list[torch.Tensor]], spec: QuantSpec,
+                 n_grid: int, duo_scaling: bool) -> tuple[dict[str, AWQGroupStats], dict[str, str]]:
+    """Search each scaling group's scales and fold them in, in order; the group's captured inputs become
+    x / s. Returns the stats by group and the groups skipped (with the reason)."""
+    groups, skipped = llama_scaling_groups(layer)
+    group_stats: dict[str, AWQGroupStats] = {}
+    for grp in groups:
+        lins = [layer.get_submodule(n) for n in grp.linears]
+        x_in = inputs[grp.linears[0]]
+        block_fn = _inspected_block(cal, layer, grp, x_in)
+        scales, group_stats[grp.name] = search_scales(
+            torch.cat(x_in), [lin.weight for lin in lins],
+            lambda ws, lins=lins, block_fn=block_fn: _with_weights(lins, ws, block_fn),
+            spec, n_grid=n_grid, duo_scaling=duo_scaling)
+        fold_scales(grp.prev, lins, scales, grp.prev_rows)
+        for name in grp.linears:
+            inputs[name] = [x / scales.to(x.dtype) for x in inputs[name]]
+    return group_stats, skipped
+
+
+def _clip_layer(layer: nn.Module, names: list[str], inputs: dict[str, list[torch.Tensor]], spec: QuantSpec,
+                n_grid: int, max_shrink: float, n_tokens: int) -> dict[str, AWQClipStats]:
+    """Clip every linear's (scaled) weights to the ratio that minimises its output error; stats by linear."""
+    attn = layer.self_attn
+    clip_stats: dict[str, AWQClipStats] = {}
+    for name in names:
+        lin = layer.get_submodule(name)
+        x = torch.cat(inputs[name])
+        # q and k are not clipped: only the v rows of the fused qkv_proj.
+        rows = slice(attn.q_size + attn.kv_size, None) if lin is attn.qkv_proj else slice(None)
+        clipped, _, clip_stats[name] = search_clip(lin.weight[rows], x, spec, n_grid=n_grid, max_shrink=max_shrink,
+                                                   n_tokens=n_tokens)
+        _set_weight(lin, clipped, rows)
+    return clip_stats
+
+
+def _quantize_layer(layer: nn.Module, names: list[str], spec: QuantSpec, index: int, results: dict | None) -> None:
+    """Round every linear's scaled, clipped weights to the grid (fake-quantized in place)."""
+    for name in names:
+        lin = layer.get_submodule(name)
+        q, scales, zeros = quantize(lin.weight.float(), spec)
+        _set_weight(lin, dequantize(q, scales, zeros, group_size=spec.group_size))
+        if results is not None:  # the codes, for checkpoint export
+            results[f"layers.{index}.{name}"] = (q, scales, zeros, None)
+
+
+def _rtn_output(cal: CalibrationPass, layer: nn.Module, original: dict[str, torch.Tensor], names: list[str],
+                spec: QuantSpec) -> list[torch.Tensor]:
+    """The layer's output with RTN on its original weights, for comparison; then the AWQ weights go back."""
+    params = dict(layer.named_parameters())
+    awq_params = {n: p.detach().clone() for n, p in params.items()}
+    for n, p in params.items():
+        p.data.copy_(original[n])
+    for name in names:
+        lin = layer.get_submodule(name)
+        _set_weight(lin, fake_quantize(lin.weight, spec))
+    rtn_out = cal.run(layer)
+    for n, p in params.items():
+        p.data.copy_(awq_params[n])
+    return rtn_out
+
+
+def _mse(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return float((torch.cat(a).float() - torch.cat(b).float()).pow(2).mean())
