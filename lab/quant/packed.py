@@ -94,13 +94,12 @@ class PackedLinear(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"input has {x.shape[-1]} features; this linear takes {self.in_features}")
-        lead, n = x.shape[:-1], self.out_features
-        x2 = x.reshape(-1, self.in_features)
-        if self.perm is not None:
-            x2 = x2.index_select(1, self.perm)
-        xb = x2.to(torch.bfloat16).contiguous()
+        if x.dim() != 2:  # the lab's model passes [tokens, features]; anything else goes flat and back
+            return self.forward(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], self.out_features)
+        if x.shape[1] != self.in_features:
+            raise ValueError(f"input has {x.shape[1]} features; this linear takes {self.in_features}")
+        n = self.out_features
+        xb = (x if self.perm is None else x.index_select(1, self.perm)).to(torch.bfloat16).contiguous()
         if self.kernel == "int8":
             y = torch.ops.aten._weight_int8pack_mm(xb, self.packed, self.scales).to(x.dtype)
             if self.correction is not None:
@@ -110,11 +109,9 @@ class PackedLinear(nn.Module):
             if self.kernel == "int8x2":  # hi plane rows, then lo plane rows (each padded alike)
                 rows = y.shape[1] // 2
                 y = y[:, :n].to(x.dtype) + y[:, rows:rows + n].to(x.dtype)
-            else:
-                y = y[:, :n].to(x.dtype)
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        return y.reshape(*lead, n)
+            else:  # rows past n are padding (the kernel packs 16 rows at a time)
+                y = (y if y.shape[1] == n else y[:, :n]).to(x.dtype)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}, "
@@ -314,7 +311,8 @@ def checkpoint_codes(path) -> tuple[dict[str, tuple], int]:
     path = Path(path)
     qc = json.loads((path / "config.json").read_text()).get("quantization_config")
     if not qc or qc.get("quant_method") not in ("gptq", "awq"):
-        raise ValueError(f"{path / 'config.json'}: quantization_config must be GPTQ or AWQ; got {qc and qc.get('quant_method')!r}")
+        method = qc.get("quant_method") if qc else None
+        raise ValueError(f"{path / 'config.json'}: quantization_config must be GPTQ or AWQ; got {method!r}")
     tensors = {}
     for f in sorted(path.glob("*.safetensors")):
         tensors.update(load_file(f, device="cpu"))
