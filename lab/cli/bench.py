@@ -1,0 +1,116 @@
+"""`lab bench engine|serve|quant`: the benchmarks of `lab.bench`, with provenance when written to JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _bench_engine(args) -> int:
+    from lab.bench.engine import as_dict, format_result, run_engine_bench
+    from lab.provenance import provenance
+
+    import torch
+
+    result = run_engine_bench(num_requests=args.num_requests, max_tokens=args.max_tokens, model=args.model,
+                              dtype=getattr(torch, args.dtype))
+    print(format_result(result))
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"result": as_dict(result), "provenance": provenance(vars(args) | {"command": "lab bench engine"})}
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {path}")
+    return 0
+
+
+def _length(text: str):
+    from lab.bench.serve import LengthDist
+
+    parts = [int(x) for x in text.split(",")]
+    if len(parts) == 1:
+        return LengthDist(parts[0], parts[0], parts[0], fixed=True)
+    if len(parts) != 3:
+        raise ValueError(f"a length is N (fixed) or P50,P90,P99 (log-normal), got {text!r}")
+    return LengthDist(*parts)
+
+
+def _bench_serve(args) -> int:
+    import math
+
+    from lab.bench.serve import LoadConfig, run_load_sync
+
+    cfg = LoadConfig(url=args.url.rstrip("/"), model=args.model, num_requests=args.num_requests,
+                     rate=math.inf if args.rate in ("inf", "0") else float(args.rate), arrivals=args.arrivals,
+                     max_concurrency=args.max_concurrency, input_len=_length(args.input_len),
+                     output_len=_length(args.output_len), system_prompt_tokens=args.system_prompt_tokens,
+                     max_model_len=args.max_model_len, vocab_size=args.vocab_size, duration_s=args.duration,
+                     slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot, seed=args.seed,
+                     scrape_interval_s=args.scrape_interval or None)
+    report = run_load_sync(cfg)
+    summary = report.summary()
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=2, default=float) + "\n")
+    if args.plot:
+        from lab.bench.serve import plot_dashboard
+        plot_dashboard(report, args.url).savefig(args.plot, dpi=110, bbox_inches="tight")
+    width = max(map(len, summary))
+    for k, v in summary.items():
+        print(f"{k:<{width}}  {v:.4g}" if isinstance(v, float) else f"{k:<{width}}  {v}")
+    return 0 if summary["ok"] else 1
+
+
+def _bench_quant(args) -> int:
+    from lab.bench.quant import format_result, run_quant_bench
+    from lab.provenance import provenance
+
+    result = run_quant_bench(model=args.model, gptq_blocks=args.gptq_blocks, awq_blocks=args.awq_blocks,
+                             block_tokens=args.block_tokens, progress=True)
+    print(format_result(result))
+    if args.json:
+        record = {"result": result, "provenance": provenance(vars(args) | {"command": "lab bench quant"})}
+        Path(args.json).write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return 0
+
+
+def add_bench(sub) -> None:
+    """`lab bench engine|serve|quant`"""
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    eng = bench_sub.add_parser("engine", help="the lab engine vs transformers.generate on one offline workload")
+    eng.add_argument("--model", default="smollm2-135m")
+    eng.add_argument("--num-requests", type=int, default=32)
+    eng.add_argument("--max-tokens", type=int, default=128)
+    eng.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                     help="weights and activations of both engines (default float32, the reference workload)")
+    eng.add_argument("--json", default=None, help="also write the result with provenance to this JSON file")
+    eng.set_defaults(func=_bench_engine)
+    bs = bench_sub.add_parser("serve", help="load an OpenAI-compatible server (the lab's, vLLM, SGLang): TTFT, "
+                                            "TPOT, percentiles, throughput, goodput (lab.bench.serve)")
+    bs.add_argument("--url", default="http://127.0.0.1:8000")
+    bs.add_argument("--model", default="smollm2-135m", help="the served model name")
+    bs.add_argument("--num-requests", type=int, default=64)
+    bs.add_argument("--rate", default="inf", help="requests per second ('inf': all at once)")
+    bs.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson")
+    bs.add_argument("--max-concurrency", type=int, default=None)
+    bs.add_argument("--input-len", default="128,384,768", help="N (fixed) or P50,P90,P99 of a log-normal")
+    bs.add_argument("--output-len", default="32,64,96", help="N (fixed) or P50,P90,P99 of a log-normal")
+    bs.add_argument("--system-prompt-tokens", type=int, default=0, help="a prefix shared by every request")
+    bs.add_argument("--max-model-len", type=int, default=2048, help="the server's; every request must fit")
+    bs.add_argument("--vocab-size", type=int, default=49152, help="prompt token ids are drawn below this")
+    bs.add_argument("--duration", type=float, default=600.0, help="seconds; unfinished requests are cancelled")
+    bs.add_argument("--slo-ttft", type=float, default=2.0, help="goodput: TTFT at most this many seconds")
+    bs.add_argument("--slo-tpot", type=float, default=0.2, help="goodput: TPOT at most this many seconds")
+    bs.add_argument("--seed", type=int, default=0)
+    bs.add_argument("--scrape-interval", type=float, default=0.5, help="seconds between /metrics polls (0: none)")
+    bs.add_argument("--json", default=None, help="write the report (config, summary, requests, scrapes) here")
+    bs.add_argument("--plot", default=None, help="write the dashboard (latency, throughput, engine state) PNG here")
+    bs.set_defaults(func=_bench_serve)
+
+    bq = bench_sub.add_parser("quant", help="GPTQ and AWQ time on the whole model at the reference sizes")
+    bq.add_argument("--model", default="smollm2-135m")
+    bq.add_argument("--gptq-blocks", type=int, default=128)
+    bq.add_argument("--awq-blocks", type=int, default=32)
+    bq.add_argument("--block-tokens", type=int, default=512)
+    bq.add_argument("--json", default=None, help="also write the result and its provenance here")
+    bq.set_defaults(func=_bench_quant)

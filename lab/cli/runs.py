@@ -1,0 +1,57 @@
+"""`lab run` and `lab results`: the study notebooks executed into results/, and the index of their runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def _run(args) -> int:
+    from lab.run_notebook import parse_value, run_notebook, study_notebooks
+
+    params = {name: parse_value(value) for name, value in args.param}
+    names = [p.stem for p in study_notebooks()] if args.notebook == "all" else [args.notebook]
+    failed = []
+    for name in names:
+        print(f"running {name} ...", flush=True)
+        try:
+            print(run_notebook(name, params, root=args.results_dir, log_output=args.log_output))
+        except ValueError:
+            raise
+        except Exception as e:  # a failing cell: report it, keep running the other notebooks
+            print(f"{name} FAILED: {type(e).__name__}: {str(e)[-500:]}", file=sys.stderr)
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _results(args) -> int:
+    from lab.results_index import list_runs, write_index
+    from lab.runs import results_root
+
+    root = Path(args.results_dir) if args.results_dir else results_root()
+    for r in list_runs(root):
+        metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                            for k, v in r["metrics"].items() if not isinstance(v, (list, dict)))
+        print(f"{r['notebook']:28s} {r['run_id']:26s} {metrics}")
+    print(f"index: {write_index(root)}")
+    return 0
+
+
+def add_run(sub) -> None:
+    """`lab run NOTEBOOK|all`"""
+    run = sub.add_parser("run", help="execute a study notebook (or 'all') through papermill into results/")
+    run.add_argument("notebook", help="e.g. 00_engine_tour, or 'all' for every study notebook")
+    run.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                     help="set a parameter (a Python literal, else a string); repeatable")
+    run.add_argument("--results-dir", default=None, help="where run directories go (default: results/)")
+    run.add_argument("--log-output", action="store_true", help="stream the notebook's output to this terminal")
+    run.set_defaults(func=_run)
+
+
+def add_results(sub) -> None:
+    """`lab results`"""
+    res = sub.add_parser("results", help="list study runs with their key metrics and refresh results/README.md")
+    res.add_argument("--results-dir", default=None)
+    res.set_defaults(func=_results)
