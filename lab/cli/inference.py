@@ -36,8 +36,10 @@ def _generate(args) -> int:
 
 def _serve(args) -> int:
     from lab.engine import LLM
+    from lab.quant.kv import parse_kv_cache_dtype
     from lab.serve import serve
 
+    kv_format = parse_kv_cache_dtype(args.kv_cache_dtype)  # a bad format is refused before the model loads
     speculative = None
     if args.speculative:
         from lab.spec import SpeculativeConfig
@@ -45,7 +47,7 @@ def _serve(args) -> int:
     llm = LLM(args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
               enable_prefix_caching=not args.no_prefix_caching, enable_chunked_prefill=not args.no_chunked_prefill,
-              kv_cache_dtype=args.kv_cache_dtype, speculative=speculative)
+              kv_cache_dtype="auto" if kv_format is None else kv_format, speculative=speculative)
     if args.warmup:
         from lab.engine import SamplingParams
         llm.generate([[1] * 16], SamplingParams(max_tokens=2, ignore_eos=True))  # first-step costs paid here
