@@ -94,6 +94,20 @@ def test_packed_linear_random_codes_within_kernel_rounding(bits, shape, group_si
     assert lin(torch.zeros(0, shape[1])).shape == (0, shape[0])
 
 
+def test_packed_linear_follows_the_model_dtype():
+    """model.to(bf16) / .float() cast floating buffers; the kernels still get bf16 scales, and the
+    output comes back in the input's dtype."""
+    q, s, z = random_codes(32, 128, 64, 4, False, seed=1)
+    lin = pack_linear(q, s, z, torch.arange(128) // 64, 4, bias=torch.randn(32))
+    x = torch.randn(3, 128)
+    y = lin(x)
+    assert lin.to(torch.bfloat16).scales.dtype == torch.bfloat16 and lin(x.bfloat16()).dtype == torch.bfloat16
+    assert torch.allclose(lin(x.bfloat16()).float(), y, rtol=2 ** -7, atol=1e-2)
+    assert lin.float().scales.dtype == torch.bfloat16 and lin.bias.dtype == torch.float32
+    assert torch.allclose(lin(x), y, rtol=2 ** -7, atol=1e-2)  # the bias went through bf16 and back
+    assert lin(x.reshape(1, 3, 128)).shape == (1, 3, 32)
+
+
 def test_packed_linear_act_order_permutes_inputs():
     q, s, z = random_codes(64, 256, 64, 4, False, seed=3)
     g_idx = (torch.arange(256) // 64)[torch.randperm(256, generator=torch.Generator().manual_seed(0))]
@@ -277,3 +291,25 @@ def test_checkpoint_loads_packed_and_matches_dequantized_load(tmp_path, method, 
     ref, got = forward_logits(deq, prompt), forward_logits(packed, prompt)
     assert float((got - ref).abs().max()) < 0.02 * float(ref.abs().max())
     assert assert_greedy_close(packed, deq, prompt, 8, margin=0.02) >= 6
+
+
+@pytest.mark.parametrize("method,act_order", [("gptq", True), ("gptq", False), ("awq", False)])
+def test_pack_model_takes_gptq_and_awq_results(method, act_order):
+    """pack_model reads GPTQResults (codes re-derived from the fake-quantized weight) and AWQ's
+    (q, scales, zeros, None) tuples; the quantizers leave the model dequantized, its twin."""
+    from lab.models.reference import forward_logits
+
+    spec = QuantSpec(4, 32)
+    model, codes = tiny_calibrated(method, spec, act_order)
+    packed = pack_model(copy.deepcopy(model), codes, spec)
+    for name, result in codes.items():
+        mod = packed.get_submodule(name)
+        if method == "gptq":
+            assert (mod.perm is not None) == (act_order and not torch.equal(result.g_idx, spec.group_index(mod.in_features)))
+        w = model.get_submodule(name).weight.detach()
+        x = torch.randn(4, mod.in_features)
+        # the dequantized weight is the quantizer's own: the packed linear is it up to bf16 rounding
+        assert float((mod(x) - x @ w.t()).abs().max()) < 2 ** -6 * float((x.abs() @ w.abs().t()).max())
+    prompt = [11, 12, 13, 14, 15]
+    ref, got = forward_logits(model, prompt), forward_logits(packed, prompt)
+    assert float((got - ref).abs().max()) < 0.02 * float(ref.abs().max())

@@ -18,7 +18,8 @@ one thread, median of interleaved repeats; `python -m lab.bench.lowbit` measures
   and float16 take a scalar loop (LM head at M=1: 70 ms vs 1.6 ms). This is the tinygemm-style int4
   path of gpt-fast on CPU; torchao's CPU int4 weight-only format (Int4OpaqueTensor, 0.18) calls the
   same op behind a tensor subclass and measured the same plus ~0.03 ms of dispatch, so torchao is
-  not used. LM head 49152x576 at M=1: float32 5.8-7.4 ms, bfloat16 9-11 ms, int4 1.5-1.6 ms.
+  not used. LM head 49152x576 at M=1: float32 5.8-18.7 ms (it varies most with other work's memory
+  traffic), bfloat16 9-12 ms, int4 1.5-1.9 ms.
 - int8, per output channel (one group per row): `aten._weight_int8pack_mm(x bf16 [M, K], codes int8
   [N, K], scales bf16 [N])`, the fastest int8 candidate at M=1 on every decoder shape (960x576: 0.036
   ms vs float32 0.062, two int4 planes 0.088, dequantize-to-bf16-then-matmul 0.19). With float32 x it
@@ -31,8 +32,12 @@ one thread, median of interleaved repeats; `python -m lab.bench.lowbit` measures
   About 2x the int4 time (LM head 3.0 ms at M=1). Rejected: dequantizing int8 to bf16 per call and
   a bf16 matmul (the conversion costs more than the float32 matmul at M=1: 960x576 0.19 ms vs
   0.06), and torch.compile of the same (default and max-autotune: eager speed, 30 s to compile).
-- At M=32 bfloat16 matmuls beat every packed kernel (960x576: bf16 0.35 ms, int4 0.47, int8 0.53,
-  float32 0.59): the kernels re-dequantize the weights for every 4 rows. Packing pays for decode.
+- At M=32 bfloat16 matmuls beat every packed kernel (960x576: bf16 0.32-0.43 ms, int4 0.45-0.52,
+  int8 0.51-0.60, float32 0.52-0.65): the kernels dequantize the weights again for every 4 rows.
+  Packing pays for decoding: a batch-1 decode step of SmolLM2-135M (64-token context, one thread,
+  beside other work) took float32 50-57 ms, int4 27-44 ms (1.3-1.9x), int4 with the LM head packed
+  too 20-25 ms (2.3-2.5x), int8 36-45 ms (1.3-1.4x), int8 with its head 32-40 ms (1.4-1.6x); a
+  whole bfloat16 model was no faster than float32 (49-75 ms).
 
 The lab's grid w = s (q - z) (`lab.quant.rtn`) maps onto the int4 kernel's as scale = s and zero =
 s (8 - z) with unsigned codes (a signed grid's codes get +8 and its zero becomes exactly 0). Both are
