@@ -37,8 +37,6 @@ import torch
 import triton
 import triton.language as tl
 
-from lab.models.attention import causal_attention
-
 from .kv_codec import PagedKVCache, load_tile
 
 LOG2E = 1.4426950408889634
@@ -275,11 +273,22 @@ def _context(cache: PagedKVCache, table: torch.Tensor, length: int, dtype: torch
     return cache.read("k", slots).to(dtype), cache.read("v", slots).to(dtype)
 
 
+def _reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The references' math, written out: softmax(q k^T / sqrt(d)) v in float32, q [T, n_heads, d] the last T of
+    the S positions of k, v [S, n_kv_heads, d] (query i sees keys 0 .. S - T + i), each KV head repeated for the
+    query heads of its group."""
+    T, S, group = q.shape[0], k.shape[0], q.shape[1] // k.shape[1]
+    k, v = k.float().repeat_interleave(group, 1), v.float().repeat_interleave(group, 1)
+    scores = torch.einsum("thd,shd->hts", q.float(), k) / math.sqrt(q.shape[-1])
+    future = torch.arange(S, device=q.device)[None, :] > torch.arange(S - T, S, device=q.device)[:, None]
+    return torch.einsum("hts,shd->thd", scores.masked_fill(future, float("-inf")).softmax(-1), v).to(q.dtype)
+
+
 def paged_decode_attention_ref(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tensor,
                                context_lens: torch.Tensor) -> torch.Tensor:
     """Decode attention in PyTorch: gather each sequence's context, dequantized to q's dtype, then attend."""
     _check(q, cache, block_tables, context_lens)
-    return torch.stack([causal_attention(q[b:b + 1], *_context(cache, block_tables[b], int(n), q.dtype))[0]
+    return torch.stack([_reference_attention(q[b:b + 1], *_context(cache, block_tables[b], int(n), q.dtype))[0]
                         for b, n in enumerate(context_lens.tolist())]) if q.shape[0] else torch.empty_like(q)
 
 
@@ -291,7 +300,7 @@ def paged_prefill_attention_ref(q: torch.Tensor, cache: PagedKVCache, block_tabl
     out = torch.zeros_like(q)
     for b, n in enumerate(context_lens.tolist()):
         a, e = int(query_starts[b]), int(query_starts[b]) + int(query_lens[b])
-        out[a:e] = causal_attention(q[a:e], *_context(cache, block_tables[b], n, q.dtype))
+        out[a:e] = _reference_attention(q[a:e], *_context(cache, block_tables[b], n, q.dtype))
     return out
 
 

@@ -30,8 +30,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from lab.models.llama import apply_rope
-
 from .kv_codec import PagedKVCache
 from .kv_write import reshape_and_cache, reshape_and_cache_ref
 
@@ -135,9 +133,11 @@ def replay_kv(x: torch.Tensor, w_kv: torch.Tensor, b_kv: torch.Tensor | None, po
 
 def replay_kv_ref(x: torch.Tensor, w_kv: torch.Tensor, b_kv: torch.Tensor | None, positions: torch.Tensor,
                   cos: torch.Tensor, sin: torch.Tensor, cache: PagedKVCache, slot_mapping: torch.Tensor) -> None:
-    """The same in PyTorch: the projection, the model's `apply_rope`, and the reference write."""
+    """The same in PyTorch: the projection, the rotation of each key's halves [k1, k2] by the position's angles
+    to [k1 cos - k2 sin, k2 cos + k1 sin] (in float32), and the reference write."""
     _check(x, w_kv, positions, slot_mapping, cache, cos)
     k, v = F.linear(x, w_kv, b_kv).view(x.shape[0], 2, cache.n_kv, cache.head_dim).unbind(1)
-    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
-    k = apply_rope(k, torch.cat((c, c), -1), torch.cat((-s, s), -1))
+    c, s = cos[positions].unsqueeze(1).float(), sin[positions].unsqueeze(1).float()
+    k1, k2 = k.float().chunk(2, dim=-1)
+    k = torch.cat((k1 * c - k2 * s, k2 * c + k1 * s), -1).to(v.dtype)
     reshape_and_cache_ref(k, v, cache, slot_mapping)

@@ -5,9 +5,8 @@ import random
 import pytest
 
 from lab.engine.block_manager import BlockManager, block_hash
-from lab.engine.sampling import SamplingParams
+from lab.engine.request import SamplingParams, Sequence, Status
 from lab.engine.scheduler import Scheduler
-from lab.engine.sequence import Sequence, Status
 
 BS = 4
 

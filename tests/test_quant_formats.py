@@ -130,7 +130,7 @@ def fake_quantized_tiny(spec):
 @pytest.mark.parametrize("method,symmetric", [("gptq", False), ("gptq", True), ("awq", False)])
 def test_save_load_matches_fake_quant_and_engine(tmp_path, method, symmetric):
     from lab.engine import LLM
-    from lab.engine.sampling import SamplingParams
+    from lab.engine.request import SamplingParams
 
     spec = QuantSpec(bits=4, group_size=32, symmetric=symmetric)
     model, results = fake_quantized_tiny(spec)

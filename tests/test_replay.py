@@ -53,12 +53,14 @@ def test_hidden_state_replay_rebuilds_the_window_losslessly(smollm, chat_prompt_
     assert llm.stats()["replays"] > 0 and llm.stats()["replayed_tokens"] == 12 * llm.stats()["replays"]
 
 
-def test_hidden_state_replay_is_what_attention_reads(smollm, chat_prompt_ids, baseline):
+def test_hidden_state_replay_is_what_attention_reads(smollm, chat_prompt_ids, baseline, monkeypatch):
     """If the rebuild wrote nothing, the zeroed window would be read and the outputs would change."""
+    import lab.kernels
+
     model, tok = smollm
     llm = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=256,
               replay=ReplayConfig(window=12, always=True, min_position=0.0, source="hidden"))
-    llm.replay.hidden.replay = lambda *args: None
+    monkeypatch.setattr(lab.kernels, "replay_kv_ref", lambda *args: None)
     params = SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True)
     assert [o.token_ids for o in llm.generate(chat_prompt_ids[:2], params)] != baseline[:2]
 
@@ -70,7 +72,7 @@ def test_triggers_decide_when_to_replay(smollm, chat_prompt_ids):
     relaxed = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=256,
                   replay=ReplayConfig(window=8, memory_headroom=0.0, bandwidth_utilization=1.0, min_position=0.0))
     relaxed.generate(chat_prompt_ids[:1], params)
-    assert relaxed.stats()["replays"] == 0 and relaxed.replay.stats.skipped_by_trigger > 0
+    assert relaxed.stats()["replays"] == 0 and relaxed.extensions["replay"].totals.skipped_by_trigger > 0
     # Past 70% of prompt + max_tokens only: the early decode steps do not replay.
     n = len(chat_prompt_ids[0])
     late = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=256,

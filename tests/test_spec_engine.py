@@ -110,7 +110,7 @@ def test_model_drafters_greedy_equal_plain_greedy(smollm, prompts, plain, draft_
     assert [o.token_ids for o in outs] == plain
     s = llm.stats()
     assert s["spec_rounds"] > 0 and s["spec_draft_forwards"] >= s["spec_rounds"] // 3
-    assert llm.spec.drafter.block_manager.num_used_blocks == 0  # every shadow released at finish
+    assert llm.extensions["speculative"].drafter.block_manager.num_used_blocks == 0  # every shadow released at finish
     per_request = [o.metrics.speculation for o in outs if o.metrics.speculation is not None]
     assert sum(r.rounds for r in per_request) == s["spec_rounds"]
     assert sum(r.accepted for r in per_request) == s["spec_accepted"]
@@ -134,7 +134,7 @@ def test_sampling_with_a_model_drafter_is_distributed_as_the_target(smollm, draf
     with a drafter that samples its own (different) distribution. (The rule itself, with a broken rule shown
     to fail, is tested on toy targets in test_spec_verify; this checks the engine's wiring of p, q and rows.) The pairs (t1, t2) of 900 seeded requests
     must follow the target's exact joint distribution, computed from its logits (chi-square)."""
-    from lab.engine.sampling import probabilities
+    from lab.engine.request import probabilities
     from lab.models.reference import forward_logits
     from test_spec_verify import _chi_square_p
 
@@ -181,9 +181,9 @@ def test_abort_releases_the_drafters_blocks(smollm, prompts, draft_models):
     rid = llm.add_request(prompts[0], SamplingParams(max_tokens=MAX_NEW, temperature=0))
     for _ in range(3):
         llm.step()
-    assert llm.spec.drafter.block_manager.num_used_blocks > 0
+    assert llm.extensions["speculative"].drafter.block_manager.num_used_blocks > 0
     llm.abort(rid)
-    assert llm.spec.drafter.block_manager.num_used_blocks == 0 and llm.block_manager.num_used_blocks == 0
+    assert llm.extensions["speculative"].drafter.block_manager.num_used_blocks == 0 and llm.block_manager.num_used_blocks == 0
 
 
 def test_bad_speculative_settings_are_refused(smollm):
@@ -216,7 +216,7 @@ def test_speculation_on_a_quantized_pool_equals_plain_decoding_on_it(smollm, pro
 
 
 def test_policy_pause_doubles_after_each_failed_probe_and_resets():
-    from lab.engine.sequence import Sequence
+    from lab.engine.request import Sequence
     from lab.spec.speculator import Speculator
 
     spec = Speculator(SpeculativeConfig(min_acceptance=0.5, probe_rounds=1, backoff_tokens=4, max_backoff_tokens=12),

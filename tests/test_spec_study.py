@@ -82,7 +82,7 @@ def test_step_costs_on_the_engine(smollm):
     costs = step_costs(llm, 40, [1, 3], repeats=1)
     assert costs.target_step_s > 0 and set(costs.verify_s) == {1, 3} and costs.v(0) == 1.0
     assert 0 < costs.c < 1.5  # 3 of 30 layers: a fraction of a target step plus the fixed part
-    assert llm.block_manager.num_used_blocks == 0 and llm.spec.drafter.block_manager.num_used_blocks == 0
+    assert llm.block_manager.num_used_blocks == 0 and llm.extensions["speculative"].drafter.block_manager.num_used_blocks == 0
     with pytest.raises(ValueError, match="blocks; 32 are free"):
         forward_seconds(llm.runner, llm.block_manager, 600, 1)
 

@@ -1,8 +1,9 @@
 """The lab's reference inference engine: paged KV cache, continuous batching, chunked prefill,
-prefix caching, preemption by recompute. Start at `llm.LLM`."""
+prefix caching, preemption by recompute; features plug in as extensions. Start at `llm.LLM`."""
 
-from .llm import LLM, EngineConfig
-from .sampling import SamplingParams
-from .sequence import RequestMetrics, RequestOutput
+from .config import EngineConfig
+from .extension import EngineExtension
+from .llm import LLM
+from .request import RequestMetrics, RequestOutput, SamplingParams
 
-__all__ = ["LLM", "EngineConfig", "RequestMetrics", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "EngineConfig", "EngineExtension", "RequestMetrics", "RequestOutput", "SamplingParams"]

@@ -10,8 +10,8 @@ Each step:
    and runs causal attention with the chunk's queries at the end of its context.
 
 Quantized formats with a full-precision window or per-channel keys also read exact K/V from the store's
-staging area (`StagingMetadata`): a decode overwrites the gathered K/V at the positions it reads exactly, a
-prefill chunk, whose queries each read a different window, chooses per (query, key)
+staging area (`lab.engine.kv_store.StagingMetadata`): a decode overwrites the gathered K/V at the positions it
+reads exactly, a prefill chunk, whose queries each read a different window, chooses per (query, key)
 (`lab.models.attention.partly_exact_attention`). Which positions are exact is `lab.quant.kv.exact_mask`.
 
 Gathering copies the context once per layer, which a fused kernel would not (the Triton backend
@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from lab.models.attention import causal_attention, partly_exact_attention
 from lab.quant.kv import exact_mask
 
+from .kv_store import StagingMetadata
+
 
 @dataclass
 class PagedAttentionMetadata:
@@ -41,23 +43,6 @@ class PagedAttentionMetadata:
     decode_lens: torch.Tensor  # [Bd] context length of each decode, its new token included
     prefills: list[tuple[int, int, torch.Tensor, int]]  # (first token row, query length, block ids, context length)
     staging: StagingMetadata | None = None
-
-
-@dataclass
-class StagingMetadata:
-    """Where this step's exact K/V come from and go to. Rows index the step's exact source: its own tokens
-    (rows 0 .. T-1), then the staged tokens it reads (`read_slots`, rows T ...)."""
-
-    read_slots: torch.Tensor  # [R] staging slots of each sequence's exact tokens before this step
-    write_slots: torch.Tensor  # [W] staging slots this step's tokens go to (each sequence's last ones)
-    write_rows: torch.Tensor  # [W] their rows among the step's tokens
-    decode_rows: torch.Tensor  # [Bd, S] source rows of each decode's exact span (0 where unused)
-    decode_positions: torch.Tensor  # [Bd, S] their positions (-1 where unused)
-    prefill_spans: list[tuple[torch.Tensor, int]]  # per prefill: source rows of its exact span, first position
-    group_rows: torch.Tensor  # [G * groups] per-channel key groups completed this step: their tokens' rows,
-    group_slots: torch.Tensor  # pool slots,
-    group_positions: torch.Tensor  # positions,
-    group_meta: torch.Tensor  # [groups] and the slot of each group's scales
 
 
 class TorchPagedAttention:

@@ -20,7 +20,7 @@ import hashlib
 from array import array
 from collections import OrderedDict
 
-from .sequence import Sequence
+from .request import Sequence
 
 
 def block_hash(parent: bytes | None, tokens: list[int], salt: str | None) -> bytes:
@@ -94,12 +94,15 @@ class BlockManager:
         return block
 
     def cache_full_blocks(self, seq: Sequence) -> None:
-        """Name every block that became full and computed, so later requests can reuse it."""
+        """Name every block that became full and computed, so later requests can reuse it. A block is named by
+        the tokens the sequence holds: call this after the step's tokens are appended (a speculative round's
+        accepted drafts are computed before they are appended), and a sequence that stops inside its accepted
+        drafts holds fewer tokens than it computed."""
         if not self.enable_prefix_caching:
             return
         hashes = self.block_hashes.setdefault(seq.request_id, [])
         bs = self.block_size
-        for i in range(len(hashes), seq.num_computed_tokens // bs):
+        for i in range(len(hashes), min(seq.num_computed_tokens, len(seq)) // bs):
             h = block_hash(hashes[-1] if hashes else None, seq.token_ids[i * bs:(i + 1) * bs], seq.cache_salt)
             hashes.append(h)
             block = seq.block_table[i]

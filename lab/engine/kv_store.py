@@ -23,6 +23,8 @@ after preemption) reads the cached tokens inside its window quantized, since the
 from __future__ import annotations
 
 import math
+import os
+from dataclasses import dataclass
 
 import torch
 
@@ -30,8 +32,65 @@ from lab.models.llama import apply_rope
 from lab.quant.kv import (FP8_TYPES, KVCacheFormat, QuantizedKV, dequantize, pack_codes, quantize, staging_length,
                          unpack_codes)
 
+from .request import Sequence, Status
+
+# Share of the free memory the KV pool may take when the engine is not given a number of blocks.
+KV_CACHE_MEMORY_FRACTION = 0.4
+
+
+def kv_cache_bytes_per_block(model, block_size: int, kv_format: KVCacheFormat | None) -> int:
+    """Pool bytes of one block: `kv_format` None stores K/V in the model's dtype."""
+    c = model.config
+    shape = (c.num_hidden_layers, block_size, c.num_key_value_heads, c.head_dim)
+    if kv_format is None:
+        return PlainKVStore.bytes_per_block(*shape, model.embed_tokens.weight.dtype)
+    return QuantizedKVStore.bytes_per_block(*shape, kv_format)
+
+
+def kv_staging_bytes(model, max_num_seqs: int, kv_format: KVCacheFormat | None) -> int:
+    """Bytes of the exact copies a quantized cache keeps per running sequence (windows, filling key groups)."""
+    if kv_format is None:
+        return 0
+    c = model.config
+    return QuantizedKVStore.staging_bytes_for(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, kv_format,
+                                             max_num_seqs, model.embed_tokens.weight.dtype)
+
+
+def available_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def default_num_blocks(model, block_size: int, max_model_len: int, max_num_seqs: int,
+                       kv_format: KVCacheFormat | None) -> int:
+    """Enough blocks for max_num_seqs sequences of max_model_len, within a share of free memory (less the
+    staging area of a quantized cache's exact windows)."""
+    per_block = kv_cache_bytes_per_block(model, block_size, kv_format)
+    staging = kv_staging_bytes(model, max_num_seqs, kv_format)
+    per_seq = -(-max_model_len // block_size)
+    device = model.embed_tokens.weight.device
+    affordable = max(int(available_memory(device) * KV_CACHE_MEMORY_FRACTION) - staging, 0) // per_block
+    num = min(max_num_seqs * per_seq, affordable)
+    if num < per_seq:
+        raise ValueError(f"the KV pool that fits in memory ({num} blocks of {block_size} tokens) cannot hold "
+                         f"one sequence of max_model_len {max_model_len}; lower max_model_len")
+    return num
+
+
+def build_kv_store(model, num_blocks: int, block_size: int, kv_format: KVCacheFormat | None = None,
+                   kv_scales=None, max_num_seqs: int = 1):
+    """The pool for `model`: plain in its dtype, or quantized (with `max_num_seqs` staging lanes if it stages)."""
+    c, w = model.config, model.embed_tokens.weight
+    shape = (c.num_hidden_layers, num_blocks, block_size, c.num_key_value_heads, c.head_dim)
+    if kv_format is None:
+        return PlainKVStore(*shape, w.dtype, w.device)
+    return QuantizedKVStore(*shape, kv_format, w.dtype, w.device, kv_scales, model.rope, max_num_seqs)
+
 
 class PlainKVStore:
+    stages = False  # no exact copies outside the pool
+
     def __init__(self, n_layers: int, num_blocks: int, block_size: int, n_kv: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device):
         shape = (n_layers, num_blocks, block_size, n_kv, head_dim)
@@ -52,6 +111,9 @@ class PlainKVStore:
         kc, vc = self.k_cache[layer], self.v_cache[layer]
         kc.view(-1, *kc.shape[-2:]).index_copy_(0, slots, k)
         vc.view(-1, *vc.shape[-2:]).index_copy_(0, slots, v)
+
+    def staging_metadata(self, scheduled: list[tuple[Sequence, int]], num_tokens: int) -> None:
+        return None
 
     def gather(self, layer: int, blocks: torch.Tensor, per_sequence: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         # index_select copies whole blocks (~2x faster than advanced indexing here).
@@ -85,6 +147,14 @@ class QuantizedKVStore:
         stage_shape = (n_layers, num_lanes * self.staging_length, n_kv, head_dim)
         self.staged = {r: torch.zeros(stage_shape, dtype=dtype, device=device) for r in "kv"} \
             if self.staging_length else {}
+        # Staging lanes (exact K/V of each running sequence's last tokens), for windows and per-channel keys.
+        self.stages = self.staging_length > 0 or fmt.granularity == "per-channel"
+        self.lanes = StagingLanes(num_lanes, block_size, self.staging_length,
+                                  fmt.token_group if fmt.granularity == "per-channel" else 0, device)
+
+    def staging_metadata(self, scheduled: list[tuple[Sequence, int]], num_tokens: int) -> StagingMetadata | None:
+        """Where this step's exact K/V come from and go to (None for a format without exact copies)."""
+        return self.lanes.metadata(scheduled, num_tokens) if self.stages else None
 
     @staticmethod
     def bytes_per_block(n_layers, block_size, n_kv, head_dim, fmt: KVCacheFormat) -> int:
@@ -198,3 +268,96 @@ def _meta_shape(fmt: KVCacheFormat, role: str, block_size: int, n_kv: int, head_
 
 def _code_width(fmt: KVCacheFormat, head_dim: int) -> int:
     return head_dim if fmt.is_fp8 else head_dim * fmt.bits // 8
+
+
+@dataclass
+class StagingMetadata:
+    """Where this step's exact K/V come from and go to. Rows index the step's exact source: its own tokens
+    (rows 0 .. T-1), then the staged tokens it reads (`read_slots`, rows T ...)."""
+
+    read_slots: torch.Tensor  # [R] staging slots of each sequence's exact tokens before this step
+    write_slots: torch.Tensor  # [W] staging slots this step's tokens go to (each sequence's last ones)
+    write_rows: torch.Tensor  # [W] their rows among the step's tokens
+    decode_rows: torch.Tensor  # [Bd, S] source rows of each decode's exact span (0 where unused)
+    decode_positions: torch.Tensor  # [Bd, S] their positions (-1 where unused)
+    prefill_spans: list[tuple[torch.Tensor, int]]  # per prefill: source rows of its exact span, first position
+    group_rows: torch.Tensor  # [G * groups] per-channel key groups completed this step: their tokens' rows,
+    group_slots: torch.Tensor  # pool slots,
+    group_positions: torch.Tensor  # positions,
+    group_meta: torch.Tensor  # [groups] and the slot of each group's scales
+
+
+class StagingLanes:
+    """One lane per running sequence: a ring of its last `ring` positions' exact K/V. A sequence that restarts
+    (preempted then recomputed, or rewound) holds nothing exact before where it restarts."""
+
+    def __init__(self, num_lanes: int, block_size: int, ring: int, key_group: int, device: torch.device):
+        self.block_size, self.ring, self.group, self.device = block_size, ring, key_group, device
+        self.free = list(range(num_lanes))
+        self.lanes: dict[int, tuple[Sequence, int]] = {}  # request id -> (sequence, lane)
+        self.staged_from: dict[int, int] = {}  # request id -> first position its lane holds exactly
+        self.next_position: dict[int, int] = {}
+
+    def _lane(self, seq: Sequence, start: int, end: int) -> int:
+        rid = seq.request_id
+        if rid not in self.lanes:
+            if not self.free:  # lanes of sequences no longer running
+                for other, (owner, lane) in list(self.lanes.items()):
+                    if owner.status is not Status.RUNNING:
+                        self.free.append(lane)
+                        del self.lanes[other], self.staged_from[other], self.next_position[other]
+            self.lanes[rid] = (seq, self.free.pop())
+        if self.next_position.get(rid) != start:
+            self.staged_from[rid] = start
+        self.next_position[rid] = end
+        return self.lanes[rid][1]
+
+    def metadata(self, scheduled: list[tuple[Sequence, int]], num_tokens: int) -> StagingMetadata:
+        ring, dev = self.ring, self.device
+        read_slots, write_slots, write_rows, decode_spans, prefill_spans = [], [], [], [], []
+        groups = ([], [], [], [])  # rows, slots, positions, scale slot of each completed key group
+        row = 0
+        for seq, n in scheduled:
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            lane = self._lane(seq, start, end)
+            first = max(self.staged_from[seq.request_id], start - ring)
+            slot = [lane * ring + p % ring for p in range(first, end)] if ring else []
+            # Source rows of positions first .. end - 1: the staged ones (after the step's tokens), then its own.
+            span = list(range(num_tokens + len(read_slots), num_tokens + len(read_slots) + start - first))
+            span += list(range(row, row + n))
+            read_slots += slot[:start - first]
+            keep = min(n, ring)
+            write_slots += slot[len(slot) - keep:]
+            write_rows += range(row + n - keep, row + n)
+            if n == 1:
+                decode_spans.append((span, first))
+            else:
+                prefill_spans.append((torch.tensor(span, dtype=torch.long, device=dev), first))
+            self._completed_key_groups(seq, start, end, first, span, groups)
+            row += n
+        width = max((len(r) for r, _ in decode_spans), default=0)
+        decode_rows = [r + [0] * (width - len(r)) for r, _ in decode_spans]
+        decode_positions = [list(range(f, f + len(r))) + [-1] * (width - len(r)) for r, f in decode_spans]
+
+        def t(x):
+            return torch.tensor(x, dtype=torch.long, device=dev)
+
+        return StagingMetadata(t(read_slots), t(write_slots), t(write_rows),
+                               t(decode_rows).view(len(decode_spans), width),
+                               t(decode_positions).view(len(decode_spans), width), prefill_spans, *map(t, groups))
+
+    def _completed_key_groups(self, seq: Sequence, start: int, end: int, first: int, span: list[int],
+                              groups: tuple[list, list, list, list]) -> None:
+        """Per-channel keys: each group of `group` keys that completes in this step is quantized from its exact
+        copies (its rows in the step's exact source)."""
+        bs, group = self.block_size, self.group
+        for last in range(start, end) if group else ():
+            if (last + 1) % group:
+                continue
+            g = last + 1 - group
+            if g < first:
+                raise RuntimeError(f"per-channel key group at {g} began before the exact copies ({first})")
+            groups[0].extend(span[g - first:g - first + group])
+            groups[1].extend(seq.block_table[p // bs] * bs + p % bs for p in range(g, g + group))
+            groups[2].extend(range(g, g + group))
+            groups[3].append(seq.block_table[g // bs] * (bs // group) + g % bs // group)

@@ -1,162 +1,73 @@
 """`LLM`: the offline engine. `add_request` / `step` / `generate`, in the shape of vLLM and nano-vllm.
 
-A request's path: `generate` -> `add_request` (validated, tokenized, queued) -> `step`:
-`Scheduler.schedule` picks (sequence, tokens) pairs under the budgets -> `ModelRunner.execute`
-builds the flat batch and runs `LlamaModel` whose layers call `TorchPagedAttention.attend`
-(`lab.engine.attention`), or with attention_backend="triton" `TritonPagedAttention.attend`
-(`lab.engine.triton_attention` -> `lab.kernels.paged_attention`) -> tokens are sampled, appended,
-finished sequences free their blocks.
+A request's path: `generate` -> `add_request` (validated, tokenized, queued as a `Sequence`) -> `step`:
+`Scheduler.schedule` picks (sequence, tokens) pairs under the budgets, `BlockManager` gives them blocks ->
+`ModelRunner.execute` builds the flat batch and runs `LlamaModel`, whose layers call
+`TorchPagedAttention.attend` (`lab.engine.attention`, reading and writing `lab.engine.kv_store`), or with
+attention_backend="triton" `TritonPagedAttention.attend` (`lab.engine.triton_attention` ->
+`lab.kernels.paged_attention`) -> tokens are sampled (`lab.engine.request.sample`), appended, full blocks
+hashed for the prefix cache, finished sequences free their blocks.
+
+Features plug in through `lab.engine.extension` (speculative decoding, replay): `step` calls their hooks and
+has no branch of its own for any of them.
 """
 
 from __future__ import annotations
 
-import os
 import time
-from dataclasses import dataclass
-
-import torch
 
 from lab.models import LlamaModel, default_device, default_dtype, load_model
-from lab.quant.kv import KV_CACHE_DTYPES as QUANT_KV_DTYPES
-from lab.quant.kv import KVCacheFormat
 
 from .block_manager import BlockManager
-from .model_runner import ModelRunner, kv_cache_bytes_per_block, kv_staging_bytes
-from .sampling import SamplingParams
+from .config import EngineConfig
+from .extension import EngineExtension
+from .kv_store import build_kv_store, default_num_blocks
+from .model_runner import ModelOutput, ModelRunner
+from .request import RequestOutput, SamplingParams, Sequence, Status, sample
 from .scheduler import Scheduler
-from .sequence import RequestOutput, Sequence, Status
-
-# "torch": gather the blocks, then SDPA (lab.engine.attention); "triton": the lab.kernels read them in place.
-ATTENTION_BACKENDS = ("torch", "triton")
-# "auto": the model's dtype; the others are lab.quant.kv formats (a KVCacheFormat picks the granularity).
-KV_CACHE_DTYPES = ("auto",) + QUANT_KV_DTYPES
-# Share of the free memory the KV pool may take when num_kv_blocks is not given.
-KV_CACHE_MEMORY_FRACTION = 0.4
-
-
-@dataclass
-class EngineConfig:
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    max_model_len: int = 2048
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 2048
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    attention_backend: str = "torch"
-    kv_cache_dtype: str | KVCacheFormat = "auto"
-
-    def __post_init__(self):
-        for name in ("block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks must be a positive integer, got {self.num_kv_blocks}")
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention_backend {self.attention_backend!r} is not one of {ATTENTION_BACKENDS}")
-        if not isinstance(self.kv_cache_dtype, KVCacheFormat) and self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES} "
-                             f"(or a lab.quant.kv.KVCacheFormat)")
-        if self.attention_backend == "triton" and isinstance(self.kv_cache_dtype, KVCacheFormat):
-            from lab.kernels import check_supported
-            check_supported(self.kv_cache_dtype)
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                f"without chunked prefill a whole prompt must fit one step: max_num_batched_tokens "
-                f"{self.max_num_batched_tokens} < max_model_len {self.max_model_len}"
-            )
-
-
-def _available_memory(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 class LLM:
-    def __init__(self, model: str | LlamaModel = "smollm2-135m", dtype: torch.dtype | None = None,
-                 block_size: int = 16, num_kv_blocks: int | None = None, max_model_len: int = 2048,
-                 max_num_seqs: int = 32, max_num_batched_tokens: int = 2048, enable_prefix_caching: bool = True,
-                 enable_chunked_prefill: bool = True, attention_backend: str = "torch",
-                 kv_cache_dtype: str | KVCacheFormat = "auto", kv_scales=None, tokenizer=None,
-                 device: str | torch.device | None = None, replay=None, speculative=None):
-        """`model` is a name or path for `load_model`, or an already loaded `LlamaModel` (pass its tokenizer).
+    def __init__(self, model: str | LlamaModel = "smollm2-135m", **options):
+        """`model` is a name or path for `lab.models.load_model`, or an already loaded `LlamaModel` (pass its
+        `tokenizer=`). Every option is a field of `lab.engine.config.EngineConfig` (vLLM's names: `dtype`,
+        `block_size`, `max_model_len`, `max_num_seqs`, `max_num_batched_tokens`, `kv_cache_dtype`, ...).
 
-        `kv_cache_dtype`: "auto" (the model's dtype), a quantized dtype with its default granularity (fp8
-        per-tensor, integers per-token), or a `lab.quant.kv.KVCacheFormat` (any granularity, per-channel keys
-        and a full-precision window included); static granularities need `kv_scales`
-        (`lab.quant.kv_calibration.KVScales`). A window's exact copies take `max_num_seqs` lanes outside the
-        pool (`stats()["kv_staging_bytes"]`).
-
-        `replay`: a `lab.replay.ReplayConfig`: before each step, sequences about to decode may drop the KV of
-        their last tokens and recompute it from their token ids (`lab.replay.controller`).
-
-        `speculative`: a `lab.spec.SpeculativeConfig`: requests (whose SamplingParams.speculate) decode k drafted
-        tokens a round from its drafter (n-gram lookup, the first layers, a quantized copy or a draft model, whose
-        KV pool has num_kv_blocks blocks too), verified losslessly (`lab.spec.speculator`)."""
-        self.config = EngineConfig(block_size, num_kv_blocks, max_model_len, max_num_seqs, max_num_batched_tokens,
-                                   enable_prefix_caching, enable_chunked_prefill, attention_backend, kv_cache_dtype)
+        `speculative=lab.spec.SpeculativeConfig(...)`: requests (whose SamplingParams.speculate) decode k drafted
+        tokens a round, verified losslessly. `replay=lab.replay.ReplayConfig(...)`: sequences about to decode may
+        drop the KV of their last tokens and recompute it. Both are engine extensions (`extensions`)."""
+        self.config = c = EngineConfig(model=model, **options)
         if isinstance(model, LlamaModel):
-            self.model, self.tokenizer = model, tokenizer
+            self.model, self.tokenizer = model, c.tokenizer
         else:
-            device = torch.device(device) if device is not None else default_device()
-            self.model, self.tokenizer = load_model(model, dtype=dtype or default_dtype(device), device=device,
-                                                    max_positions=max_model_len)
-        window = self.model.config.sliding_window
-        if window is not None and max_model_len > window:
-            raise ValueError(f"max_model_len {max_model_len} exceeds the model's sliding window of {window} tokens, "
-                             f"which the lab's attention does not implement; use max_model_len <= {window}")
-        if max_model_len > self.model.rope.max_positions:
-            raise ValueError(f"max_model_len {max_model_len} exceeds the model's rotary table of "
-                             f"{self.model.rope.max_positions} positions")
+            device = default_device() if c.device is None else c.device
+            self.model, self.tokenizer = load_model(model, dtype=c.torch_dtype or default_dtype(device), device=device,
+                                                    max_positions=c.max_model_len)
+        c.check_model(self.model)
         self.device = self.model.embed_tokens.weight.device
-        kv_format = kv_cache_dtype if isinstance(kv_cache_dtype, KVCacheFormat) else (
-            None if kv_cache_dtype == "auto" else KVCacheFormat(kv_cache_dtype))
-        per_block = kv_cache_bytes_per_block(self.model, block_size, kv_format)
-        staging = kv_staging_bytes(self.model, max_num_seqs, kv_format)
-        num_blocks = num_kv_blocks or self._default_num_blocks(per_block, staging)
-        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
-        self.runner = ModelRunner(self.model, num_blocks, block_size, kv_format, kv_scales, max_num_seqs,
-                                  attention_backend)
+        num_blocks = c.num_kv_blocks or default_num_blocks(self.model, c.block_size, c.max_model_len,
+                                                           c.max_num_seqs, c.kv_format)
+        kv = build_kv_store(self.model, num_blocks, c.block_size, c.kv_format, c.kv_scales, c.max_num_seqs)
+        self.block_manager = BlockManager(num_blocks, c.block_size, c.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, c.max_num_seqs, c.max_num_batched_tokens,
+                                   c.enable_chunked_prefill)
+        self.runner = ModelRunner(self.model, kv, c.block_size, c.attention_backend, c.enforce_eager)
         self.eos_token_ids = set(self.model.config.eos_token_ids)
-        self.spec = None
-        if speculative is not None:
-            from lab.spec.speculator import Speculator
-            if replay is not None:
-                raise ValueError("replay and speculative decoding cannot be combined in one engine")
-            if self.runner.stages:  # a rollback would leave the exact copies behind the rewound position
-                raise ValueError(f"speculative decoding needs a KV format without staged exact copies; "
-                                 f"kv_cache_dtype {kv_cache_dtype!r} keeps a full-precision window or per-channel "
-                                 f"keys")
-            self.spec = Speculator(speculative, self.model, num_blocks, block_size, max_model_len, self.tokenizer)
-        self.replay = None
-        if replay is not None:
-            from lab.replay.controller import ReplayController
-            if replay.chunk is not None and not enable_chunked_prefill:
-                raise ValueError("replay in chunks needs enable_chunked_prefill=True")
-            hidden = None
-            if replay.source == "hidden":
-                from lab.replay.hidden import HiddenStateStore
-                hidden = HiddenStateStore(self.runner, replay.window)
-            self.replay = ReplayController(replay, hidden)
-            self._weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-            self._kv_bytes_per_token = per_block / block_size
         self.sequences: dict[int, Sequence] = {}
         self.num_prefill_tokens = self.num_decode_tokens = self.num_steps = 0
         self.last_schedule = None
+        self.extensions: dict[str, EngineExtension] = {}
+        for ext_config in c.extension_configs:
+            self._add_extension(ext_config.build(self))
 
-    def _default_num_blocks(self, per_block: int, staging: int) -> int:
-        """Enough blocks for max_num_seqs sequences of max_model_len, within a share of free memory (less the
-        staging area of a quantized cache's exact windows)."""
-        c = self.config
-        per_seq = -(-c.max_model_len // c.block_size)
-        affordable = max(int(_available_memory(self.device) * KV_CACHE_MEMORY_FRACTION) - staging, 0) // per_block
-        num = min(c.max_num_seqs * per_seq, affordable)
-        if num < per_seq:
-            raise ValueError(f"the KV pool that fits in memory ({num} blocks of {c.block_size} tokens) cannot hold "
-                             f"one sequence of max_model_len {c.max_model_len}; lower max_model_len")
-        return num
+    def _add_extension(self, ext: EngineExtension) -> None:
+        if ext.name in self.extensions:
+            raise ValueError(f"two engine extensions are named {ext.name!r}")
+        rewinding = [e.name for e in self.extensions.values() if e.rewinds]
+        if ext.rewinds and rewinding:
+            raise ValueError(f"{ext.name} and {rewinding[0]} both rewind num_computed_tokens and cannot be combined "
+                             f"in one engine")
+        self.extensions[ext.name] = ext
 
     # ---- requests -----------------------------------------------------------------------------
     def _tokenize(self, prompt) -> tuple[list[int], str | None]:
@@ -204,68 +115,79 @@ class LLM:
     def abort(self, request_id: int) -> None:
         seq = self.sequences.pop(request_id, None)
         if seq is not None and seq.status != Status.FINISHED:
-            self.scheduler.finish(seq, "abort")
-            if self.spec is not None:
-                self.spec.finish(seq)
+            self._finish(seq, "abort")
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
     # ---- stepping -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One scheduler step and one model forward; returns the requests that finished in it."""
-        if self.replay is not None:
-            bm = self.block_manager
-            self.replay.before_step(self.scheduler.running, bm.num_free_blocks / bm.num_blocks, self._kv_read_share())
-        if self.spec is not None:
-            self.spec.propose(self.scheduler.running)
+        """One scheduler step and one model forward; returns the requests that finished in it. Extension hooks
+        run in the order `lab.engine.extension` documents."""
+        for ext in self.extensions.values():
+            ext.before_schedule(self)
         out = self.scheduler.schedule()
-        drafts = self.spec.withdraw_unscheduled(out.scheduled) if self.spec is not None else {}
-        if self.replay is not None:
-            self.replay.begin_step(out.scheduled)
+        extra_rows = {}
+        for ext in self.extensions.values():
+            extra_rows.update(ext.after_schedule(self, out.scheduled))
         self.last_schedule = out  # for tracing: what this step ran (see lab.engine.trace)
         if not out.scheduled:
             return []
-        tokens = self.runner.execute(out.scheduled, drafts)
-        now = time.perf_counter()
-        finished = []
         self.num_steps += 1
-        for (seq, n), result in zip(out.scheduled, tokens):
+        emitted = self._next_tokens(out.scheduled, self.runner.execute(out.scheduled, extra_rows))
+        finished = [o for seq, _ in out.scheduled if (o := self._append(seq, emitted.get(seq.request_id, [])))]
+        for ext in self.extensions.values():
+            ext.after_step(self)
+        return finished
+
+    def _next_tokens(self, scheduled: list[tuple[Sequence, int]], output: ModelOutput) -> dict[int, list[int]]:
+        """Advance each sequence by its scheduled tokens, then the tokens each emits: an extension's (a
+        verification), or one sampled token (all sampled in one call) for a sequence that reached its end."""
+        emitted, plain = {}, []
+        for (seq, n), rows in zip(scheduled, output.rows):
             if seq.num_computed_tokens < seq.num_prompt_tokens:
                 self.num_prefill_tokens += n
             else:
                 self.num_decode_tokens += n
-            if seq.request_id in drafts:  # verified: accepted drafts and one more token, rejected ones rolled back
-                emitted = self.spec.accept(seq, result)
-            else:
-                seq.num_computed_tokens += n
-                emitted = [] if result is None else [result]
-            self.block_manager.cache_full_blocks(seq)
-            for token in emitted:
-                seq.token_ids.append(token)
-                m = seq.metrics
-                m.token_times.append(now)
-                if m.first_token_time is None:
-                    m.first_token_time = now
-                reason = self._finish_reason(seq, token)
-                if reason:
-                    m.finish_time = now
-                    self.scheduler.finish(seq, reason)
-                    finished.append(self._output(self.sequences.pop(seq.request_id)))
-                    if self.replay is not None:
-                        self.replay.forget(seq.request_id)
-                    if self.spec is not None:
-                        self.spec.finish(seq)
+            seq.num_computed_tokens += n
+            if rows is None:
+                continue
+            for ext in self.extensions.values():
+                if (tokens := ext.process_logits(seq, output.logits[rows])) is not None:
+                    emitted[seq.request_id] = tokens
                     break
-        if self.replay is not None:
-            self.replay.after_step(self.scheduler.running)
-        return finished
+            else:
+                plain.append((seq, rows.stop - 1))
+        if plain:
+            tokens = sample(output.logits[[r for _, r in plain]], [s.params for s, _ in plain],
+                            [s.generator for s, _ in plain])
+            emitted.update((seq.request_id, [t]) for (seq, _), t in zip(plain, tokens))
+        return emitted
 
-    def _kv_read_share(self) -> float:
-        """The share of a decode step's memory traffic that reads KV (the running contexts' KV against the
-        weights): the lab's stand-in for the article's bandwidth-utilization counter, which a CPU has not."""
-        kv = self._kv_bytes_per_token * sum(len(s) for s in self.scheduler.running)
-        return kv / (kv + self._weight_bytes)
+    def _append(self, seq: Sequence, tokens: list[int]) -> RequestOutput | None:
+        """Append a sequence's emitted tokens up to the first that finishes it, then hash its full blocks (over
+        the tokens it now holds: accepted drafts included) and finish it if it stopped."""
+        now, reason = time.perf_counter(), None
+        for token in tokens:
+            seq.token_ids.append(token)
+            m = seq.metrics
+            m.token_times.append(now)
+            if m.first_token_time is None:
+                m.first_token_time = now
+            if reason := self._finish_reason(seq, token):
+                m.finish_time = now
+                break
+        self.block_manager.cache_full_blocks(seq)
+        if reason is None:
+            return None
+        self._finish(seq, reason)
+        return self._output(self.sequences.pop(seq.request_id))
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        """The one place a request ends (finished or aborted): its blocks go back, every extension hears it."""
+        self.scheduler.finish(seq, reason)
+        for ext in self.extensions.values():
+            ext.on_finish(seq)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.params
@@ -309,7 +231,7 @@ class LLM:
 
     def stats(self) -> dict:
         s, bm = self.scheduler, self.block_manager
-        return {
+        stats = {
             "kv_blocks_total": bm.num_blocks,
             "kv_blocks_used": bm.num_used_blocks,
             "kv_cache_bytes": self.runner.kv_cache_bytes,
@@ -322,14 +244,21 @@ class LLM:
             "steps": self.num_steps,
             "running": len(s.running),
             "waiting": len(s.waiting),
-            **({"replays": self.replay.stats.replays, "replayed_tokens": self.replay.stats.recomputed_tokens}
-               if self.replay is not None else {}),
-            **({"spec_rounds": self.spec.stats.rounds, "spec_drafted": self.spec.stats.drafted,
-                "spec_accepted": self.spec.stats.accepted,
-                "spec_conditional_acceptance": self.spec.stats.conditional_acceptance,
-                "spec_acceptance_by_position": self.spec.stats.acceptance_by_position,
-                "spec_mean_accepted_tokens_per_step": self.spec.stats.mean_accepted_tokens_per_step,
-                "spec_draft_seconds": self.spec.draft_seconds, "spec_policy_pauses": self.spec.pauses,
-                **{f"spec_draft_{k}": v for k, v in self.spec.drafter.stats().items()}}
-               if self.spec is not None else {}),
+            "compile_seconds": getattr(self.runner.step, "compile_seconds", 0.0),
         }
+        for ext in self.extensions.values():
+            stats.update(ext.stats())
+        return stats
+
+    def close(self) -> None:
+        """Abort what is still queued or running and close every extension (hooks removed, pools released)."""
+        for rid in list(self.sequences):
+            self.abort(rid)
+        for ext in self.extensions.values():
+            ext.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
-from .sequence import Sequence, Status
+from .request import Sequence, Status
 
 
 @dataclass

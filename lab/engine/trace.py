@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from .llm import LLM
-from .sampling import SamplingParams
+from .request import SamplingParams
 
 
 def traced_generate(llm: LLM, prompts, params: SamplingParams | list[SamplingParams]):

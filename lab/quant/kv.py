@@ -247,13 +247,20 @@ def relative_error(x: torch.Tensor, y: torch.Tensor) -> float:
     return float((x.float() - y.float()).norm()) / denom if denom else math.nan
 
 
+# vLLM's spellings of the same formats: its "fp8" is e4m3 (the CUDA default).
+KV_CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}
+
+
 def parse_format(name: str) -> tuple[KVCacheFormat, str]:
     """"int4/per-channel", "fp8_e4m3/per-tensor/pre-rope", "int2/per-channel/group32/window128" (or
     "group=32/window=128"; the parameters cell of a notebook cannot hold "=" in strings), "int4/per-token/k-only"
-    -> (format, roles) where roles is "kv", "k" or "v"."""
+    -> (format, roles) where roles is "kv", "k" or "v". The dtype may be spelled as vLLM spells it ("fp8")."""
     parts = name.split("/") if isinstance(name, str) else []
+    if parts:
+        parts[0] = KV_CACHE_DTYPE_ALIASES.get(parts[0], parts[0])
     if not parts or parts[0] not in KV_CACHE_DTYPES:
-        raise ValueError(f"KV format {name!r} must start with one of {KV_CACHE_DTYPES}, e.g. 'int4/per-channel'")
+        raise ValueError(f"KV format {name!r} must start with one of {KV_CACHE_DTYPES} "
+                         f"(or {tuple(KV_CACHE_DTYPE_ALIASES)}), e.g. 'int4/per-channel'")
     kwargs, roles = {}, "kv"
     for part in parts[1:]:
         if part in GRANULARITIES:
@@ -268,3 +275,18 @@ def parse_format(name: str) -> tuple[KVCacheFormat, str]:
             raise ValueError(f"KV format {name!r}: unknown part {part!r}; parts are a granularity {GRANULARITIES}, "
                              f"'pre-rope', 'windowN', 'groupN' (per-channel key groups; 'window=N' too), 'k-only' or 'v-only'")
     return KVCacheFormat(parts[0], **kwargs), roles
+
+
+def parse_kv_cache_dtype(spec: str | KVCacheFormat | None) -> KVCacheFormat | None:
+    """The one reading of a `kv_cache_dtype` (the engine, `lab serve`, `lab eval`, the studies): None or "auto" ->
+    None (the model's own dtype), a `KVCacheFormat` as it is, a string as `parse_format` reads it. Caches that
+    quantize keys or values alone exist only in the contiguous study cache, so "k-only"/"v-only" are refused."""
+    if spec is None or spec == "auto" or isinstance(spec, KVCacheFormat):
+        return spec if isinstance(spec, KVCacheFormat) else None
+    if not isinstance(spec, str):
+        raise ValueError(f"kv_cache_dtype {spec!r} is neither a string nor a KVCacheFormat")
+    fmt, roles = parse_format(spec)
+    if roles != "kv":
+        raise ValueError(f"kv_cache_dtype {spec!r}: a paged cache quantizes keys and values together; "
+                         f"'k-only'/'v-only' are for the perplexity suite of lab eval")
+    return fmt

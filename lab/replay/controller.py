@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lab.engine.sequence import Sequence, Status
+from lab.engine.extension import EngineExtension
+from lab.engine.request import Sequence, Status
 
 
 @dataclass
@@ -47,6 +48,21 @@ class ReplayConfig:
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value!r}")
 
+    def build(self, engine) -> ReplayController:
+        """The engine extension (`lab.engine.extension`) for `engine`."""
+        if self.chunk is not None and not engine.config.enable_chunked_prefill:
+            raise ValueError("replay in chunks needs enable_chunked_prefill=True")
+        hidden = None
+        if self.source == "hidden":
+            if not engine.config.enforce_eager:
+                raise ValueError('replay source="hidden" observes the eager forward with hooks: it needs '
+                                 'enforce_eager=True')
+            from .hidden import HiddenStateStore
+            hidden = HiddenStateStore(engine.runner, self.window)
+        weight_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+        kv_bytes_per_token = engine.runner.kv_cache_bytes / (engine.block_manager.num_blocks * engine.config.block_size)
+        return ReplayController(self, hidden, weight_bytes, kv_bytes_per_token)
+
 
 @dataclass
 class ReplayStats:
@@ -56,17 +72,50 @@ class ReplayStats:
     per_request: dict = field(default_factory=dict)  # request id -> replays
 
 
-class ReplayController:
+class ReplayController(EngineExtension):
     """Decides, before each engine step, which running sequences drop and recompute their last window."""
 
-    def __init__(self, config: ReplayConfig, hidden=None):
+    name = "replay"
+    rewinds = True  # a token replay moves num_computed_tokens back by the window
+
+    def __init__(self, config: ReplayConfig, hidden=None, weight_bytes: int = 0, kv_bytes_per_token: float = 0.0):
         self.config = config
         self.hidden = hidden  # a lab.replay.hidden.HiddenStateStore when config.source == "hidden"
+        self.weight_bytes, self.kv_bytes_per_token = weight_bytes, kv_bytes_per_token
         self.cached_ranges: dict[int, tuple[int, int]] = {}  # request id -> [start, end) of cached positions
         self.replayed: dict[int, tuple[int, int]] = {}  # request id -> (first dropped position, length then),
         # until the recompute has sampled the sequence's next token
-        self.stats = ReplayStats()
+        self.totals = ReplayStats()  # every replay of every request
 
+    # ---- engine hooks ----------------------------------------------------------------------------
+    def before_schedule(self, engine) -> None:
+        bm, running = engine.block_manager, engine.scheduler.running
+        self.before_step(running, bm.num_free_blocks / bm.num_blocks, self.kv_read_share(running))
+
+    def after_schedule(self, engine, scheduled) -> dict[int, int]:
+        self.begin_step(scheduled)
+        return {}
+
+    def after_step(self, engine) -> None:
+        self.end_step(engine.scheduler.running)
+
+    def on_finish(self, seq: Sequence) -> None:
+        self.forget(seq.request_id)
+
+    def stats(self) -> dict:
+        return {"replays": self.totals.replays, "replayed_tokens": self.totals.recomputed_tokens}
+
+    def close(self) -> None:
+        if self.hidden is not None:
+            self.hidden.close()
+
+    def kv_read_share(self, running: list[Sequence]) -> float:
+        """The share of a decode step's memory traffic that reads KV (the running contexts' KV against the
+        weights): the lab's stand-in for the article's bandwidth-utilization counter, which a CPU has not."""
+        kv = self.kv_bytes_per_token * sum(len(s) for s in running)
+        return kv / (kv + self.weight_bytes) if kv + self.weight_bytes else 0.0
+
+    # ---- the article's controller -----------------------------------------------------------------
     def should_replay(self, seq: Sequence, memory_headroom: float, bandwidth_utilization: float) -> bool:
         """The article's `should_replay` for a sequence about to decode at position `num_computed_tokens`."""
         c, pos = self.config, seq.num_computed_tokens
@@ -92,7 +141,7 @@ class ReplayController:
                     or seq.request_id in self.replayed):
                 continue  # only sequences about to decode (not mid-prompt, not preempted, not mid-replay)
             if not self.should_replay(seq, memory_headroom, bandwidth_utilization):
-                self.stats.skipped_by_trigger += 1
+                self.totals.skipped_by_trigger += 1
                 continue
             start, end = self.replay_window(seq)
             if self.hidden is not None:
@@ -104,11 +153,11 @@ class ReplayController:
                 seq.num_computed_tokens = start  # the window's KV is dropped: recomputed from its token ids
                 seq.max_chunk = self.config.chunk
                 self.replayed[seq.request_id] = (start, len(seq))
-            self.stats.replays += 1
-            self.stats.recomputed_tokens += end - start
-            self.stats.per_request[seq.request_id] = self.stats.per_request.get(seq.request_id, 0) + 1
+            self.totals.replays += 1
+            self.totals.recomputed_tokens += end - start
+            self.totals.per_request[seq.request_id] = self.totals.per_request.get(seq.request_id, 0) + 1
 
-    def after_step(self, running: list[Sequence]) -> None:
+    def end_step(self, running: list[Sequence]) -> None:
         """Update the cached ranges: a window recomputed without write-back stays dropped (so the next step
         replays it again), everything else computed this step is cached. Sequences that caught up stop
         chunking."""

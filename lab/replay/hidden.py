@@ -4,8 +4,9 @@ HCache (Gao et al., 2024, "Fast State Restoration in LLM Serving with HCache", a
 token's hidden states and restores the KV with the K/V projections alone, skipping the rest of every layer. The
 lab's version keeps, per running sequence, the attention input of every layer (the layer's input after its
 RMSNorm, what `qkv_proj` multiplies) for its last `window` positions, captured by hooks as the engine computes
-them; `restore` drops the window's K/V from the pool (zeroes its slots) and rebuilds them with
-`lab.kernels.replay_kv` (the Triton kernel with attention_backend="triton", its PyTorch reference otherwise).
+them; `restore` asks the model runner to drop the window's K/V from the pool (zero its slots) and rebuild them
+(`ModelRunner.rebuild_kv`: `lab.kernels.replay_kv` with attention_backend="triton", its PyTorch reference
+otherwise).
 
 What it stores per token is L x hidden numbers against the KV's L x 2 n_kv d: for SmolLM2 576 vs 384, so under
 GQA the kept inputs are larger than the KV they stand for (`lab.replay.cost.WindowCost.hidden_bytes`).
@@ -17,33 +18,27 @@ import weakref
 
 import torch
 
-from lab.engine.sequence import Sequence
+from lab.engine.request import Sequence
 
 
 class HiddenStateStore:
     def __init__(self, runner, window: int):
-        from lab.engine.triton_attention import kernel_caches
-        from lab.kernels import replay_kv, replay_kv_ref
-
+        """Keep the attention inputs of `runner`'s forwards (`ModelRunner.observe_attention_inputs`) and rebuild
+        K/V through `ModelRunner.rebuild_kv`."""
         self.runner, self.window = runner, window
-        model = runner.model
-        self.layers = [layer.self_attn for layer in model.layers]
-        self.rope = model.rope
-        self.caches = kernel_caches(runner.kv)  # per-layer views of the pool, as the replay kernel writes them
-        self.replay = replay_kv if getattr(runner, "attention_backend", "torch") == "triton" else replay_kv_ref
+        self.num_layers = runner.model.config.num_hidden_layers
         self.inputs: dict[int, torch.Tensor] = {}  # request id -> [layers, window, hidden], a ring by position
         self.first_kept: dict[int, int] = {}  # request id -> first position whose inputs this sequence computed
-        self.step: list[tuple[Sequence, int, int]] = []  # this step's (sequence, first position, first row)
+        self.step: list[tuple[Sequence, int, int, int]] = []  # this step's (sequence, first position, first row, n)
         # The hooks hold the store weakly: an engine that is gone leaves hooks that do nothing, not stale writes.
         ref = weakref.ref(self)
 
-        def hook(layer, args):
+        def observe(layer: int, x: torch.Tensor) -> None:
             store = ref()
             if store is not None:
-                store.record(layer, args[0])
+                store.record(layer, x)
 
-        self.hooks = [attn.qkv_proj.register_forward_pre_hook(lambda module, args, i=i: hook(i, args))
-                      for i, attn in enumerate(self.layers)]
+        self.hooks = runner.observe_attention_inputs(observe)
 
     def begin_step(self, scheduled: list[tuple[Sequence, int]]) -> None:
         """Tell the hooks which rows of the coming forward belong to which sequence and position."""
@@ -57,7 +52,7 @@ class HiddenStateStore:
         for seq, start, row, n in self.step:
             rid = seq.request_id
             if rid not in self.inputs:
-                self.inputs[rid] = x.new_zeros(len(self.layers), self.window, x.shape[1])
+                self.inputs[rid] = x.new_zeros(self.num_layers, self.window, x.shape[1])
             if layer == 0 and (rid not in self.first_kept or start < self.first_kept[rid]):
                 self.first_kept[rid] = start  # recomputed from here (a new sequence, or after preemption)
             keep = min(n, self.window)  # only the last `window` positions matter
@@ -74,16 +69,9 @@ class HiddenStateStore:
 
     def restore(self, seq: Sequence, start: int, end: int) -> None:
         """Drop the K/V of positions start .. end - 1 from the pool and rebuild them from the kept inputs."""
-        bs, dev = self.runner.block_size, self.runner.device
-        pos = torch.arange(start, end, device=dev)
-        slots = torch.tensor([seq.block_table[p // bs] * bs + p % bs for p in range(start, end)], device=dev)
-        for i, (attn, cache) in enumerate(zip(self.layers, self.caches)):
-            for pool in (cache.k, cache.v):
-                pool.view(-1, *pool.shape[2:])[slots] = 0  # dropped: what attention reads next is rebuilt
-            x = self.inputs[seq.request_id][i, pos % self.window]
-            w = attn.qkv_proj.weight[attn.q_size:]  # the K rows, then the V rows
-            b = None if attn.qkv_proj.bias is None else attn.qkv_proj.bias[attn.q_size:]
-            self.replay(x, w, b, pos, self.rope.cos, self.rope.sin, cache, slots)
+        ring = torch.arange(start, end, device=self.runner.device) % self.window
+        kept = self.inputs[seq.request_id]
+        self.runner.rebuild_kv(seq, start, end, lambda layer: kept[layer, ring])
 
     def forget(self, request_id: int) -> None:
         self.inputs.pop(request_id, None)
@@ -92,3 +80,4 @@ class HiddenStateStore:
     def close(self) -> None:
         for h in self.hooks:
             h.remove()
+        self.hooks = []

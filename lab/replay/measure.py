@@ -19,14 +19,13 @@ it loses to recomputing.
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
-import time
 from dataclasses import dataclass
 
 import torch
 
 from lab.engine import LLM, SamplingParams
+from lab.timing import median_seconds
 
 
 @dataclass(frozen=True)
@@ -38,19 +37,6 @@ class Timing:
     @property
     def bandwidth(self) -> float:
         return self.bytes / self.seconds
-
-
-def median_seconds(fn, repeats: int, before=None) -> float:
-    """Median wall time of `repeats` calls of fn after one warm-up call (`before` runs, untimed, before each)."""
-    times = []
-    fn()  # warm-up: allocation, first touch
-    for _ in range(repeats):
-        if before is not None:
-            before()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def host_memory_load(nbytes: int, repeats: int = 5, pool_bytes: int = 256 * 1024**2) -> Timing:
@@ -131,7 +117,7 @@ class RecomputeBench:
         """HCache: median time to zero and rebuild the K/V of the sequence's last `window` positions from the
         layer inputs the engine kept (needs an engine made with ReplayConfig(source="hidden")). Independent
         of the prefix: only the K/V projections run."""
-        store = self.llm.replay.hidden
+        store = self.llm.extensions["replay"].hidden
         end = self.seq.num_prompt_tokens
         return median_seconds(lambda: store.restore(self.seq, end - window, end), repeats)
 

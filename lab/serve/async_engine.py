@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from lab.engine import LLM, SamplingParams
-from lab.engine.sequence import RequestOutput, Sequence, Status
+from lab.engine.request import RequestOutput, Sequence, Status
 
 from .metrics import ServerMetrics
 

@@ -28,9 +28,9 @@ import torch
 from torch import nn
 
 from lab.engine.block_manager import BlockManager
+from lab.engine.kv_store import build_kv_store
 from lab.engine.model_runner import ModelRunner
-from lab.engine.sampling import probabilities
-from lab.engine.sequence import Sequence, Status
+from lab.engine.request import Sequence, Status, probabilities
 from lab.models.llama import LlamaModel
 
 
@@ -87,7 +87,7 @@ class ModelDrafter:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, name: str = "model"):
         self.model, self.name = model, name
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=True)
-        self.runner = ModelRunner(model, num_blocks, block_size)
+        self.runner = ModelRunner(model, build_kv_store(model, num_blocks, block_size), block_size)
         self.shadows: dict[int, tuple[Sequence, Sequence]] = {}  # request id -> (target sequence, shadow)
         self.forwards = 0  # draft forwards run (k a round at batch 1; the first also catches up on the prompt)
         self.catch_up_tokens = 0  # tokens fed beyond one a forward (the prompt, accepted drafts' successors)
@@ -131,7 +131,7 @@ class ModelDrafter:
             batch = [(shadow, len(shadow) - shadow.num_computed_tokens) for _, shadow, _, _, _ in step]
             self.forwards += 1
             self.catch_up_tokens += sum(n - 1 for _, n in batch)
-            logits = self.runner.last_logits(batch)
+            logits = self.runner.execute(batch).logits  # every shadow's step ends at its last token: one row each
             for (seq, shadow, _, tokens, probs), row in zip(step, logits):
                 shadow.num_computed_tokens = len(shadow)
                 if seq.params.greedy:  # deterministic: verification needs no q

@@ -2,7 +2,7 @@
 forward of k + 1 tokens over the same cached context (v(k) target steps; the article's model says 1), and a
 draft model's one-token step (c = draft step / target step). Each is the median of `repeats` forwards of the
 engine's own `ModelRunner` over a prefix whose KV is in its paged pool, after one warm-up
-(`lab.replay.measure.median_seconds`, which times the replay study's recompute the same way)."""
+(`lab.timing.median_seconds`, which times the replay study's recompute the same way)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ import torch
 
 from lab.engine.block_manager import BlockManager
 from lab.engine.model_runner import ModelRunner
-from lab.engine.sampling import SamplingParams
-from lab.engine.sequence import Sequence
-from lab.replay.measure import median_seconds
+from lab.engine.request import SamplingParams, Sequence
+from lab.timing import median_seconds
 
 from .drafters import ModelDrafter
 
@@ -22,8 +21,9 @@ from .drafters import ModelDrafter
 def forward_seconds(runner: ModelRunner, block_manager: BlockManager, context: int, n: int, repeats: int = 5,
                     draft: bool = False) -> float:
     """Median seconds of one step of n new tokens after `context` cached ones (batch 1), as the engine runs it:
-    a target step samples one token (n = 1) or returns the logits of all n rows for verification (n - 1
-    drafts: the LM head runs on n rows); a draft step (`draft`) returns its last row's logits."""
+    a target step returns the logits of its last row (n = 1) or of all n rows for verification (n - 1 drafts: the
+    LM head runs on n rows); a draft step (`draft`) returns its last row's logits. The engine's sampling or
+    verification of those logits is not timed (an argmax, or a few rows of softmax: microseconds)."""
     if context < 0 or n < 1 or repeats < 1:
         raise ValueError(f"need context >= 0, n >= 1, repeats >= 1; got {context}, {n}, {repeats}")
     vocab = runner.model.config.vocab_size
@@ -34,12 +34,12 @@ def forward_seconds(runner: ModelRunner, block_manager: BlockManager, context: i
                          f"{block_manager.num_free_blocks} are free")
     try:
         if context:
-            runner.last_logits([(seq, context)])  # the prefix's KV, which the timed forwards read
+            runner.execute([(seq, context)])  # the prefix's KV, which the timed forwards read
         seq.num_computed_tokens = context
 
         def step():
             if draft:
-                runner.last_logits([(seq, n)])
+                runner.execute([(seq, n)])
             else:
                 runner.execute([(seq, n)], {seq.request_id: n - 1})
 
@@ -68,7 +68,8 @@ def step_costs(llm, context: int, ks, repeats: int = 5) -> StepCosts:
     """Time the target (and the engine's draft model, if it has one) at `context` cached tokens."""
     target = forward_seconds(llm.runner, llm.block_manager, context, 1, repeats)
     verify = {k: forward_seconds(llm.runner, llm.block_manager, context, k + 1, repeats) for k in sorted(set(ks))}
-    drafter = llm.spec.drafter if llm.spec is not None else None
+    spec = llm.extensions.get("speculative")
+    drafter = spec.drafter if spec is not None else None
     draft = (forward_seconds(drafter.runner, drafter.block_manager, context, 1, repeats, draft=True)
              if isinstance(drafter, ModelDrafter) else None)
     return StepCosts(context, target, verify, draft)

@@ -20,8 +20,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from lab.engine.sampling import probabilities
-from lab.engine.sequence import Sequence, Status
+from lab.engine.extension import EngineExtension
+from lab.engine.request import Sequence, Status, probabilities
 from lab.models.llama import LlamaModel
 
 from .drafters import Draft, Drafter, ModelDrafter, NgramDrafter, layer_skip_model, quantized_copy
@@ -63,6 +63,15 @@ class SpeculativeConfig:
         for name in ("probe_rounds", "backoff_tokens", "max_backoff_tokens"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+
+    def build(self, engine) -> Speculator:
+        """The engine extension (`lab.engine.extension`) for `engine`."""
+        if engine.runner.kv.stages:  # a rollback would leave the exact copies behind the rewound position
+            raise ValueError(f"speculative decoding needs a KV format without staged exact copies; kv_cache_dtype "
+                             f"{engine.config.kv_cache_dtype!r} keeps a full-precision window or per-channel keys")
+        c = engine.config
+        return Speculator(self, engine.model, engine.block_manager.num_blocks, c.block_size, c.max_model_len,
+                          engine.tokenizer)
 
 
 def build_drafter(config: SpeculativeConfig, target: LlamaModel, num_blocks: int, block_size: int,
@@ -123,19 +132,47 @@ class SpecStats:
                 "acceptance_by_position": self.acceptance_by_position}
 
 
-class Speculator:
+class Speculator(EngineExtension):
+    """Drafts before scheduling, trims what was not scheduled, verifies after the forward (engine hooks)."""
+
+    name = "speculative"
+    rewinds = True  # rejected drafts roll num_computed_tokens back
+
     def __init__(self, config: SpeculativeConfig, target: LlamaModel, num_blocks: int, block_size: int,
                  max_model_len: int, tokenizer=None):
         self.config, self.max_model_len = config, max_model_len
         self.drafter = build_drafter(config, target, num_blocks, block_size, tokenizer)
         self.drafts: dict[int, tuple[Sequence, Draft]] = {}  # request id -> (sequence, drafts appended)
-        self.stats = SpecStats()
+        self.totals = SpecStats()  # every round of every request
         self.draft_seconds = 0.0  # wall time in the drafter (c is this per draft forward over a target step)
         self.pauses = 0  # times the adaptive policy turned a request's speculation off
         self.probes: dict[int, SpecStats] = {}  # request id -> rounds since its policy window began
         self.paused_until: dict[int, int] = {}  # request id -> output length at which it drafts again
         self.failed_probes: dict[int, int] = {}  # request id -> probes failed in a row
 
+    # ---- engine hooks ----------------------------------------------------------------------------
+    def before_schedule(self, engine) -> None:
+        self.propose(engine.scheduler.running)
+
+    def after_schedule(self, engine, scheduled: list[tuple[Sequence, int]]) -> dict[int, int]:
+        return self.withdraw_unscheduled(scheduled)
+
+    def process_logits(self, seq: Sequence, logits) -> list[int] | None:
+        return self.accept(seq, logits) if seq.request_id in self.drafts else None
+
+    def on_finish(self, seq: Sequence) -> None:
+        self.finish(seq)
+
+    def stats(self) -> dict:
+        s = self.totals
+        return {"spec_rounds": s.rounds, "spec_drafted": s.drafted, "spec_accepted": s.accepted,
+                "spec_conditional_acceptance": s.conditional_acceptance,
+                "spec_acceptance_by_position": s.acceptance_by_position,
+                "spec_mean_accepted_tokens_per_step": s.mean_accepted_tokens_per_step,
+                "spec_draft_seconds": self.draft_seconds, "spec_policy_pauses": self.pauses,
+                **{f"spec_draft_{k}": v for k, v in self.drafter.stats().items()}}
+
+    # ---- drafting and verification ----------------------------------------------------------------
     def propose(self, running: list[Sequence]) -> None:
         requests = []
         for seq in running:
@@ -182,7 +219,7 @@ class Speculator:
         v = verify(draft.tokens, probabilities(logits, seq.params), draft.probs, seq.generator)
         del seq.token_ids[base:]
         seq.num_computed_tokens = base + v.num_accepted  # the KV of rejected drafts is dropped
-        self.stats.record(d, v.num_accepted)
+        self.totals.record(d, v.num_accepted)
         if seq.metrics.speculation is None:
             seq.metrics.speculation = SpecStats()
         seq.metrics.speculation.record(d, v.num_accepted)

@@ -1,0 +1,100 @@
+"""`EngineConfig`: every option of the engine in one dataclass, validated in one place.
+
+`LLM(model, **options)` builds one; its field names are vLLM's where the concept exists (`dtype`,
+`block_size`, `max_model_len`, `max_num_seqs`, `max_num_batched_tokens`, `enable_prefix_caching`,
+`enable_chunked_prefill`, `kv_cache_dtype`), so a vLLM user's keyword arguments mean the same here. Checks
+that need no model run in `__post_init__`; those that need the loaded model (its window, its rotary table) in
+`check_model`. Features (`speculative`, `replay`, `extensions`) are `lab.engine.extension.ExtensionConfig`s:
+the engine builds them and knows nothing else about them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from lab.quant.kv import KVCacheFormat, parse_kv_cache_dtype
+
+# "torch": gather the blocks, then SDPA (lab.engine.attention); "triton": the lab.kernels read them in place.
+ATTENTION_BACKENDS = ("torch", "triton")
+# vLLM's dtype spellings (and torch's names); "auto" is the serving default for the device (lab.models).
+DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+          "float16": torch.float16, "half": torch.float16}
+
+
+def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """A torch dtype, or None for "auto" (the device's default, chosen when the model is loaded)."""
+    if dtype is None or dtype == "auto":
+        return None
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype {dtype} is not one the engine computes in: {sorted(set(DTYPES))}")
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {['auto', *DTYPES]}")
+    return DTYPES[dtype]
+
+
+@dataclass
+class EngineConfig:
+    model: object = "smollm2-135m"  # a name or path for lab.models.load_model, or a loaded LlamaModel
+    tokenizer: object = None  # with a loaded model: its tokenizer
+    dtype: str | torch.dtype | None = "auto"
+    device: str | torch.device | None = None  # None: CUDA if present, else the CPU
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: as many as max_num_seqs x max_model_len need, within free memory
+    max_model_len: int = 2048
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    attention_backend: str = "torch"
+    # vLLM's switch: False runs each step's forward and LM head as one torch.compile graph (lab.engine.compiled;
+    # compiled on first use, minutes on a small CPU, then cached on disk). The lab's default is the eager
+    # reference path, which every invariant is stated against.
+    enforce_eager: bool = True
+    # "auto" (the model's dtype), a lab.quant.kv format string ("fp8", "int4/per-channel/window64", ...) or a
+    # KVCacheFormat; static granularities need kv_scales (lab.quant.kv_calibration.KVScales).
+    kv_cache_dtype: str | KVCacheFormat | None = "auto"
+    kv_scales: object = None
+    speculative: object = None  # lab.spec.SpeculativeConfig
+    replay: object = None  # lab.replay.ReplayConfig
+    extensions: list = field(default_factory=list)  # any further ExtensionConfigs, built in this order
+
+    def __post_init__(self):
+        for name in ("block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1):
+            raise ValueError(f"num_kv_blocks must be a positive integer, got {self.num_kv_blocks!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend {self.attention_backend!r} is not one of {ATTENTION_BACKENDS}")
+        self.torch_dtype = parse_dtype(self.dtype)
+        self.kv_format = parse_kv_cache_dtype(self.kv_cache_dtype)
+        if self.attention_backend == "triton" and self.kv_format is not None:
+            from lab.kernels import check_supported
+            check_supported(self.kv_format)
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"without chunked prefill a whole prompt must fit one step: max_num_batched_tokens "
+                f"{self.max_num_batched_tokens} < max_model_len {self.max_model_len}"
+            )
+        for ext in self.extension_configs:
+            if not callable(getattr(ext, "build", None)):
+                raise ValueError(f"{ext!r} is not an engine extension config (it has no build(engine) method)")
+
+    @property
+    def extension_configs(self) -> list:
+        return [e for e in (self.replay, self.speculative, *self.extensions) if e is not None]
+
+    def check_model(self, model) -> None:
+        """The options against the loaded model."""
+        window = model.config.sliding_window
+        if window is not None and self.max_model_len > window:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's sliding window of {window} "
+                             f"tokens, which the lab's attention does not implement; use max_model_len <= {window}")
+        if self.max_model_len > model.rope.max_positions:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's rotary table of "
+                             f"{model.rope.max_positions} positions")

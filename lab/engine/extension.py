@@ -1,0 +1,71 @@
+"""Engine extensions: how a feature (speculative decoding, replay, ...) plugs into the step loop.
+
+The engine owns a small set of hooks and calls every extension at each of them; a feature is a module that
+implements them, never a branch in `LLM.step` (vLLM v1 keeps speculative decoding and structured output out
+of its core loop the same way; `transformers` applies each sampling-time feature as a `LogitsProcessor`).
+The engine imports no feature: an option such as `LLM(speculative=SpeculativeConfig(...))` is an
+`ExtensionConfig`, whose `build(engine)` returns the extension.
+
+One step, in order (`lab.engine.llm.LLM.step`):
+
+1. `before_schedule(engine)`: change sequences before the scheduler sees them: rewind
+   `num_computed_tokens` to recompute a window (replay), append draft tokens to verify (speculation);
+2. the scheduler's one rule picks (sequence, tokens) pairs;
+3. `after_schedule(engine, scheduled) -> {request id: extra logit rows}`: undo what was not scheduled, and
+   ask for the logits of more than the last row of a sequence (its drafts);
+4. the model runner runs the forward and returns the logits the step needs (`ModelOutput`);
+5. `process_logits(seq, logits) -> tokens | None`: an extension may take over a sequence whose step reached its
+   end (verification: accept drafts, roll back, return the tokens to emit); the engine samples the others;
+6. the engine appends the emitted tokens, hashes the full blocks, and finishes what stopped;
+7. `on_finish(seq)`: for every request that finished *or was aborted* (the engine calls it from the one
+   place that ends requests, so no extension can miss one);
+8. `after_step(engine)`: bookkeeping once the step's tokens are in.
+
+`stats()` is merged into `LLM.stats()`; `close()` runs on `LLM.close()` (hooks removed, pools released).
+An extension that moves `num_computed_tokens` backwards sets `rewinds = True`: two of them in one engine
+would each undo the other's bookkeeping, so the engine refuses the pair by name.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from .llm import LLM
+    from .request import Sequence
+
+
+class EngineExtension:
+    """Every hook is optional: the defaults do nothing."""
+
+    name = "extension"
+    rewinds = False  # moves num_computed_tokens backwards (see the module docstring)
+
+    def before_schedule(self, engine: LLM) -> None:
+        pass
+
+    def after_schedule(self, engine: LLM, scheduled: list[tuple[Sequence, int]]) -> dict[int, int]:
+        return {}
+
+    def process_logits(self, seq: Sequence, logits: torch.Tensor) -> list[int] | None:
+        """`logits` [1 + extra rows, vocab] of the sequence's last positions this step."""
+        return None
+
+    def on_finish(self, seq: Sequence) -> None:
+        pass
+
+    def after_step(self, engine: LLM) -> None:
+        pass
+
+    def stats(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class ExtensionConfig(Protocol):
+    def build(self, engine: LLM) -> EngineExtension:
+        """Validate against the engine (its model, KV format, options) and return the extension."""
