@@ -175,3 +175,31 @@ def probe(seconds_budget: float = 4.0, device: str | None = None) -> Hardware:
     precision = str(dtype).removeprefix("torch.")
     return Hardware(f"this machine ({name})", int(memory_bytes), peak, bandwidth,
                     f"measured by lab.hardware.probe on {today} ({device}, {precision} matmul)")
+
+
+def probe_inference(dtype: torch.dtype, device: str | None = None, gemv_shape: tuple[int, int] = (49152, 576),
+                    gemm_n: int = 1024, seconds_budget: float = 3.0) -> Hardware:
+    """This machine's ceilings for a model served in `dtype`, measured the way inference uses it.
+
+    Bandwidth: a weight-shaped GEMV, x [1, K] times a [N, K] matrix stored as the model stores its weights
+    (default: SmolLM2's LM head, 49152 x 576, larger than the last-level cache), reads the matrix once:
+    its bytes over the best time is the rate at which a decode step can read weights, which is what bounds it
+    (a STREAM copy measures another access pattern). Compute: the best FLOP/s of an `gemm_n`^3 matmul in
+    `dtype`, what a prefill's matmuls can reach. Half the budget goes to each."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    n, k = gemv_shape
+    w = torch.randn(n, k, device=device, dtype=dtype)
+    x = torch.randn(1, k, device=device, dtype=dtype)
+    bandwidth = _best_rate(lambda: torch.nn.functional.linear(x, w), float(w.nbytes), seconds_budget / 2, sync)
+    a = torch.randn(gemm_n, gemm_n, device=device, dtype=dtype)
+    b = torch.randn(gemm_n, gemm_n, device=device, dtype=dtype)
+    peak = _best_rate(lambda: a @ b, 2.0 * gemm_n**3, seconds_budget / 2, sync)
+    on_gpu = device.startswith("cuda")
+    name = torch.cuda.get_device_name(device) if on_gpu else cpu_model()
+    memory = torch.cuda.mem_get_info(device)[1] if on_gpu else _host_memory_bytes()
+    precision = str(dtype).removeprefix("torch.")
+    today = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    return Hardware(f"this machine ({name})", int(memory), peak, bandwidth,
+                    f"measured by lab.hardware.probe_inference on {today} ({device}, {precision}: {n}x{k} GEMV "
+                    f"read, {gemm_n}^3 matmul, {torch.get_num_threads()} threads)")

@@ -113,7 +113,7 @@ pd.DataFrame(decode)[["batch", "tpot_s", "tokens_per_s", "intensity", "bound", "
 from lab.engine import LLM
 from lab.models import load_model
 
-model, tok = load_model("smollm2-135m")
+model, tok = load_model("smollm2-135m", dtype="float32")
 alloc = study.engine_allocation_check(LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=512))
 run.save_table("engine_allocations", alloc)
 alloc

@@ -60,7 +60,7 @@ hw = GPUS[params.HARDWARE]
 # prefix). Greedy outputs must equal the run without replay, whatever the window and triggers.
 
 # %%
-model, tok = load_model("smollm2-135m") if not params.SMOKE else load_model("random:tiny")
+model, tok = load_model("smollm2-135m", dtype="float32") if not params.SMOKE else load_model("random:tiny", dtype="float32")
 prompts = ([tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
             for q in ("Explain how a bicycle stays upright.", "List three uses of copper.")] if tok else
            [list(range(1, 40)), list(range(7, 60))])

@@ -67,13 +67,19 @@ def test_tokenizer_round_trip_and_chat_template(smollm):
     assert chat.startswith("<|im_start|>system") and chat.endswith("<|im_start|>assistant\n")
 
 
-def test_second_load_is_fast():
-    import time
+def test_second_load_reads_the_converted_cache(monkeypatch):
+    """The GGUF is converted once; later loads read the cached safetensors (no timing asserted: the point is
+    that the conversion does not run again)."""
+    from lab.models import loader
 
     load_model("smollm2-135m", device="cpu")  # converted already (session fixture or this call)
-    t = time.perf_counter()
-    load_model("smollm2-135m", device="cpu")
-    assert time.perf_counter() - t < 5.0  # well under a second on an idle machine; generous for loaded CI
+
+    def convert_again(*args):
+        raise AssertionError("the GGUF was converted a second time")
+
+    monkeypatch.setattr(loader, "convert_gguf", convert_again)
+    model, tok = load_model("smollm2-135m", device="cpu")
+    assert model.config.num_hidden_layers == 30 and tok is not None
 
 
 def _save_tiny_hf(tmp_path, config):
@@ -101,7 +107,7 @@ def test_local_hf_directory_matches_transformers(tmp_path, kind):
     else:
         config = Qwen2Config(**common, tie_word_embeddings=True)
     hf = _save_tiny_hf(tmp_path, config)
-    model, tok = load_model(tmp_path, device="cpu")
+    model, tok = load_model(tmp_path, device="cpu", dtype=torch.float32)  # the comparison is numerical: float32
     assert tok is None
     ids = list(range(3, 100))
     with torch.inference_mode():

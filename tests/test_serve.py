@@ -251,7 +251,7 @@ def test_lab_serve_command_serves_a_new_user(smollm):
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "lab.cli", "serve", "--port", str(port), "--max-model-len", "256",
-                             "--num-kv-blocks", "32", "--warmup", "--speculative", "ngram"],
+                             "--num-kv-blocks", "32", "--warmup", "--speculative", "ngram", "--dtype", "float32"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ | {"OMP_NUM_THREADS": "1"})
     try:
         url, end = f"http://127.0.0.1:{port}", time.monotonic() + 120

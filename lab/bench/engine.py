@@ -1,18 +1,32 @@
-"""`lab bench engine`: the lab engine against `transformers.generate` on one offline workload.
+"""`lab bench engine`: the engine against this machine's roofline and against its peers, on three workloads.
 
-Both run in the same process, on the same weights, the same chat-formatted prompts and the same
-number of new tokens (greedy, EOS ignored), so the ratio of their tokens/s is a fair comparison.
-The machine's fp32 GEMM rate is measured in the same run and the engine's achieved FLOP/s (2 x
-matmul parameters x tokens, plus attention) is reported as a fraction of it: how far the engine is
-from what the hardware does on large matrices.
+Workloads (greedy, EOS ignored, so every run emits the same number of tokens; `WORKLOADS`):
+
+- `decode-1`: one chat request decoding a long answer: the mean step time (TPOT);
+- `offline-32x128`: 32 chat requests x 128 tokens, all queued at once: tokens/s;
+- `prefill-2k`: one 2048-token prompt and one token out: the prefill time.
+
+The bound of each comes from this machine's ceilings, measured in the same run in the dtype served
+(`lab.hardware.probe_inference`: the read bandwidth of a weight-shaped GEMV, the FLOP/s of a matmul): a step
+takes at least max(bytes it reads / bandwidth, FLOPs / rate) (`lab.roofline`), summed over the steps the
+workload needs (`lab.bench.bounds`). The fraction is bound / measured: 1 is the roofline.
+
+Engine variants (`VARIANTS`) differ in dtype ("auto" is the serving dtype, `lab.models.default_dtype`), eager or
+compiled steps (`enforce_eager`), and weights (packed int4 through torch's CPU kernel, `lab.quant.packed`).
+The peers run the same workloads in the same process on the same weights: `transformers`' generate in each
+dtype, and any OpenAI-compatible server given by `peer_url` (a vLLM the user started) (`lab.bench.peers`).
+Each variant also times a speculative verification forward (5 rows: k = 4 drafts) against a one-row step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
+
+from lab.bench.bounds import ModelBytes, workload_bound
 
 TOPICS = [
     "photosynthesis", "the French Revolution", "black holes", "compound interest", "the immune system",
@@ -24,11 +38,57 @@ TOPICS = [
 ]
 
 
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    num_requests: int
+    max_tokens: int
+    prompt_tokens: int | None = None  # None: chat questions; N: N random token ids (a long prompt)
+    metric: str = "tokens_per_s"  # what is reported: tokens_per_s, step_ms (TPOT) or seconds (the whole run)
+
+
+WORKLOADS = {
+    "decode-1": Workload("decode-1", 1, 256, metric="step_ms"),
+    "offline-32x128": Workload("offline-32x128", 32, 128),
+    "prefill-2k": Workload("prefill-2k", 1, 1, prompt_tokens=2048, metric="seconds"),
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    dtype: str = "auto"
+    enforce_eager: bool = True
+    int4: bool = False  # decoder linears and LM head RTN-quantized to 4 bits (group 64) and packed
+
+
+VARIANTS = {
+    "eager-float32": Variant("eager-float32", "float32"),
+    "eager-auto": Variant("eager-auto"),
+    "compiled-auto": Variant("compiled-auto", enforce_eager=False),
+    "int4-auto": Variant("int4-auto", int4=True),
+}
+
+
 def workload_prompts(tokenizer, n: int) -> list[str]:
     """n chat-formatted questions (cycling through TOPICS), as a user would send them."""
     return [tokenizer.apply_chat_template([{"role": "user", "content": f"Explain {TOPICS[i % len(TOPICS)]} in a few "
                                             f"sentences."}], add_generation_prompt=True, tokenize=False)
             for i in range(n)]
+
+
+# A model without a tokenizer (`random:<preset>`) gets random prompts of about the chat questions' length.
+CHAT_PROMPT_TOKENS = 40
+
+
+def prompt_ids(workload: Workload, tokenizer, vocab_size: int, scale: float = 1.0) -> list[list[int]]:
+    """The workload's prompts as token ids (`scale` < 1 shrinks a long prompt, for smoke runs)."""
+    if workload.prompt_tokens is None and tokenizer is not None:
+        return [tokenizer.encode(p, add_special_tokens=False) for p in workload_prompts(tokenizer, workload.num_requests)]
+    g = torch.Generator().manual_seed(0)
+    n = max(2, int(workload.prompt_tokens * scale)) if workload.prompt_tokens else CHAT_PROMPT_TOKENS
+    return [torch.randint(min(256, vocab_size - 1), vocab_size, (n,), generator=g).tolist()
+            for _ in range(workload.num_requests)]
 
 
 def cpu_busy_fraction(seconds: float = 1.0) -> float | None:
@@ -47,113 +107,102 @@ def cpu_busy_fraction(seconds: float = 1.0) -> float | None:
     return 1 - (idle1 - idle0) / max(1, total1 - total0)
 
 
-def measure_gemm_flops(n: int = 1024, repeats: int = 10, dtype=torch.float32) -> float:
-    """Achieved FLOP/s of an n x n x n matmul on this machine's default device."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
-    for _ in range(3):
-        a @ b
-    if device == "cuda":
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return 2 * n**3 * repeats / (time.perf_counter() - t)
+def metric_of(workload: Workload, seconds: float, new_tokens: int, step_s: float | None) -> float:
+    if workload.metric == "step_ms":
+        return 1e3 * step_s
+    if workload.metric == "seconds":
+        return seconds
+    return new_tokens / seconds
 
 
-def forward_flops(model, num_tokens: int, total_context: int) -> float:
-    """2 x (matmul parameters) per token, the LM head counted only for sampled rows, plus attention.
+def build_engine(variant: Variant, model: str, workload_max_len: int, max_num_seqs: int):
+    """The engine as a user gets it for this variant: it loads the model itself (serving dtype, prepacked
+    weights), except the int4 variant, whose linears are RTN-quantized and packed first."""
+    from lab.engine import LLM
 
-    `total_context` is the sum over processed tokens of the number of keys each attended to.
-    """
-    c = model.config
-    per_layer = sum(m.weight.numel() for m in (model.layers[0].self_attn.qkv_proj, model.layers[0].self_attn.o_proj,
-                                              model.layers[0].mlp.gate_up_proj, model.layers[0].mlp.down_proj))
-    attn = 4 * c.num_attention_heads * c.head_dim * total_context * c.num_hidden_layers  # QK^T and PV
-    return 2 * per_layer * c.num_hidden_layers * num_tokens + attn
+    blocks = max_num_seqs * -(-workload_max_len // 16)
+    options = dict(dtype=variant.dtype, max_model_len=workload_max_len, max_num_seqs=max_num_seqs,
+                   max_num_batched_tokens=max(2048, workload_max_len), num_kv_blocks=blocks,
+                   enforce_eager=variant.enforce_eager)
+    if not variant.int4:
+        return LLM(model, **options)
+    from lab.models import load_model
+    from lab.quant.packed import rtn_packed
+    from lab.quant.rtn import QuantSpec
 
-
-@dataclass
-class EngineBenchResult:
-    num_requests: int
-    max_tokens: int
-    dtype: str
-    prompt_tokens: int
-    engine_seconds: float
-    engine_tokens_per_s: float
-    transformers_seconds: float
-    transformers_tokens_per_s: float
-    ratio: float
-    gemm_flops: float
-    engine_flops: float
-    engine_fraction_of_gemm: float
-    torch_threads: int
-    cpu_busy_at_start: float | None  # share of CPU time busy in the second before: timings mean little when high
+    net, tok = load_model(model, dtype=variant.dtype, max_positions=workload_max_len)
+    return LLM(rtn_packed(net, QuantSpec(bits=4, group_size=64), head=True), tokenizer=tok, **options)
 
 
-def run_engine_bench(num_requests: int = 32, max_tokens: int = 128, model: str = "smollm2-135m",
-                     dtype: torch.dtype = torch.float32) -> EngineBenchResult:
-    from transformers import AutoModelForCausalLM
+def run_workload(llm, workload: Workload, prompts: list[list[int]]) -> dict:
+    """Time the engine on one workload (after a short warm-up of the same shapes)."""
+    from lab.engine import SamplingParams
 
-    from lab.engine import LLM, SamplingParams
-    from lab.models import resolve_model_dir
-
-    busy = cpu_busy_fraction()
-    llm = LLM(model, dtype=dtype, max_num_seqs=num_requests, num_kv_blocks=num_requests * 64)
-    tok = llm.tokenizer
-    prompts = workload_prompts(tok, num_requests)
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4))  # warm-up
+    params = SamplingParams(temperature=0.0, max_tokens=workload.max_tokens, ignore_eos=True)
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=min(4, workload.max_tokens), ignore_eos=True))
     llm.block_manager.reset_prefix_cache()  # no hits carried over from the warm-up
     t = time.perf_counter()
     outs = llm.generate(prompts, params)
-    engine_s = time.perf_counter() - t
-    n_prompt = sum(len(o.prompt_token_ids) for o in outs)
+    seconds = time.perf_counter() - t
     new_tokens = sum(len(o.token_ids) for o in outs)
-    # Keys attended: each prompt token sees its prefix, each decode token its whole context.
-    context = sum(p * (p + 1) // 2 + sum(p + i for i in range(1, len(o.token_ids)))
-                  for o in outs for p in [len(o.prompt_token_ids)])
-    engine_flops = forward_flops(llm.model, n_prompt + new_tokens - num_requests, context) / engine_s
-
-    hf = AutoModelForCausalLM.from_pretrained(resolve_model_dir(model), dtype=dtype).eval()
-    tok.padding_side = "left"
-    batch = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    with torch.inference_mode():
-        hf.generate(**tok(prompts[:2], return_tensors="pt", padding=True, add_special_tokens=False),
-                    max_new_tokens=4, do_sample=False)  # warm-up
-        t = time.perf_counter()
-        hf_out = hf.generate(**batch, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False)
-        hf_s = time.perf_counter() - t
-    hf_new = (hf_out.shape[1] - batch["input_ids"].shape[1]) * num_requests
-    gemm = measure_gemm_flops(dtype=dtype)
-    return EngineBenchResult(
-        num_requests=num_requests, max_tokens=max_tokens, dtype=str(dtype).removeprefix("torch."),
-        prompt_tokens=n_prompt,
-        engine_seconds=engine_s, engine_tokens_per_s=new_tokens / engine_s,
-        transformers_seconds=hf_s, transformers_tokens_per_s=hf_new / hf_s,
-        ratio=(new_tokens / engine_s) / (hf_new / hf_s), gemm_flops=gemm, engine_flops=engine_flops,
-        engine_fraction_of_gemm=engine_flops / gemm, torch_threads=torch.get_num_threads(),
-        cpu_busy_at_start=busy,
-    )
+    tpots = [o.metrics.tpot for o in outs if o.metrics.tpot is not None]
+    step_s = sum(tpots) / len(tpots) if tpots else None
+    return {"seconds": seconds, "new_tokens": new_tokens, "step_s": step_s,
+            "value": metric_of(workload, seconds, new_tokens, step_s)}
 
 
-def format_result(r: EngineBenchResult) -> str:
-    busy = r.cpu_busy_at_start is not None and r.cpu_busy_at_start > 0.25
-    return "\n".join([
-        f"workload: {r.num_requests} requests x {r.max_tokens} new tokens, greedy, {r.dtype}, "
-        f"{r.prompt_tokens} prompt tokens",
-        f"lab engine    : {r.engine_tokens_per_s:8.1f} tokens/s ({r.engine_seconds:.2f} s)",
-        f"transformers  : {r.transformers_tokens_per_s:8.1f} tokens/s ({r.transformers_seconds:.2f} s)",
-        f"ratio         : {r.ratio:8.2f}x (engine / transformers)",
-        f"GEMM rate     : {r.gemm_flops / 1e9:8.1f} GFLOP/s ({r.dtype} 1024^3 matmul, {r.torch_threads} threads)",
-        f"engine FLOP/s : {r.engine_flops / 1e9:8.1f} GFLOP/s = {100 * r.engine_fraction_of_gemm:.0f}% of the GEMM rate",
-        f"CPU busy      : {100 * (r.cpu_busy_at_start or 0):7.0f}% in the second before the run"
-        + (" -- WARNING: other processes were running; OpenMP threads contend and these timings are unreliable"
-           if busy else ""),
-    ])
+def verify_ratio(llm, context: int = 256, k: int = 4, repeats: int = 5) -> float:
+    """A (k + 1)-row verification forward over `context` cached tokens against a one-row step."""
+    from lab.spec.measure import forward_seconds
+
+    one = forward_seconds(llm.runner, llm.block_manager, context, 1, repeats)
+    return forward_seconds(llm.runner, llm.block_manager, context, k + 1, repeats) / one
 
 
-def as_dict(r: EngineBenchResult) -> dict:
-    return asdict(r)
+def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: float = 1.0) -> dict:
+    """Every workload on one engine variant, each beside its bound from ceilings measured in its dtype."""
+    from lab.hardware import probe_inference
+
+    longest = [max(2, int(w.prompt_tokens * scale)) if w.prompt_tokens else 96 for w in workloads]  # chat: < 96
+    max_len = max(n + w.max_tokens for n, w in zip(longest, workloads))
+    llm = build_engine(variant, model, int(max_len) + 16, max(w.num_requests for w in workloads))
+    dtype = llm.model.embed_tokens.weight.dtype
+    ceilings = probe_inference(dtype)
+    size = ModelBytes.of(llm.model, kv_bytes_per_token=llm.runner.kv_cache_bytes / (
+        llm.block_manager.num_blocks * llm.config.block_size))
+    out = {"variant": variant.label, "dtype": str(dtype).removeprefix("torch."), "ceilings": {
+        "read_GBps": ceilings.mem_bandwidth / 1e9, "gemm_GFLOPs": ceilings.peak_flops / 1e9,
+        "source": ceilings.source}, "weight_MB": size.weight_bytes / 1e6, "workloads": {}}
+    for w in workloads:
+        prompts = prompt_ids(w, llm.tokenizer, llm.model.config.vocab_size, scale)
+        measured = run_workload(llm, w, prompts)
+        bound = workload_bound(ceilings, size, [len(p) for p in prompts], w.max_tokens)
+        measured_s = measured["step_s"] * (w.max_tokens - 1) if w.metric == "step_ms" else measured["seconds"]
+        bound_s = bound["decode_bound_s"] if w.metric == "step_ms" else bound["bound_s"]
+        out["workloads"][w.name] = {**measured, **bound, "fraction_of_roofline": bound_s / measured_s}
+    out["verify_5_rows_over_1"] = verify_ratio(llm, context=min(256, int(max_len) - 8))
+    out["compile_seconds"] = llm.stats()["compile_seconds"]
+    return out
+
+
+def run_engine_bench(model: str = "smollm2-135m", variants=tuple(VARIANTS), workloads=tuple(WORKLOADS),
+                     transformers_dtypes=("float32", "auto"), peer_url: str | None = None,
+                     peer_model: str | None = None, scale: float = 1.0, max_tokens: int | None = None) -> dict:
+    """The whole benchmark: each engine variant, then the peers, on the same workloads in one process.
+    `workloads`: names of `WORKLOADS` or `Workload`s; `scale` shrinks the long prompt and `max_tokens` caps the
+    tokens out (smoke runs)."""
+    from lab.bench.peers import run_transformers, run_url_peer
+
+    busy = cpu_busy_fraction()
+    ws = [w if isinstance(w, Workload) else WORKLOADS[w] for w in workloads]
+    if max_tokens is not None:
+        ws = [dataclasses.replace(w, max_tokens=min(w.max_tokens, max(2, max_tokens))) for w in ws]
+    result = {"model": model, "threads": torch.get_num_threads(), "cpu_busy_at_start": busy, "engines": [],
+              "peers": []}
+    for name in variants:
+        result["engines"].append(run_variant(VARIANTS[name], ws, model, scale))
+    for dtype in transformers_dtypes:
+        result["peers"].append(run_transformers(model, dtype, ws, scale))
+    if peer_url:
+        result["peers"].append(run_url_peer(peer_url, peer_model or model, model, ws, scale))
+    return result

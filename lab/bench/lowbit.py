@@ -30,8 +30,8 @@ import time
 import torch
 from torch import nn
 
-from lab.quant.packed import pack_head, pack_linear, pack_model
-from lab.quant.rtn import QuantSpec, dequantize, quantize
+from lab.quant.packed import pack_linear, rtn_packed
+from lab.quant.rtn import QuantSpec, quantize
 
 COMPETITORS = ("float32", "bfloat16", "int4", "int8", "int8_grouped")
 SPECS = {"int4": QuantSpec(4, 64), "int8": QuantSpec(8, None, symmetric=True), "int8_grouped": QuantSpec(8, 64)}
@@ -97,19 +97,6 @@ def linear_table(ms=(1, 32), rounds: int = 31, model: str = "smollm2-135m") -> l
     return rows
 
 
-def _rtn_packed(model: nn.Module, spec: QuantSpec, head: bool) -> nn.Module:
-    from lab.quant.pipeline import decoder_linears
-
-    packed = copy.deepcopy(model)
-    results = {}
-    for name, lin in decoder_linears(packed).items():
-        q, s, z = quantize(lin.weight.detach().float(), spec)
-        lin.weight.data.copy_(dequantize(q, s, z, group_size=spec.group_size))
-        results[name] = (q, s, z)
-    pack_model(packed, results, spec)
-    return pack_head(packed, spec) if head else packed
-
-
 @torch.inference_mode()
 def decode_step(model: str = "smollm2-135m", context: int = 64, rounds: int = 21) -> dict[str, float]:
     """Milliseconds of one batch-1 decode step (forward of one token on a `context`-token KV cache and
@@ -120,8 +107,8 @@ def decode_step(model: str = "smollm2-135m", context: int = 64, rounds: int = 21
     base, _ = load_model(model, dtype=torch.float32, device="cpu")
     variants = {"float32": base, "bfloat16": copy.deepcopy(base).to(torch.bfloat16)}
     for name in ("int4", "int8"):
-        variants[name] = _rtn_packed(base, SPECS[name], head=False)
-        variants[f"{name}+head"] = _rtn_packed(base, SPECS[name], head=True)
+        variants[name] = rtn_packed(base, SPECS[name], head=False)
+        variants[f"{name}+head"] = rtn_packed(base, SPECS[name], head=True)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(100, base.config.vocab_size, (context,), generator=g)
     token, pos = prompt[-1:], torch.tensor([context])

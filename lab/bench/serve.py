@@ -175,14 +175,14 @@ def _arrival_times(cfg: LoadConfig, rng: random.Random) -> list[float]:
     return out
 
 
-async def _one(client: httpx.AsyncClient, cfg: LoadConfig, rec: RequestRecord, prompt: list[int], t0: float):
-    body = {"model": cfg.model, "prompt": prompt, "max_tokens": rec.output_tokens_requested, "temperature": 0,
+async def _one(client: httpx.AsyncClient, url: str, model: str, rec: RequestRecord, prompt: list[int], t0: float):
+    body = {"model": model, "prompt": prompt, "max_tokens": rec.output_tokens_requested, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     sent = time.perf_counter()
     rec.send_time = sent - t0
     chunk_times, tokens = [], 0
     try:
-        async with client.stream("POST", f"{cfg.url}/v1/completions", json=body) as resp:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
             if resp.status_code != 200:
                 rec.status, rec.error = f"http {resp.status_code}", (await resp.aread()).decode()[:300]
                 return
@@ -259,7 +259,7 @@ async def run_load(cfg: LoadConfig) -> LoadReport:
         async def launch(rec: RequestRecord, prompt: list[int]):
             await asyncio.sleep(max(0.0, rec.send_time - (time.perf_counter() - t0)))
             async with limit:
-                await _one(client, cfg, rec, prompt, t0)
+                await _one(client, cfg.url, cfg.model, rec, prompt, t0)
 
         scraper = asyncio.create_task(_scrape(client, cfg, t0, scrapes)) if cfg.scrape_interval_s else None
         tasks = [asyncio.create_task(launch(r, p)) for r, p in zip(records, prompts)]
@@ -277,14 +277,35 @@ async def run_load(cfg: LoadConfig) -> LoadReport:
     return LoadReport(asdict(cfg), records, duration, r1 + r2, scrapes)
 
 
-def run_load_sync(cfg: LoadConfig) -> LoadReport:
-    """`run_load` from synchronous code; inside a running event loop (Jupyter) it runs on a worker thread."""
+def _sync(coroutine):
+    """Run a coroutine from synchronous code; inside a running event loop (Jupyter) on a worker thread."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(run_load(cfg))
+        return asyncio.run(coroutine)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, run_load(cfg)).result()
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+def run_load_sync(cfg: LoadConfig) -> LoadReport:
+    return _sync(run_load(cfg))
+
+
+async def run_prompts(url: str, model: str, prompts: list[list[int]], max_tokens: int,
+                      timeout_s: float = 600.0) -> tuple[list[RequestRecord], float]:
+    """Send these token-id prompts all at once (greedy, exactly `max_tokens` out each); their records and the
+    wall seconds until the last finished. `lab bench engine --peer-url` times its workloads with it."""
+    records = [RequestRecord(i, len(p), max_tokens, 0.0) for i, p in enumerate(prompts)]
+    limits = httpx.Limits(max_connections=len(prompts) + 1)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(_one(client, url, model, r, p, t0) for r, p in zip(records, prompts)))
+        return records, time.perf_counter() - t0
+
+
+def run_prompts_sync(url: str, model: str, prompts: list[list[int]], max_tokens: int,
+                     timeout_s: float = 600.0) -> tuple[list[RequestRecord], float]:
+    return _sync(run_prompts(url, model, prompts, max_tokens, timeout_s))
 
 
 def plot_dashboard(report: LoadReport, title: str):

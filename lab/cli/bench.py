@@ -7,20 +7,25 @@ from pathlib import Path
 
 
 def _bench_engine(args) -> int:
-    from lab.bench.engine import as_dict, format_result, run_engine_bench
+    from lab.bench.engine import run_engine_bench
+    from lab.bench.engine_report import format_result, plot_fractions, targets
     from lab.provenance import provenance
 
-    import torch
-
-    result = run_engine_bench(num_requests=args.num_requests, max_tokens=args.max_tokens, model=args.model,
-                              dtype=getattr(torch, args.dtype))
+    result = run_engine_bench(model=args.model, variants=args.variants.split(","), workloads=args.workloads.split(","),
+                              transformers_dtypes=[d for d in args.transformers.split(",") if d],
+                              peer_url=args.peer_url, peer_model=args.peer_model, scale=args.scale,
+                              max_tokens=args.max_tokens)
+    result["targets"] = targets(result)
     print(format_result(result))
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"result": as_dict(result), "provenance": provenance(vars(args) | {"command": "lab bench engine"})}
-        path.write_text(json.dumps(record, indent=2) + "\n")
+        record = {"result": result, "provenance": provenance(vars(args) | {"command": "lab bench engine"})}
+        path.write_text(json.dumps(record, indent=2, default=str) + "\n")
         print(f"wrote {path}")
+    if args.plot:
+        plot_fractions(result).savefig(args.plot, dpi=110, bbox_inches="tight")
+        print(f"wrote {args.plot}")
     return 0
 
 
@@ -77,13 +82,22 @@ def add_bench(sub) -> None:
     """`lab bench engine|serve|quant`"""
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
-    eng = bench_sub.add_parser("engine", help="the lab engine vs transformers.generate on one offline workload")
+    from lab.bench.engine import VARIANTS, WORKLOADS
+
+    eng = bench_sub.add_parser("engine", help="the engine against this machine's roofline and its peers "
+                                              "(transformers; any OpenAI-compatible server) on three workloads")
     eng.add_argument("--model", default="smollm2-135m")
-    eng.add_argument("--num-requests", type=int, default=32)
-    eng.add_argument("--max-tokens", type=int, default=128)
-    eng.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                     help="weights and activations of both engines (default float32, the reference workload)")
+    eng.add_argument("--variants", default=",".join(VARIANTS), help=f"engine variants, of {list(VARIANTS)}")
+    eng.add_argument("--workloads", default=",".join(WORKLOADS), help=f"of {list(WORKLOADS)}")
+    eng.add_argument("--transformers", default="float32,auto",
+                     help="dtypes to run transformers.generate in ('' for none; auto: the serving dtype)")
+    eng.add_argument("--peer-url", default=None, help="also time an OpenAI-compatible server (e.g. a vLLM you "
+                                                      "started) on the same workloads")
+    eng.add_argument("--peer-model", default=None, help="the model name that server serves (default --model)")
+    eng.add_argument("--scale", type=float, default=1.0, help="shrink the long prompt (smoke runs)")
+    eng.add_argument("--max-tokens", type=int, default=None, help="cap every workload's tokens out (smoke runs)")
     eng.add_argument("--json", default=None, help="also write the result with provenance to this JSON file")
+    eng.add_argument("--plot", default=None, help="write the fractions of the roofline as a PNG here")
     eng.set_defaults(func=_bench_engine)
     bs = bench_sub.add_parser("serve", help="load an OpenAI-compatible server (the lab's, vLLM, SGLang): TTFT, "
                                             "TPOT, percentiles, throughput, goodput (lab.bench.serve)")

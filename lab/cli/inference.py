@@ -9,7 +9,7 @@ import json
 def _generate(args) -> int:
     from lab.engine import LLM, SamplingParams
 
-    llm = LLM(args.model, max_model_len=args.max_model_len)
+    llm = LLM(args.model, max_model_len=args.max_model_len, dtype=args.dtype, enforce_eager=args.enforce_eager)
     prompts = args.prompt
     if args.chat:
         if llm.tokenizer is None:
@@ -47,12 +47,23 @@ def _serve(args) -> int:
     llm = LLM(args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
               enable_prefix_caching=not args.no_prefix_caching, enable_chunked_prefill=not args.no_chunked_prefill,
-              kv_cache_dtype="auto" if kv_format is None else kv_format, speculative=speculative)
+              kv_cache_dtype="auto" if kv_format is None else kv_format, speculative=speculative, dtype=args.dtype,
+              enforce_eager=args.enforce_eager)
     if args.warmup:
         from lab.engine import SamplingParams
         llm.generate([[1] * 16], SamplingParams(max_tokens=2, ignore_eos=True))  # first-step costs paid here
     serve(llm, args.served_model_name or args.model, args.host, args.port)
     return 0
+
+
+def _engine_arguments(parser) -> None:
+    """The options `lab generate` and `lab serve` share, spelled as vLLM spells them."""
+    from lab.engine.config import DTYPES
+
+    parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
+                        help="auto: bfloat16 where the CPU has bf16 matrix instructions (or on CUDA), else float32")
+    parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True,
+                        help="eager steps (the default); --no-enforce-eager compiles them with torch.compile")
 
 
 def add_generate(sub) -> None:
@@ -69,6 +80,7 @@ def add_generate(sub) -> None:
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                      help="wrap each prompt in the model's chat template (default: on)")
     gen.add_argument("--json", action="store_true", help="one JSON line per prompt")
+    _engine_arguments(gen)
     gen.set_defaults(func=_generate)
 
 
@@ -90,4 +102,5 @@ def add_serve(sub) -> None:
                     help="speculative decoding for every request (lab.spec)")
     sv.add_argument("--num-speculative-tokens", type=int, default=4, help="k: drafts per round")
     sv.add_argument("--warmup", action="store_true", help="run one tiny request before accepting traffic")
+    _engine_arguments(sv)
     sv.set_defaults(func=_serve)

@@ -21,14 +21,17 @@ def _eval(args) -> int:
     from lab.eval.harness import evaluate
     from lab.models import load_model
 
+    import torch
+
     path = Path(args.model)
+    # Accuracy is a small numerical difference: evaluated in float32, whatever the serving dtype.
     if (path / "config.json").exists() and "quantization_config" in json.loads((path / "config.json").read_text()):
         from lab.quant.formats import load_quantized
 
-        model, tok = load_quantized(path)
+        model, tok = load_quantized(path, dtype=torch.float32)
     else:
-        model, tok = load_model(args.model)
-    reference = load_model(args.reference)[0] if args.reference else None
+        model, tok = load_model(args.model, dtype=torch.float32)
+    reference = load_model(args.reference, dtype=torch.float32)[0] if args.reference else None
     kv = None
     if args.kv_cache_dtype:
         from lab.quant.kv import parse_format

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import time
 
-from lab.models import LlamaModel, default_device, default_dtype, load_model
+import torch
+
+from lab.models import LlamaModel, default_device, default_dtype, load_model, prepack
 
 from .block_manager import BlockManager
 from .config import EngineConfig
@@ -43,6 +45,9 @@ class LLM:
             device = default_device() if c.device is None else c.device
             self.model, self.tokenizer = load_model(model, dtype=c.torch_dtype or default_dtype(device), device=device,
                                                     max_positions=c.max_model_len)
+            if (c.prepack_weights and c.enforce_eager and self.model.embed_tokens.weight.dtype != torch.float32
+                    and prepack.available(device)):
+                prepack.prepack(self.model)
         c.check_model(self.model)
         self.device = self.model.embed_tokens.weight.device
         num_blocks = c.num_kv_blocks or default_num_blocks(self.model, c.block_size, c.max_model_len,

@@ -32,9 +32,46 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+# CPU flags (Linux /proc/cpuinfo) of bfloat16 matrix instructions: Intel AMX, and AVX512-BF16 (Intel Cooper Lake
+# and later, AMD Zen 4 and later). Without them bfloat16 matmuls are emulated and slower than float32.
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_has_bf16_matmul() -> bool:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "AMX" in torch.backends.cpu.get_cpu_capability()
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return any(f in flags for f in BF16_CPU_FLAGS)
+
+
+# vLLM's dtype spellings (and torch's names); "auto" is `default_dtype`.
+DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+          "float16": torch.float16, "half": torch.float16}
+
+
+def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    """A torch dtype, or None for "auto" (the device's serving dtype, chosen when the model is loaded)."""
+    if dtype is None or dtype == "auto":
+        return None
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype {dtype} is not one the lab computes in: {sorted(set(DTYPES))}")
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {['auto', *DTYPES]}")
+    return DTYPES[dtype]
+
+
 def default_dtype(device: torch.device | str) -> torch.dtype:
-    """float32 on CPU (bf16 matmuls are several times slower on CPUs without AMX), bf16 on CUDA."""
-    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    """The serving dtype, what `dtype="auto"` means, as vLLM chooses it: bfloat16 on CUDA and on CPUs with bfloat16
+    matrix instructions (AMX or AVX512-BF16: this machine's bf16 matmuls run 2-3x its float32 ones), float32 on
+    other CPUs. Work whose subject is a small numerical error (quantization accuracy, losslessness, the
+    invariants against transformers) asks for float32 explicitly."""
+    if torch.device(device).type == "cuda" or cpu_has_bf16_matmul():
+        return torch.bfloat16
+    return torch.float32
 
 
 def cache_dir() -> Path:
@@ -104,13 +141,13 @@ def load_tokenizer(model_dir: Path):
     return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
 
 
-def load_model(model: str | os.PathLike = "smollm2-135m", dtype: torch.dtype | None = None,
+def load_model(model: str | os.PathLike = "smollm2-135m", dtype: torch.dtype | str | None = None,
                device: torch.device | str | None = None, max_positions: int | None = None, seed: int = 0):
     """Return `(model, tokenizer)`; the tokenizer is None for `random:<preset>` and tokenizer-less directories."""
     from safetensors.torch import load_file
 
     device = torch.device(device) if device is not None else default_device()
-    dtype = dtype or default_dtype(device)
+    dtype = parse_dtype(dtype) or default_dtype(device)
     if str(model).startswith("random:"):
         config = preset_config(str(model).split(":", 1)[1])
         torch.manual_seed(seed)

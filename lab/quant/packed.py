@@ -59,6 +59,7 @@ decode step), so a 4-bit drafter or speed-bound model should ask for it.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -287,14 +288,6 @@ def pack_model(model: nn.Module, results: dict, spec: QuantSpec, lm_head: QuantS
 
 # --------------------------------------------------------------------------- checkpoints
 
-def _unpackers():
-    try:
-        from .formats import unpack_awq, unpack_gptq
-    except ImportError:  # lab.quant.formats is being split into bit packing and checkpoint I/O
-        from .packing import unpack_awq, unpack_gptq
-    return unpack_gptq, unpack_awq
-
-
 def _lab_target(hf_prefix: str) -> tuple[str, int]:
     """Hugging Face module name -> (the lab's linear holding it, position of its rows in it)."""
     from lab.models.llama import _FUSED_INTO  # the one statement of how the lab fuses q/k/v and gate/up
@@ -312,7 +305,7 @@ def checkpoint_codes(path) -> tuple[dict[str, tuple], int]:
     Read as `lab.quant.formats.load_quantized` reads them (same offsets, g_idx and fp16 scales)."""
     from safetensors.torch import load_file
 
-    unpack_gptq, unpack_awq = _unpackers()
+    from .packing import unpack_awq, unpack_gptq
     path = Path(path)
     qc = json.loads((path / "config.json").read_text()).get("quantization_config")
     if not qc or qc.get("quant_method") not in ("gptq", "awq"):
@@ -369,3 +362,14 @@ def load_packed(path, max_positions: int | None = None, lm_head: QuantSpec | Non
             raise ValueError("the checkpoint's lm_head is packed already; pass lm_head=None")
         pack_head(model, lm_head)
     return model, tok
+
+
+def rtn_packed(model: nn.Module, spec: QuantSpec, head: bool = True) -> nn.Module:
+    """A copy of `model` whose decoder linears (and with `head`, its LM head) are RTN-quantized with `spec` and
+    packed: the quickest way to a low-bit model that runs on the packed kernels (benchmarks, drafters)."""
+    from lab.quant.pipeline import decoder_linears
+
+    packed = copy.deepcopy(model)
+    results = {name: quantize(lin.weight.detach().float(), spec) for name, lin in decoder_linears(packed).items()}
+    pack_model(packed, results, spec, lm_head=spec if head else None)
+    return packed

@@ -1,0 +1,120 @@
+"""The engine's optimised paths against its reference path (issue 18), on the real model's weights:
+
+- `dtype="auto"` is the serving dtype: bfloat16 where the CPU has bfloat16 matrix instructions, else float32;
+- weights prepacked for oneDNN (a bfloat16 model the engine loads) give the plain model's greedy tokens;
+- compiled steps (`enforce_eager=False`) give eager's greedy tokens in float32, and report their compile time;
+- the batched decode attention (two matmuls) equals SDPA's;
+- `lab bench engine` runs end to end at toy sizes and reports bounds, fractions and targets.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lab.engine import LLM, EngineConfig, SamplingParams
+from lab.models import loader, prepack
+from lab.spec.drafters import layer_skip_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_auto_dtype_is_the_serving_dtype(monkeypatch):
+    monkeypatch.setattr(loader, "cpu_has_bf16_matmul", lambda: True)
+    assert loader.default_dtype("cpu") == torch.bfloat16
+    monkeypatch.setattr(loader, "cpu_has_bf16_matmul", lambda: False)
+    assert loader.default_dtype("cpu") == torch.float32
+    assert loader.default_dtype("cuda") == torch.bfloat16
+    assert EngineConfig(dtype="auto").torch_dtype is None and EngineConfig(dtype="bfloat16").torch_dtype == torch.bfloat16
+    assert EngineConfig(dtype=torch.float32).torch_dtype == torch.float32
+
+
+def test_an_engine_that_loads_its_model_serves_auto_and_prepacks_reduced_precision():
+    llm = LLM("smollm2-135m", max_model_len=256, num_kv_blocks=32)
+    assert llm.model.embed_tokens.weight.dtype == loader.default_dtype("cpu")
+    packed = isinstance(llm.model.layers[0].mlp.down_proj, prepack.PrepackedLinear)
+    assert packed == (llm.model.embed_tokens.weight.dtype != torch.float32 and prepack.available("cpu"))
+    plain = LLM("smollm2-135m", dtype="float32", max_model_len=256, num_kv_blocks=32)
+    assert not isinstance(plain.model.layers[0].mlp.down_proj, prepack.PrepackedLinear)
+
+
+@pytest.fixture(scope="module")
+def bf16_model(smollm):
+    import copy
+
+    model, tok = smollm
+    return copy.deepcopy(model).to(torch.bfloat16), tok
+
+
+@pytest.mark.skipif(not prepack.available("cpu"), reason="this torch has no oneDNN")
+def test_prepacked_weights_give_the_plain_models_greedy_tokens(bf16_model, chat_prompt_ids):
+    import copy
+
+    model, tok = bf16_model
+    packed = prepack.prepack(copy.deepcopy(model))
+    x = torch.randn(5, model.config.hidden_size, dtype=torch.bfloat16)
+    lin = packed.layers[3].mlp.gate_up_proj
+    ref = F.linear(x, lin.weight)
+    assert (lin(x).float() - ref.float()).abs().max() <= 0.02 * ref.float().abs().max()  # bf16 outputs: 2^-8
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    runs = [[o.token_ids for o in LLM(m, tokenizer=tok, num_kv_blocks=64, max_model_len=256).generate(
+        chat_prompt_ids, params)] for m in (model, packed)]
+    assert runs[0] == runs[1]
+
+
+def test_compiled_steps_give_eager_greedy_tokens_in_float32(smollm, chat_prompt_ids):
+    """The real model's first 4 layers (its own weights; the whole model compiles for minutes on 2 cores)."""
+    model, tok = smollm
+    short = layer_skip_model(model, 4)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    eager = LLM(short, tokenizer=tok, num_kv_blocks=64, max_model_len=256)
+    compiled = LLM(short, tokenizer=tok, num_kv_blocks=64, max_model_len=256, enforce_eager=False)
+    prompts = chat_prompt_ids[:3]
+    want = [o.token_ids for o in eager.generate(prompts, params)]
+    assert [o.token_ids for o in compiled.generate(prompts, params)] == want  # batched, then
+    assert [o.token_ids for o in compiled.generate(prompts[:1], params)] == want[:1]  # batch 1 (its own graph)
+    assert compiled.stats()["compile_seconds"] > 0 and eager.stats()["compile_seconds"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batched_decode_attention_equals_sdpa(dtype):
+    from lab.engine.attention import _decode_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(s, generator=g).to(dtype) for s in ((4, 3, 3, 64), (4, 3, 40, 64), (4, 3, 40, 64)))
+    bias = torch.zeros(4, 1, 1, 40, dtype=dtype)
+    bias[1, ..., 17:] = float("-inf")  # a shorter sequence
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=bias.float())
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(_decode_attention(q, k, v, bias).float(), want, atol=tol, rtol=tol)
+
+
+def test_engine_bench_at_toy_sizes_reports_bounds_fractions_and_targets():
+    from lab.bench.engine import Workload, run_engine_bench
+    from lab.bench.engine_report import format_result, targets
+
+    workloads = [Workload("decode-1", 1, 6, metric="step_ms"), Workload("offline-32x128", 3, 4),
+                 Workload("prefill-2k", 1, 1, prompt_tokens=64, metric="seconds")]
+    result = run_engine_bench(variants=("eager-float32", "int4-auto"), workloads=workloads,
+                              transformers_dtypes=("float32",))
+    for e in result["engines"]:
+        assert e["ceilings"]["read_GBps"] > 0 and e["ceilings"]["gemm_GFLOPs"] > 0
+        for w in e["workloads"].values():
+            assert w["bound_s"] > 0 and 0 < w["fraction_of_roofline"]
+    assert result["engines"][1]["weight_MB"] < 0.5 * result["engines"][0]["weight_MB"]  # packed 4-bit weights
+    assert set(result["peers"][0]["workloads"]) == {w.name for w in workloads}
+    names = [t["target"] for t in targets(result)]
+    assert any("engine / transformers" in n for n in names) and any("4-bit" in n for n in names)
+    assert "of roofline" in format_result(result)
+
+
+def test_gpu_suite_dry_run(tmp_path):
+    out = subprocess.run(["bash", str(ROOT / "bench" / "gpu_suite.sh"), "--dry-run"], cwd=ROOT, capture_output=True,
+                         text=True, env={**__import__("os").environ, "OUT_DIR": str(tmp_path), "PYTHON": sys.executable},
+                         timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    for name in ("bench_engine.json", "bench_engine.png", "kernels_gpu.json", "kernels_gpu.png"):
+        assert (tmp_path / name).stat().st_size > 0
