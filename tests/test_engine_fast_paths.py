@@ -118,3 +118,23 @@ def test_gpu_suite_dry_run(tmp_path):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     for name in ("bench_engine.json", "bench_engine.png", "kernels_gpu.json", "kernels_gpu.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+@pytest.mark.parametrize("T, S", [(64, 64), (16, 64)])
+def test_prefill_attention_takes_sdpas_fused_kernel(T, S):
+    """A defect found by `lab bench engine`: 3-D inputs sent SDPA to its math path on the CPU (a 2048-token
+    prefill's attention 7.5x slower); the reference attention must reach the fused kernel, as 4-D inputs do."""
+    from torch.profiler import profile
+
+    from lab.models.attention import causal_attention
+
+    q, k, v = torch.randn(T, 9, 64), torch.randn(S, 3, 64), torch.randn(S, 3, 64)
+    with profile() as prof:
+        out = causal_attention(q, k, v)
+    kernels = {e.key for e in prof.key_averages()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in kernels
+    assert "aten::_scaled_dot_product_attention_math" not in kernels
+    reps = [x.repeat_interleave(3, 1).transpose(0, 1) for x in (k, v)]
+    scores = torch.einsum("thd,hsd->hts", q, reps[0]) / 8
+    scores = scores.masked_fill(torch.arange(S)[None, :] > torch.arange(S - T, S)[:, None], float("-inf"))
+    torch.testing.assert_close(out, torch.einsum("hts,hsd->thd", scores.softmax(-1), reps[1]), atol=1e-5, rtol=1e-5)

@@ -89,6 +89,16 @@ def test_bad_replay_settings_are_refused_by_name():
         ReplayConfig(memory_headroom=1.5)
 
 
+FLASH_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+def flash_cpu_flops(query_shape, key_shape, *args, **kwargs) -> int:
+    """torch's counter has no formula for SDPA's fused CPU kernel: q k^T and p v over every (query, key) pair
+    (masked ones included), each query head against its key head (grouped heads share one)."""
+    b, h, s_q, d = query_shape
+    return 4 * b * h * s_q * key_shape[2] * d
+
+
 def test_recompute_flops_model_matches_the_engines_counted_flops(smollm, chat_prompt_ids):
     """The cost model's FLOPs for W tokens after an M-token prefix against what the engine's forward of that
     chunk runs (torch's FLOP counter over every matmul and attention call)."""
@@ -101,7 +111,7 @@ def test_recompute_flops_model_matches_the_engines_counted_flops(smollm, chat_pr
     while seq.num_computed_tokens < len(ids):
         llm.step()
     seq.num_computed_tokens = M  # drop the window and recompute it: one chunk of W over the M-token prefix
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping={FLASH_CPU: flash_cpu_flops}) as counter:
         llm.runner.execute([(seq, W)])
     measured = counter.get_total_flops()
     cost = window_cost(ModelShape.preset("smollm2-135m"), W, M, dtype_bytes=4)

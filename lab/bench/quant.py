@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from lab.bench.engine import cpu_busy_fraction, measure_gemm_flops
+from lab.bench.engine import cpu_busy_fraction
+from lab.hardware import probe_inference
 
 TARGETS_S = {"gptq": 300.0, "awq": 600.0}
 
@@ -123,7 +124,7 @@ def run_quant_bench(model: str = "smollm2-135m", gptq_blocks: int = 128, awq_blo
     return {"model": model, "bits": bits, "group_size": group_size, "rows": [asdict(r) for r in rows],
             "autoawq": missing or "AutoAWQ 0.2.9 imports: its searches timed on the same layer and inputs",
             "autoawq_peer": peer_rows,
-            "gemm_gflops_fp32": measure_gemm_flops() / 1e9, "threads": torch.get_num_threads(),
+            "gemm_gflops_fp32": probe_inference(torch.float32).peak_flops / 1e9, "threads": torch.get_num_threads(),
             "cpu_busy_at_start": busy}
 
 

@@ -16,14 +16,16 @@ NEG_INF = float("-inf")
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """q [T, n_heads, d] are the last T positions of the S keys/values k, v [S, n_kv_heads, d]."""
     T, S = q.shape[0], k.shape[0]
-    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    # A batch dimension of 1: SDPA's fused CPU kernel takes only 4-D inputs; 3-D ones fall back to the math path,
+    # which materializes the T x S scores (measured: a 2048-token prefill's attention 0.32 s a layer, 0.04 s 4-D).
+    qh, kh, vh = (x.transpose(0, 1)[None] for x in (q, k, v))
     if T == S:
         out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
     else:
         # Query i sits at position S - T + i and sees keys 0 .. S - T + i.
         mask = torch.arange(S, device=q.device)[None, :] <= torch.arange(S - T, S, device=q.device)[:, None]
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)
 
 
 def partly_exact_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, exact_keys: torch.Tensor,

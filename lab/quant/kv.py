@@ -285,7 +285,10 @@ def parse_kv_cache_dtype(spec: str | KVCacheFormat | None) -> KVCacheFormat | No
         return spec if isinstance(spec, KVCacheFormat) else None
     if not isinstance(spec, str):
         raise ValueError(f"kv_cache_dtype {spec!r} is neither a string nor a KVCacheFormat")
-    fmt, roles = parse_format(spec)
+    try:
+        fmt, roles = parse_format(spec)
+    except ValueError as e:
+        raise ValueError(f"kv_cache_dtype {spec!r}: {e}") from None
     if roles != "kv":
         raise ValueError(f"kv_cache_dtype {spec!r}: a paged cache quantizes keys and values together; "
                          f"'k-only'/'v-only' are for the perplexity suite of lab eval")

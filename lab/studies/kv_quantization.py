@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from lab.engine.llm import EngineConfig
+from lab.engine import EngineConfig
 from lab.eval.harness import long_text  # noqa: F401  (notebook 03 calls study.long_text)
 from lab.eval.kv_error import attention_error_by_position, kl_by_position, record
 from lab.quant.kv import KVCacheFormat, parse_format
@@ -163,7 +163,7 @@ def error_growth(model, ids: list[int], names: list[str], calibrated: KVScales |
 
 def bytes_per_token(model, name: str, block_size: int = ENGINE_BLOCK_SIZE) -> float:
     """Pool bytes per token of a format in the engine (`lab.engine`), and of the model's dtype for "auto"."""
-    from lab.engine.model_runner import kv_cache_bytes_per_block
+    from lab.engine.kv_store import kv_cache_bytes_per_block
 
     return kv_cache_bytes_per_block(model, block_size, None if name == "auto" else study_format(name)[0]) / block_size
 

@@ -118,7 +118,7 @@ def run_requests(llm: LLM, prompts: list[TaskPrompt], ids: list[list[int]], max_
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     for prompt, tokens in zip(prompts, ids):
         llm.block_manager.reset_prefix_cache()  # no request is helped by an earlier one's prompt
-        spec = llm.spec
+        spec = llm.extensions.get("speculative")
         drafted_s, forwards = (spec.draft_seconds, spec.drafter.stats().get("forwards", 0)) if spec else (0.0, 0)
         out = llm.generate([tokens], params)[0]
         m, s = out.metrics, out.metrics.speculation
