@@ -29,13 +29,13 @@ setup: $(STAMP)
 # The main job: every study notebook at its default parameters into results/, then the engine benchmark.
 run: setup
 	$(VENV)/bin/lab run all
-	$(VENV)/bin/lab bench engine --json results/bench_engine.json
+	$(VENV)/bin/lab bench engine --json results/bench_engine.json --plot results/bench_engine.png
 
 test: setup
 	$(PY) -m pytest -q
 
 bench: setup
-	$(VENV)/bin/lab bench engine --json results/bench_engine.json
+	$(VENV)/bin/lab bench engine --json results/bench_engine.json --plot results/bench_engine.png
 	$(VENV)/bin/lab bench quant --json results/bench_quant.json
 
 lab: setup
