@@ -55,14 +55,9 @@ class _Step(nn.Module):
         return self.model.compute_logits(self.model(input_ids, positions, self.context)[rows])
 
 
-def eager_step(model, input_ids: torch.Tensor, positions: torch.Tensor, context, rows: list[int]) -> torch.Tensor:
-    """The reference path: the model's forward over the flat batch, then the LM head on the rows asked for."""
-    hidden = model(input_ids, positions, context)
-    return model.compute_logits(hidden[rows]) if rows else hidden.new_empty(0, 0)
-
-
 class CompiledStep:
-    """`eager_step` through `torch.compile`: same arguments, same logits up to the order of float operations."""
+    """`lab.engine.model_runner.eager_step` through `torch.compile`: same arguments, same logits up to the order
+    of float operations."""
 
     def __init__(self, model: nn.Module):
         self.model = model
@@ -72,8 +67,8 @@ class CompiledStep:
 
     def __call__(self, model, input_ids: torch.Tensor, positions: torch.Tensor, context,
                  rows: list[int]) -> torch.Tensor:
-        if not rows:  # no logits: nothing to gain over eager from a separate graph for the empty LM head
-            return eager_step(model, input_ids, positions, context, rows)
+        if not rows:  # no logits (a chunk mid-prompt): run it eagerly rather than compile a graph without a head
+            return model(input_ids, positions, context).new_empty(0, 0)
         shape = (input_ids.shape[0] == 1, len(rows) == 1)  # the sizes dynamo specializes on
         first = shape not in self.shapes_seen
         start = time.perf_counter()

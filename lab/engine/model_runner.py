@@ -18,8 +18,13 @@ import torch
 from lab.models.llama import LlamaModel
 
 from .attention import PagedAttentionMetadata, TorchPagedAttention
-from .compiled import CompiledStep, eager_step
 from .request import Sequence
+
+
+def eager_step(model, input_ids: torch.Tensor, positions: torch.Tensor, context, rows: list[int]) -> torch.Tensor:
+    """The reference path: the model's forward over the flat batch, then the LM head on the rows asked for."""
+    hidden = model(input_ids, positions, context)
+    return model.compute_logits(hidden[rows]) if rows else hidden.new_empty(0, 0)
 
 
 @dataclass
@@ -34,7 +39,11 @@ class ModelRunner:
         """`kv`: the pool (`lab.engine.kv_store.build_kv_store`); `enforce_eager=False` runs the forward and the
         LM head as one compiled graph (`lab.engine.compiled`)."""
         self.model, self.kv, self.block_size = model, kv, block_size
-        self.step = eager_step if enforce_eager else CompiledStep(model)
+        if enforce_eager:
+            self.step = eager_step
+        else:
+            from .compiled import CompiledStep
+            self.step = CompiledStep(model)
         self.device = model.embed_tokens.weight.device
         self.dtype = model.embed_tokens.weight.dtype
         self.attention_backend = attention_backend
