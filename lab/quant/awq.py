@@ -19,6 +19,11 @@ that produce x. Per *scaling group* (the linears sharing one input):
   the lowest loss wins. alpha = 0 without duo scaling gives s = 1, i.e. plain RTN, so the chosen
   scales never do worse than RTN on this loss.
 
+Evaluating that loss in float32 for every grid point is where the time goes, so every group first screens
+the grid with a cheaper estimate of the same loss (`lab.quant.awq_screen`: bfloat16 products of the changes,
+or the inputs' Gram matrix) and evaluates exactly only the points the screen cannot tell from the best; the
+choice is the exact search's whenever the screen keeps within its (self-widening) margin.
+
 Scaling groups of a Llama layer and the block each one inspects:
 
 - input_layernorm -> qkv_proj: the whole attention block (q, k, v, RoPE, causal attention over
@@ -55,6 +60,7 @@ import torch
 from torch import nn
 
 from .awq_clip import AWQClipStats, search_clip
+from .awq_screen import AttentionScreen, LinearScreen, LossScreen, MLPScreen, confirm
 from .layerwise import CalibrationPass
 from .rtn import QuantSpec, dequantize, fake_quantize, quantize
 
@@ -110,36 +116,51 @@ class AWQGroupStats:
 
 def search_scales(x: torch.Tensor, weights: list[torch.Tensor],
                   block: Callable[[list[torch.Tensor]], torch.Tensor], spec: QuantSpec,
-                  n_grid: int = 20, duo_scaling: bool = False) -> tuple[torch.Tensor, AWQGroupStats]:
+                  n_grid: int = 20, duo_scaling: bool = False, screen: LossScreen | None = None,
+                  ref: torch.Tensor | None = None) -> tuple[torch.Tensor, AWQGroupStats]:
     """Best scales [in] for a group of linears sharing the input `x` [..., in].
 
     `weights` are the group's float weights [out_i, in]; `block(ws)` must return the inspected
     block's output with the group's weights replaced by `ws` (same order). The reference is
-    `block(weights)`; the loss is the MSE against it.
+    `ref` if given, else `block(weights)`; the loss is the MSE against it.
+
+    With a `screen` (`lab.quant.awq_screen`), every grid point's loss is first estimated by it, and only the
+    points it cannot tell from the best are evaluated exactly (`awq_screen.confirm`): the chosen point is the
+    exact search's as long as the screen keeps within its margin. Their losses in the stats are exact, the
+    others the screen's.
     """
     if n_grid < 1:
         raise ValueError(f"n_grid={n_grid} must be >= 1")
     weights = [w.detach().float() for w in weights]
     x_mean = activation_mean(x)
     w_mean = weight_mean(weights, spec) if duo_scaling else None
-    ref = block(weights).float()
+    refs = [] if ref is None else [ref.float()]
 
-    def loss_for(scales: torch.Tensor) -> float:
+    def exact(scales: torch.Tensor) -> float:
+        if not refs:
+            refs.append(block(weights).float())
         out = block([scaled_fake_quantize(w, scales, spec) for w in weights]).float()
-        return float(torch.nn.functional.mse_loss(out, ref))
+        return float(torch.nn.functional.mse_loss(out, refs[0]))
 
-    loss_rtn = loss_for(torch.ones_like(x_mean))
-    losses, best, best_k = [], math.inf, 0
-    best_scales = torch.ones_like(x_mean)
-    for k in range(n_grid):
-        scales = awq_scales(x_mean, k / n_grid, w_mean)
-        loss = loss_rtn if (k == 0 and not duo_scaling) else loss_for(scales)
-        losses.append(loss)
+    def estimate(scales: torch.Tensor) -> float:
+        if screen is None:
+            return exact(scales)
+        return screen([scaled_fake_quantize(w, scales, spec) for w in weights])
+
+    grid = [awq_scales(x_mean, k / n_grid, w_mean) for k in range(n_grid)]
+    loss_rtn = estimate(torch.ones_like(x_mean))
+    losses = [loss_rtn if (k == 0 and not duo_scaling) else estimate(s) for k, s in enumerate(grid)]
+    if screen is not None:
+        for k, loss in confirm(losses, lambda k: exact(grid[k]), screen.rtol).items():
+            losses[k] = loss
+        loss_rtn = loss_rtn if duo_scaling else losses[0]
+    best, best_k = math.inf, 0
+    for k, loss in enumerate(losses):  # the first of equal losses wins, as a strict < keeps it
         if loss < best:
-            best, best_k, best_scales = loss, k, scales
+            best, best_k = loss, k
     if not math.isfinite(best):
         raise ValueError(f"every AWQ grid point gave a non-finite loss ({losses[:3]} ...)")
-    return best_scales, AWQGroupStats(alpha=best_k / n_grid, loss_rtn=loss_rtn, loss_awq=best, losses=losses)
+    return grid[best_k], AWQGroupStats(alpha=best_k / n_grid, loss_rtn=loss_rtn, loss_awq=best, losses=losses)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,8 +279,14 @@ def awq_quantize_model(model: nn.Module, calib_token_ids: list[list[int]], spec:
         # Every linear's inputs, captured once. Folding a group's scales leaves the float layer
         # unchanged except that the group's own inputs become x / s, so those are divided in
         # place instead of running the layer again (AutoAWQ updates its captured inputs alike).
-        inputs, ref_out = cal.capture(layer, names)
-        group_stats, skipped = _scale_layer(cal, layer, inputs, spec, n_grid, duo_scaling)
+        # The attention block's float output, the reference of the qkv group's search, comes from the same pass.
+        attn_out: list[torch.Tensor] = []
+        hook = layer.self_attn.register_forward_hook(lambda _m, _args, out: attn_out.append(out.detach()))
+        try:
+            inputs, ref_out = cal.capture(layer, names)
+        finally:
+            hook.remove()
+        group_stats, skipped = _scale_layer(cal, layer, inputs, torch.cat(attn_out), spec, n_grid, duo_scaling)
         clip_stats = _clip_layer(layer, names, inputs, spec, clip_grid, clip_max_shrink, clip_tokens) if clip else {}
         _quantize_layer(layer, names, spec, index, results)
         awq_out = cal.run(layer)
@@ -274,33 +301,50 @@ def awq_quantize_model(model: nn.Module, calib_token_ids: list[list[int]], spec:
     return stats
 
 
-def _inspected_block(cal: CalibrationPass, layer: nn.Module, grp: _Group,
-                     x_in: list[torch.Tensor]) -> Callable[[], torch.Tensor]:
+def _inspected_block(cal: CalibrationPass, layer: nn.Module, grp: _Group, x_in: list[torch.Tensor],
+                     x_all: torch.Tensor) -> Callable[[], torch.Tensor]:
     """The output a group's scales are judged on: the attention block, the MLP, or the group's own linear."""
     if grp.inspect == "attn":
         return lambda: cal.attention(layer, x_in)
     module = layer.get_submodule(grp.inspect)
-    x_all = torch.cat(x_in)
     return lambda: module(x_all)
 
 
-def _scale_layer(cal: CalibrationPass, layer: nn.Module, inputs: dict[str, list[torch.Tensor]], spec: QuantSpec,
-                 n_grid: int, duo_scaling: bool) -> tuple[dict[str, AWQGroupStats], dict[str, str]]:
+def _screen(cal: CalibrationPass, layer: nn.Module, grp: _Group, x_in: list[torch.Tensor],
+            x: torch.Tensor) -> LossScreen:
+    """The cheaper loss estimate for a group's search (`lab.quant.awq_screen`): the attention block, the
+    MLP, or else the group's own linear."""
+    if grp.inspect == "attn":
+        return AttentionScreen(layer.self_attn, lambda inputs: cal.attention(layer, inputs), x,
+                               [v.shape[0] for v in x_in])
+    if grp.inspect == "mlp":
+        return MLPScreen(layer.mlp, x)
+    return LinearScreen(x, layer.get_submodule(grp.linears[0]).weight)
+
+
+def _scale_layer(cal: CalibrationPass, layer: nn.Module, inputs: dict[str, list[torch.Tensor]],
+                 attn_out: torch.Tensor, spec: QuantSpec, n_grid: int,
+                 duo_scaling: bool) -> tuple[dict[str, AWQGroupStats], dict[str, str]]:
     """Search each scaling group's scales and fold them in, in order; the group's captured inputs become
-    x / s. Returns the stats by group and the groups skipped (with the reason)."""
+    x / s. `attn_out` is the float attention block's output on the captured inputs. Returns the stats by
+    group and the groups skipped (with the reason)."""
     groups, skipped = llama_scaling_groups(layer)
     group_stats: dict[str, AWQGroupStats] = {}
     for grp in groups:
         lins = [layer.get_submodule(n) for n in grp.linears]
         x_in = inputs[grp.linears[0]]
-        block_fn = _inspected_block(cal, layer, grp, x_in)
+        x = torch.cat(x_in)
+        block_fn = _inspected_block(cal, layer, grp, x_in, x)
+        screen = _screen(cal, layer, grp, x_in, x)
+        ref = attn_out if grp.inspect == "attn" else screen.reference() if isinstance(screen, MLPScreen) else None
         scales, group_stats[grp.name] = search_scales(
-            torch.cat(x_in), [lin.weight for lin in lins],
+            x, [lin.weight for lin in lins],
             lambda ws, lins=lins, block_fn=block_fn: _with_weights(lins, ws, block_fn),
-            spec, n_grid=n_grid, duo_scaling=duo_scaling)
+            spec, n_grid=n_grid, duo_scaling=duo_scaling, screen=screen, ref=ref)
+        del screen  # its buffers (~0.7 GB at 32 x 512 tokens) go before the next group's
         fold_scales(grp.prev, lins, scales, grp.prev_rows)
         for name in grp.linears:
-            inputs[name] = [x / scales.to(x.dtype) for x in inputs[name]]
+            inputs[name] = [v / scales.to(v.dtype) for v in inputs[name]]
     return group_stats, skipped
 
 
