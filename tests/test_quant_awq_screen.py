@@ -8,8 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lab.quant import QuantSpec
-from lab.quant import awq
+from lab.quant import QuantSpec, awq
 from lab.quant.awq import activation_mean, awq_quantize_model, awq_scales, scaled_fake_quantize, search_scales
 from lab.quant.awq_screen import AttentionScreen, LinearScreen, MLPScreen, confirm
 from lab.quant.layerwise import CalibrationPass

@@ -281,7 +281,7 @@ def awq_quantize_model(model: nn.Module, calib_token_ids: list[list[int]], spec:
         # place instead of running the layer again (AutoAWQ updates its captured inputs alike).
         # The attention block's float output, the reference of the qkv group's search, comes from the same pass.
         attn_out: list[torch.Tensor] = []
-        hook = layer.self_attn.register_forward_hook(lambda _m, _args, out: attn_out.append(out.detach()))
+        hook = layer.self_attn.register_forward_hook(lambda _m, _a, out, acc=attn_out: acc.append(out.detach()))
         try:
             inputs, ref_out = cal.capture(layer, names)
         finally:

@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from torch import nn
-
 
 SAFETY = 4  # errors at the evaluated points are samples; others measured up to ~4x larger
 
