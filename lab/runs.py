@@ -50,6 +50,13 @@ def check_choice(name: str, value, choices) -> None:
         raise ValueError(f"parameter {name}={value!r} is not one of {list(choices)}")
 
 
+def check_dtype(name: str, value) -> None:
+    """A model dtype parameter: "auto" (the serving dtype) or one of vLLM's dtype strings."""
+    from lab.models.loader import DTYPES
+
+    check_choice(name, value, ["auto", *DTYPES])
+
+
 def as_tuple(name: str, value) -> tuple:
     """A list or tuple parameter as a tuple; a string is refused (tuple("rtn") would be its letters)."""
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):

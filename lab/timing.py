@@ -34,3 +34,41 @@ def median_seconds(fn, repeats: int, before=None) -> float:
         _sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def decode_step_seconds(llm, batch: int, context: int, steps: int) -> list[float]:
+    """The wall time of each of `steps` decode steps of `llm` (a `lab.engine.LLM` with room for `batch`
+    sequences of `context + steps + 2` tokens) running `batch` greedy requests of `context` prompt tokens:
+    prefill and one warm decode step first, untimed; every sequence's context grows by one a step."""
+    from lab.engine import SamplingParams
+
+    for i in range(batch):
+        llm.add_request([(7 * i + j) % 1000 + 10 for j in range(context)],
+                        SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True))
+    while any(s.num_computed_tokens < context for s in llm.scheduler.running + list(llm.scheduler.waiting)):
+        llm.step()  # prefill (chunked if the budget asks)
+    llm.step()  # one warm decode step
+    times = []
+    for _ in range(steps):
+        _sync()
+        start = time.perf_counter()
+        llm.step()
+        _sync()
+        times.append(time.perf_counter() - start)
+    while llm.has_unfinished():
+        llm.step()
+    return times
+
+
+def ratio_interval(num: list[float], den: list[float], confidence: float = 0.95, resamples: int = 2000,
+                   seed: int = 0) -> tuple[float, float, float]:
+    """median(num) / median(den) and its percentile-bootstrap interval (both samples resampled): how far
+    the ratio of two timed quantities moves with the step-to-step spread of the timings."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    ratios = (np.median(rng.choice(a, (resamples, a.size)), axis=1)
+              / np.median(rng.choice(b, (resamples, b.size)), axis=1))
+    lo, hi = np.quantile(ratios, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return float(np.median(a) / np.median(b)), float(lo), float(hi)

@@ -30,7 +30,7 @@
 # %% tags=["parameters"]
 SMOKE = False  # tiny sizes, for tests
 INTERACTIVE = False  # show the widget cells
-MODELS = ("smollm2-135m", "random:smollm2-360m")  # measured on the engine (float32 on this CPU)
+MODELS = ("smollm2-135m", "random:smollm2-360m")  # measured on the engine, in DTYPE
 PREFIXES = (1024, 2048, 4096, 7680)  # M: cached tokens before the window (SmolLM2's limit is 8192)
 WINDOWS = (16, 32, 64, 128, 256, 512)  # W
 REPEATS = 3
@@ -38,12 +38,13 @@ HARDWARE = "h100-sxm"  # the accelerator of the break-even and PD tables
 EFFICIENCY = 0.5  # the article's compute efficiency
 PD_WINDOW = 64
 PD_PREFIX = 32768
+DTYPE = "auto"  # of the timed models (section 4): the serving dtype, or "float32"
 
 # %%
 import pandas as pd
 
 from lab.engine import LLM, SamplingParams
-from lab.hardware import GPUS, probe
+from lab.hardware import GPUS, probe_inference
 from lab.models import load_model
 from lab.replay import ReplayConfig
 from lab.runs import params_from_namespace, start_run
@@ -57,7 +58,9 @@ hw = GPUS[params.HARDWARE]
 # ## 1. The controller in the engine: lossless
 # The article's controller drops the last W tokens' KV before a decode step and the engine recomputes them from
 # their token ids (a rewind: the scheduler's one rule gives the sequence W + 1 tokens, a chunk over its cached
-# prefix). Greedy outputs must equal the run without replay, whatever the window and triggers.
+# prefix). Greedy outputs must equal the run without replay, whatever the window and triggers. This check runs
+# in float32: its subject is exact equality, which bfloat16's rounding of a recomputed K/V could blur; the
+# timings of section 4 run in DTYPE, the serving dtype.
 
 # %%
 model, tok = load_model("smollm2-135m", dtype="float32") if not params.SMOKE else load_model("random:tiny", dtype="float32")
@@ -108,12 +111,13 @@ table
 # For each model, prefix M and window W: the engine's forward of the W tokens over the cached M-token prefix,
 # against reading the window's KV from host memory and from a file on disk (page cache dropped). Two
 # predictions of the recompute time: the article's compute-only rule (FLOPs at EFFICIENCY x the measured peak)
-# and a roofline with this machine's measured ceilings (`lab.hardware.probe`) that also reads the weights and
+# and a roofline with this machine's measured ceilings in the timed dtype (`lab.hardware.probe_inference`: a
+# weight-shaped GEMV's read rate, a square matmul's FLOP/s) that also reads the weights and
 # the prefix's KV, plus a fixed per-forward overhead measured once on a one-token forward. HCache's restore
 # (the K/V projections alone, from the layer inputs the engine kept) is timed beside them.
 
 # %%
-machine = probe(2.0 if params.SMOKE else 6.0)
+machine = probe_inference(params.torch_dtype, seconds_budget=2.0 if params.SMOKE else 6.0)
 measured = study.measure(params, machine)
 run.save_table("measured", measured)
 run.save_figure("crossover", study.plot_crossover(measured))

@@ -45,10 +45,10 @@ THRESHOLD = 0.55  # the article's acceptance_threshold
 SPEC_BENCH_PER_CATEGORY = 2  # Spec-Bench questions a category, when ../shared/data/spec_bench is present (0: skip)
 SPEC_BENCH_DRAFTERS = ("ngram", "quantized")
 REPEATS = 5  # timing repeats of the step-cost forwards
+DTYPE = "auto"  # the target's dtype: "auto" is the serving dtype (bfloat16 on this CPU), or "float32"
 
 # %%
 import pandas as pd
-import torch
 
 from lab.models import load_model
 from lab.runs import params_from_namespace, start_run
@@ -57,7 +57,7 @@ from lab.studies import spec_acceptance as study
 params = params_from_namespace(study.SpecParams, globals())  # validates every value before heavy work
 run = start_run("05_speculative_acceptance", params)
 prompts = study.task_prompts(params)
-model, tok = load_model("smollm2-135m", dtype=torch.float32, device="cpu")
+model, tok = load_model("smollm2-135m", dtype=params.DTYPE, device="cpu", prepack_weights=True)
 drafts = study.draft_models(params, model, tok)
 pd.DataFrame([{"category": c, "prompts": sum(p.category == c for p in prompts)}
               for c in dict.fromkeys(p.category for p in prompts)])

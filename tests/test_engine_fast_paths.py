@@ -50,6 +50,46 @@ def bf16_model(smollm):
 
 
 @pytest.mark.skipif(not prepack.available("cpu"), reason="this torch has no oneDNN")
+def test_load_model_prepacks_on_request_where_it_pays_and_unprepack_undoes_it(bf16_model):
+    import copy
+
+    model, _ = bf16_model
+    assert prepack.wanted(model) and not prepack.wanted(copy.deepcopy(model).float())
+    packed = prepack.prepack(copy.deepcopy(model))
+    lin = packed.layers[0].self_attn.qkv_proj
+    plain = prepack.unprepack(packed)
+    back = plain.layers[0].self_attn.qkv_proj
+    assert type(back) is torch.nn.Linear and back.weight is lin.weight  # the same tensor, not a copy
+    assert not any(isinstance(m, prepack.PrepackedLinear) for m in plain.modules())
+    x = torch.randn(3, model.config.hidden_size, dtype=torch.bfloat16)
+    assert torch.equal(back(x), F.linear(x, back.weight))
+    fp32, _ = loader.load_model("smollm2-135m", dtype="float32", prepack_weights=True)
+    assert not any(isinstance(m, prepack.PrepackedLinear) for m in fp32.modules())  # float32: nothing to gain
+
+
+def test_a_quantized_drafter_runs_packed_from_a_prepacked_target(bf16_model):
+    import copy
+
+    from lab.quant.packed import PackedLinear
+    from lab.spec.drafters import quantized_copy
+
+    model, tok = bf16_model
+    target = prepack.prepack(copy.deepcopy(model)) if prepack.available("cpu") else copy.deepcopy(model)
+    packed = quantized_copy(target, tok, "rtn", bits=4)
+    dequantized = quantized_copy(target, tok, "rtn", bits=4, packed=False)
+    assert isinstance(packed.layers[0].mlp.down_proj, PackedLinear) and isinstance(packed.lm_head, PackedLinear)
+    assert type(dequantized.layers[0].mlp.down_proj) is torch.nn.Linear  # a blocked copy would go stale
+    from lab.models.reference import ContiguousKVCache
+
+    ids = torch.tensor([1, 504, 3458, 314, 2910, 28])
+    with torch.inference_mode():
+        hp, hd = (m(ids, torch.arange(len(ids)), ContiguousKVCache(len(m.layers))).float()
+                  for m in (packed, dequantized))
+    # the same codes, so the decoders agree up to the kernel's bf16 rounding (heads differ: the packed one is 4-bit)
+    assert F.cosine_similarity(hp, hd, dim=-1).min() > 0.99
+
+
+@pytest.mark.skipif(not prepack.available("cpu"), reason="this torch has no oneDNN")
 def test_prepacked_weights_give_the_plain_models_greedy_tokens(bf16_model, chat_prompt_ids):
     import copy
 

@@ -44,10 +44,8 @@ class LLM:
         else:
             device = default_device() if c.device is None else c.device
             self.model, self.tokenizer = load_model(model, dtype=c.torch_dtype or default_dtype(device), device=device,
-                                                    max_positions=c.max_model_len)
-            if (c.prepack_weights and c.enforce_eager and self.model.embed_tokens.weight.dtype != torch.float32
-                    and prepack.available(device)):
-                prepack.prepack(self.model)
+                                                    max_positions=c.max_model_len,
+                                                    prepack_weights=c.prepack_weights and c.enforce_eager)
         c.check_model(self.model)
         self.device = self.model.embed_tokens.weight.device
         num_blocks = c.num_kv_blocks or default_num_blocks(self.model, c.block_size, c.max_model_len,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from . import prepack
 from .config import ModelConfig
 from .gguf import convert_gguf
 from .llama import LlamaModel
@@ -142,12 +143,25 @@ def load_tokenizer(model_dir: Path):
 
 
 def load_model(model: str | os.PathLike = "smollm2-135m", dtype: torch.dtype | str | None = None,
-               device: torch.device | str | None = None, max_positions: int | None = None, seed: int = 0):
-    """Return `(model, tokenizer)`; the tokenizer is None for `random:<preset>` and tokenizer-less directories."""
-    from safetensors.torch import load_file
+               device: torch.device | str | None = None, max_positions: int | None = None, seed: int = 0,
+               prepack_weights: bool = False):
+    """Return `(model, tokenizer)`; the tokenizer is None for `random:<preset>` and tokenizer-less directories.
 
+    `dtype`: a torch dtype or vLLM's strings ("float32", "bfloat16", "auto" = the serving dtype, the default).
+    `prepack_weights`: reorder the linears' weights once for oneDNN where that pays (`prepack.wanted`: 16-bit
+    weights on a CPU), as `LLM` does for a model it loads; timing studies that share one model between
+    engines load it so."""
     device = torch.device(device) if device is not None else default_device()
     dtype = parse_dtype(dtype) or default_dtype(device)
+    net, tokenizer = _load(model, dtype, device, max_positions, seed)
+    if prepack_weights and prepack.wanted(net):
+        prepack.prepack(net)
+    return net, tokenizer
+
+
+def _load(model, dtype: torch.dtype, device: torch.device, max_positions: int | None, seed: int):
+    from safetensors.torch import load_file
+
     if str(model).startswith("random:"):
         config = preset_config(str(model).split(":", 1)[1])
         torch.manual_seed(seed)

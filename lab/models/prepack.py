@@ -18,6 +18,8 @@ weights take twice their memory.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,12 +42,26 @@ class PrepackedLinear(nn.Module):
         with torch.no_grad():
             self.blocked = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
 
+    def __deepcopy__(self, memo):
+        # The blocked copy is an opaque oneDNN tensor that deepcopy cannot read: block the copied weight again.
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        linear.weight = copy.deepcopy(self.weight, memo)
+        linear.bias = copy.deepcopy(self.bias, memo)
+        return PrepackedLinear(linear)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.weight.dtype or x.device.type != "cpu" or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)  # what the blocked copy cannot serve: the reference
         bias = None if self.bias is None else self.bias.detach()
         return torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self.blocked, bias, "none", [],
                                                   "").reshape(*x.shape[:-1], self.out_features)
+
+
+def wanted(model: nn.Module) -> bool:
+    """Whether prepacking pays for `model`: 16-bit weights on a CPU that has the operators (float32 gained
+    nothing measurable, see the module docstring)."""
+    weight = next(model.parameters())
+    return weight.dtype in (torch.bfloat16, torch.float16) and available(weight.device)
 
 
 def prepack(model: nn.Module) -> nn.Module:
@@ -56,4 +72,17 @@ def prepack(model: nn.Module) -> nn.Module:
         for child_name, child in list(module.named_children()):
             if type(child) is nn.Linear:
                 setattr(module, child_name, PrepackedLinear(child))
+    return model
+
+
+def unprepack(model: nn.Module) -> nn.Module:
+    """Undo `prepack`, in place: plain `nn.Linear`s on the same weights (what code that rewrites weights, such as
+    quantization, needs: the blocked copy would not follow)."""
+    for module in list(model.modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, PrepackedLinear):
+                linear = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
+                                   device="meta")
+                linear.weight, linear.bias = child.weight, child.bias
+                setattr(module, child_name, linear)
     return model

@@ -171,28 +171,37 @@ def layer_skip_model(model: LlamaModel, num_layers: int) -> LlamaModel:
 
 
 def quantized_copy(model: LlamaModel, tokenizer=None, method: str = "rtn", bits: int = 4,
-                   group_size: int | None = 64, calib_samples: int = 32, calib_tokens: int = 256) -> LlamaModel:
+                   group_size: int | None = 64, calib_samples: int = 32, calib_tokens: int = 256,
+                   packed: bool = True) -> LlamaModel:
     """A copy of the target whose decoder linears are quantized by `lab.quant` (RTN, GPTQ or AWQ; the last two
-    calibrate on the lab's calibration set and need the tokenizer). The weights are dequantized in place, so on
-    this engine the copy costs as much per token as the target: its c shows what the lab's kernels give, not
-    what an int4 GEMM would (see `weight_bytes_ratio`)."""
+    calibrate on the lab's calibration set and need the tokenizer).
+
+    `packed` (the default, on a CPU at 4 or 8 bits): the codes run on torch's packed low-bit kernels
+    (`lab.quant.packed`) and the LM head is RTN-quantized and packed too (it is a fifth of the weights), so the
+    copy reads about a quarter of the target's bytes per token, as a deployed quantized drafter would. Otherwise
+    the weights are dequantized in place and the copy costs what the target does: its c then shows the
+    acceptance a quantized drafter keeps, not its speed (`weight_bytes_ratio` gives the bandwidth-bound c)."""
+    from lab.models import prepack
+    from lab.quant.packed import PACKED_BITS, pack_model
     from lab.quant.pipeline import QuantJob, quantize_model
 
     job = QuantJob(method=method, bits=bits, group_size=group_size, calib_samples=calib_samples,
                    calib_tokens=calib_tokens)
     if method != "rtn" and tokenizer is None:
         raise ValueError(f"a {method} draft calibrates on text: pass the tokenizer")
-    draft = copy.deepcopy(model)
-    quantize_model(job, draft, tokenizer, progress=False)
+    draft = prepack.unprepack(copy.deepcopy(model))  # quantization rewrites weights a blocked copy would not follow
+    codes, _ = quantize_model(job, draft, tokenizer, progress=False)
+    if packed and bits in PACKED_BITS and next(draft.parameters()).device.type == "cpu":
+        pack_model(draft, codes, job.spec(), lm_head=job.spec())
     return draft
 
 
-def weight_bytes_ratio(bits: int, group_size: int | None, model: LlamaModel) -> float:
-    """Bytes a decode step reads for a weight-quantized copy over the 16-bit target's (decoder linears at `bits`
-    plus a 16-bit scale and zero per group; embedding and LM head kept at 16 bits): the c a bandwidth-bound
-    int-`bits` GEMM would reach, for comparison with the c measured on this engine."""
-    linear = sum(m.weight.numel() for m in model.layers.modules() if isinstance(m, nn.Linear))
+def weight_bytes_ratio(bits: int, group_size: int | None, model: LlamaModel, head: bool = True) -> float:
+    """Bytes a decode step reads for a weight-quantized copy over the 16-bit target's: decoder linears (and with
+    `head`, the LM head, as `quantized_copy` packs it) at `bits` plus a 16-bit scale and zero per group, the
+    rest at 16 bits. The c a bandwidth-bound int-`bits` GEMM would reach, for comparison with the measured c."""
+    linear = sum(p.numel() for n, p in model.named_parameters() if n.startswith("layers.") and p.dim() == 2)
     rest = sum(p.numel() for p in model.parameters()) - linear
+    quantized = linear + (model.config.vocab_size * model.config.hidden_size if head else 0)
     per_weight = bits / 8 + (4 / group_size if group_size else 0)
-    return (linear * per_weight + rest * 2) / ((linear + rest) * 2)
-
+    return (quantized * per_weight + (linear + rest - quantized) * 2) / ((linear + rest) * 2)

@@ -8,7 +8,7 @@ and the engine's measured decode-step time on this machine against the roofline'
 
 from __future__ import annotations
 
-import time
+import statistics
 from dataclasses import dataclass
 
 import pandas as pd
@@ -155,22 +155,16 @@ def roofline_points(hw: Hardware, cost: roofline.ModelCost, context: int, prefil
 
 
 def measure_engine_decode(model, tokenizer, batches, context: int = 128, steps: int = 8) -> pd.DataFrame:
-    """Mean decode-step time of the lab engine at each batch size, every sequence at ~`context` tokens."""
-    from lab.engine import LLM, SamplingParams
+    """Median decode-step time of the lab engine at each batch size, every sequence at ~`context` tokens."""
+    from lab.engine import LLM
+    from lab.timing import decode_step_seconds
 
     rows = []
     for b in batches:
         llm = LLM(model, tokenizer=tokenizer, max_num_seqs=b, num_kv_blocks=b * (-(-(context + steps + 8) // 16)),
                   max_model_len=context + steps + 8, max_num_batched_tokens=max(4096, b * context))
-        for i in range(b):
-            llm.add_request([(7 * i + j) % 1000 + 10 for j in range(context)],
-                            SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True))
-        llm.step()  # prefill everything
-        llm.step()  # one warm decode step
-        t = time.perf_counter()
-        for _ in range(steps):
-            llm.step()
-        rows.append({"batch": b, "context": context, "measured_step_ms": 1000 * (time.perf_counter() - t) / steps})
+        times = decode_step_seconds(llm, b, context, steps)
+        rows.append({"batch": b, "context": context, "measured_step_ms": 1000 * statistics.median(times)})
     return pd.DataFrame(rows)
 
 

@@ -18,8 +18,9 @@ import torch
 from lab.claims import verdict
 from lab.hardware import GPUS, Hardware
 from lab.memory import ModelShape
+from lab.models.loader import default_dtype, parse_dtype
 from lab.replay.cost import LINKS, break_even_table, recompute_seconds, window_cost
-from lab.runs import as_tuple, check_choice, check_range
+from lab.runs import as_tuple, check_choice, check_dtype, check_range
 
 COST_MODELS = ["smollm2-135m", "llama-2-7b", "llama-3-8b", "llama-3-70b", "qwen2.5-72b", "deepseek-v3"]
 ATTENTION = {"llama-2-7b": "MHA", "deepseek-v3": "MLA"}  # the rest are GQA
@@ -37,8 +38,11 @@ class ReplayParams:
     EFFICIENCY: float = 0.5  # the article's compute efficiency for its self-diagnosis rule
     PD_WINDOW: int = 64
     PD_PREFIX: int = 32768
+    DTYPE: str = "auto"  # of the timed models: the serving dtype (the lossless check runs in float32)
 
     def __post_init__(self):
+        check_dtype("DTYPE", self.DTYPE)
+        self.torch_dtype = parse_dtype(self.DTYPE) or default_dtype("cpu")  # what "auto" means on this machine
         self.MODELS, self.PREFIXES, self.WINDOWS = (as_tuple(n, getattr(self, n)) for n in ("MODELS", "PREFIXES",
                                                                                              "WINDOWS"))
         check_choice("HARDWARE", self.HARDWARE, sorted(GPUS))
@@ -101,10 +105,11 @@ def measure(p: ReplayParams, machine: Hardware) -> pd.DataFrame:
     rows = []
     total = max(p.PREFIXES) + max(p.WINDOWS)
     for name in p.MODELS:
-        model, _ = load_model(name, dtype=torch.float32, device="cpu", max_positions=total + 16)
+        model, _ = load_model(name, dtype=p.DTYPE, device="cpu", max_positions=total + 16, prepack_weights=True)
         c = model.config
         shape = ModelShape.from_hf_config(c.to_hf_dict(), name)
         weight_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
+        dtype_bytes = model.embed_tokens.weight.element_size()
         ids = torch.randint(0, c.vocab_size, (total,), generator=torch.Generator().manual_seed(0)).tolist()
         # Keeps the layer inputs of the last max(WINDOWS) positions (for the HCache timing); never replays itself.
         keep = ReplayConfig(window=max(p.WINDOWS), source="hidden", memory_headroom=0.0, bandwidth_utilization=1.0,
@@ -116,7 +121,7 @@ def measure(p: ReplayParams, machine: Hardware) -> pd.DataFrame:
         hcache = {w: bench.hidden_restore_seconds(w, p.REPEATS) for w in p.WINDOWS}
 
         def roofline(m, w):
-            cost = window_cost(shape, w, m, dtype_bytes=4)
+            cost = window_cost(shape, w, m, dtype_bytes=dtype_bytes)
             return cost, max(cost.recompute_flops / machine.peak_flops,
                              (weight_bytes + cost.prefix_read_bytes + cost.kv_bytes) / machine.mem_bandwidth)
 

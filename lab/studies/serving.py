@@ -31,7 +31,7 @@ import pandas as pd
 
 from lab.bench.serve import LengthDist, LoadConfig, LoadReport, run_load_sync
 from lab.engine import LLM
-from lab.runs import as_tuple, check_range
+from lab.runs import as_tuple, check_dtype, check_range
 from lab.serve import ServerThread
 
 
@@ -53,11 +53,13 @@ class ServingParams:
     CHUNK_TOKENS: int = 256  # the chunked engine's max_num_batched_tokens
     SYSTEM_PROMPT: int = 512  # prefix-caching experiment: shared system prompt tokens
     MAX_MODEL_LEN: int = 2048
-    KV_BLOCKS: int = 1024  # of 16 tokens: 16K tokens, 0.75 GB in float32 (more requests than fit are preempted)
+    KV_BLOCKS: int = 1024  # of 16 tokens: 16K tokens, 0.38 GB in bf16 (more requests than fit are preempted)
     DURATION: float = 180.0  # bound on each load run (seconds)
     SEED: int = 0
+    DTYPE: str = "auto"  # the served model's: the serving dtype
 
     def __post_init__(self):
+        check_dtype("DTYPE", self.DTYPE)
         for name in ("INPUT_LEN", "OUTPUT_LEN", "CONCURRENCY", "BATCH_SIZES"):
             setattr(self, name, as_tuple(name, getattr(self, name)))
             for v in getattr(self, name):
@@ -227,7 +229,7 @@ import torch
 from lab.engine import LLM, SamplingParams
 from lab.models import load_model
 t1 = time.perf_counter()
-model, tok = load_model("smollm2-135m", dtype=torch.float32, device="cpu")
+model, tok = load_model("smollm2-135m", dtype=sys.argv[3], device="cpu", prepack_weights=True)
 t2 = time.perf_counter()
 llm = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=512)
 prompt = list(range(1000, 1000 + int(sys.argv[1])))
@@ -241,7 +243,7 @@ print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_ttft_s": first.
 """
 
 
-def cold_start(prompt_tokens: int = 128) -> pd.DataFrame:
+def cold_start(prompt_tokens: int = 128, dtype: str = "auto") -> pd.DataFrame:
     """Fresh processes: the first with an empty model cache (the GGUF is converted), then with the cache warm;
     then the first request's TTFT without and with a warm-up request."""
     rows = []
@@ -250,7 +252,7 @@ def cold_start(prompt_tokens: int = 128) -> pd.DataFrame:
                                        ("cached safetensors", cache, "cold"),
                                        ("cached, warm-up request first", cache, "warm")):
             env = os.environ | {"LAB_CACHE_DIR": env_cache}
-            out = subprocess.run([sys.executable, "-c", _COLD_START, str(prompt_tokens), mode], env=env,
+            out = subprocess.run([sys.executable, "-c", _COLD_START, str(prompt_tokens), mode, dtype], env=env,
                                  capture_output=True, text=True, check=True)
             rows.append({"case": label, **json.loads(out.stdout.strip().splitlines()[-1])})
     t = pd.DataFrame(rows)

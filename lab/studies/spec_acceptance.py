@@ -24,7 +24,7 @@ import pandas as pd
 
 from lab.engine import LLM, SamplingParams
 from lab.quant.calibration import SPEC_BENCH_PATH, chat_token_ids
-from lab.runs import as_tuple, check_choice, check_range
+from lab.runs import as_tuple, check_choice, check_dtype, check_range
 from lab.spec.drafters import layer_skip_model, quantized_copy
 from lab.spec.measure import StepCosts, step_costs
 from lab.spec.prompts import TaskPrompt, load_prompts
@@ -55,8 +55,10 @@ class SpecParams:
     SPEC_BENCH_PER_CATEGORY: int = 2  # Spec-Bench questions a category when its file is present (0: skip)
     SPEC_BENCH_DRAFTERS: tuple = ("ngram", "quantized")
     REPEATS: int = 5  # timing repeats of the step-cost forwards
+    DTYPE: str = "auto"  # the target's: the serving dtype, as a deployment would run it
 
     def __post_init__(self):
+        check_dtype("DTYPE", self.DTYPE)
         for name in ("DRAFTERS", "K_SWEEP", "SWEEP_DRAFTERS", "SPEC_BENCH_DRAFTERS"):
             setattr(self, name, as_tuple(name, getattr(self, name)))
         for name in ("DRAFTERS", "SWEEP_DRAFTERS", "SPEC_BENCH_DRAFTERS"):

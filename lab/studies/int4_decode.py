@@ -1,0 +1,134 @@
+"""The deployment article's INT4 decode claim (seeds/003 §2.1), measured on the lab engine (notebook 01).
+
+The article: INT4 compresses the weights 4x against FP16, but decode "generally" speeds up only 2-2.5x,
+because the KV cache and activations then take a larger share of the bytes a step reads, and dequantization
+costs time. Here three builds of the same model decode on the engine, at batch 1 and at a batch of 32:
+
+- float32, the reference path;
+- the 16-bit serving dtype, bfloat16 with the weights prepacked for oneDNN (`lab.models.prepack`): a CPU has
+  no fast float16 matmul, so bfloat16 stands for the article's FP16 here;
+- 4-bit: decoder linears and LM head RTN-quantized (group 64) and packed for torch's int4 CPU kernel
+  (`lab.quant.packed`), as a GPTQ or AWQ checkpoint would run (the kernel's speed does not depend on how the
+  codes were found).
+
+Each decode step is timed alone (`lab.timing.decode_step_seconds`); a speedup is the ratio of median step
+times with a bootstrap 95% interval over the steps (`lab.timing.ratio_interval`). Beside each measurement,
+the prediction of a purely bandwidth-bound step: the ratio of the bytes a step reads (weights, at 4 bits plus
+a bf16 scale and zero per group of 64, and the batch's KV cache), the article's own argument made numeric.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from lab.claims import verdict
+from lab.timing import decode_step_seconds, ratio_interval
+
+BUILDS = ("float32", "bfloat16", "int4")
+CLAIM = (2.0, 2.5)  # seeds/003 §2.1: INT4 decode speedup over FP16
+
+
+def build_models(name: str = "smollm2-135m", max_positions: int | None = None) -> tuple[dict, object]:
+    """{build: model} for BUILDS (see the module docstring) and the tokenizer."""
+    from lab.models import load_model, prepack
+    from lab.quant.packed import rtn_packed
+    from lab.quant.rtn import QuantSpec
+
+    fp32, tok = load_model(name, dtype="float32", device="cpu", max_positions=max_positions)
+    bf16, _ = load_model(name, dtype="bfloat16", device="cpu", max_positions=max_positions)
+    int4 = rtn_packed(bf16, QuantSpec(bits=4, group_size=64), head=True)  # packed from the plain bf16 weights
+    if prepack.wanted(bf16):
+        prepack.prepack(bf16)
+    return {"float32": fp32, "bfloat16": bf16, "int4": int4}, tok
+
+
+def step_bytes(model, build: str, batch: int, context: int) -> float:
+    """Bytes one decode step reads: every weight once (4-bit builds: 0.5 byte a weight plus a bf16 scale and
+    zero per 64, the embedding table excepted: a step reads one row of it) and the batch's KV cache."""
+    c = model.config
+    per_weight = {"float32": 4.0, "bfloat16": 2.0, "int4": 0.5 + 4 / 64}[build]
+    linear = sum(p.numel() for n, p in model.named_parameters() if n.startswith("layers.") and p.dim() == 2)
+    head = c.vocab_size * c.hidden_size
+    kv_element = 4 if build == "float32" else 2
+    kv = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * kv_element * batch * context
+    return (linear + head) * per_weight + kv
+
+
+def measure(models: dict, tokenizer, batches=(1, 32), context: int = 128, steps: int = 16) -> pd.DataFrame:
+    """One row per build and batch: the median step time and the raw step times."""
+    from lab.engine import LLM
+
+    rows = []
+    for build, model in models.items():
+        for b in batches:
+            llm = LLM(model, tokenizer=tokenizer, max_num_seqs=b, max_model_len=context + steps + 8,
+                      num_kv_blocks=b * (-(-(context + steps + 8) // 16)), max_num_batched_tokens=max(2048, b * context))
+            times = decode_step_seconds(llm, b, context, steps)
+            rows.append({"build": build, "batch": b, "context": context,
+                         "step_ms": 1e3 * float(pd.Series(times).median()), "times": times,
+                         "bytes_per_step": step_bytes(models["float32"], build, b, context)})
+    return pd.DataFrame(rows)
+
+
+def speedups(measured: pd.DataFrame) -> pd.DataFrame:
+    """int4 against bfloat16 (the article's comparison) and against float32, per batch: measured with its
+    interval, and the bytes-read prediction."""
+    rows = []
+    for b, d in measured.groupby("batch"):
+        by = d.set_index("build")
+        for base in ("bfloat16", "float32"):
+            ratio, lo, hi = ratio_interval(by.at[base, "times"], by.at["int4", "times"])
+            rows.append({"batch": b, "int4 against": base, "measured_speedup": ratio, "ci95_low": lo,
+                         "ci95_high": hi, "bytes_read_ratio": by.at[base, "bytes_per_step"] / by.at["int4", "bytes_per_step"],
+                         f"{base}_step_ms": by.at[base, "step_ms"], "int4_step_ms": by.at["int4", "step_ms"]})
+    return pd.DataFrame(rows)
+
+
+def claim_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The claim against each batch's measured int4 / bfloat16 speedup: "correct" only if the whole interval
+    lies within 2-2.5x, "wrong" (by how much, `lab.claims.verdict`) only if the whole interval lies outside,
+    else "not distinguishable" at this many steps."""
+    rows = []
+    for r in table[table["int4 against"] == "bfloat16"].itertuples():
+        if CLAIM[0] <= r.ci95_low and r.ci95_high <= CLAIM[1]:
+            said = "correct"
+        elif r.ci95_high < CLAIM[0] or r.ci95_low > CLAIM[1]:
+            said = verdict(CLAIM, r.measured_speedup, rel_tol=0.0)
+        else:
+            said = "not distinguishable"
+        rows.append({"source": "003 §2.1", "claim": f"INT4 decode is 2-2.5x faster than FP16 (batch {r.batch})",
+                     "the article says": "2-2.5x",
+                     "the lab computes": (f"{r.measured_speedup:.2f}x measured, 95% CI [{r.ci95_low:.2f}, "
+                                          f"{r.ci95_high:.2f}]; bytes read {r.bytes_read_ratio:.2f}x"),
+                     "verdict": said})
+    return pd.DataFrame(rows)
+
+
+def plot(table: pd.DataFrame):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for i, (base, d) in enumerate(table.groupby("int4 against", sort=False)):
+        x = [j + 0.2 * (i - 0.5) for j in range(len(d))]
+        ax.errorbar(x, d["measured_speedup"], yerr=[d["measured_speedup"] - d["ci95_low"],
+                                                    d["ci95_high"] - d["measured_speedup"]],
+                    fmt="o", capsize=4, label=f"measured, int4 / {base}", color=f"C{i}")
+        ax.scatter(x, d["bytes_read_ratio"], marker="_", s=300, color=f"C{i}", label=f"bytes-read bound / {base}")
+    ax.axhspan(*CLAIM, color="0.85", label="article: 2-2.5x over FP16")
+    batches = list(dict.fromkeys(table["batch"]))
+    ax.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
+    ax.set_ylabel("decode step speedup of int4")
+    ax.set_title("INT4 decode speedup on this CPU (lab engine)", fontsize=10)
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+@torch.inference_mode()
+def run(name: str = "smollm2-135m", batches=(1, 32), context: int = 128, steps: int = 16):
+    """build, measure and compare: (measured, speedups, claims)."""
+    models, tok = build_models(name, context + steps + 16)
+    measured = measure(models, tok, batches, context, steps)
+    table = speedups(measured)
+    return measured, table, claim_rows(table)

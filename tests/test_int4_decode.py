@@ -1,0 +1,45 @@
+"""The INT4 decode claim's study (`lab.studies.int4_decode`) and its timing statistics (`lab.timing`):
+verdicts follow the interval, intervals follow the samples, and the engine's step timer runs real steps."""
+
+import pandas as pd
+import pytest
+
+from lab.studies import int4_decode
+from lab.timing import decode_step_seconds, ratio_interval
+
+
+def test_ratio_interval_brackets_the_ratio_and_shrinks_with_the_spread():
+    exact = ratio_interval([2.0] * 9, [1.0] * 9)
+    assert exact == (2.0, 2.0, 2.0)
+    noisy = ratio_interval([2.0, 2.4, 1.6, 2.2, 1.8] * 3, [1.0, 1.1, 0.9] * 5)
+    assert noisy[1] < noisy[0] < noisy[2] and noisy[2] - noisy[1] > 0.1
+
+
+def _table(low, high):
+    return pd.DataFrame([{"batch": 1, "int4 against": "bfloat16", "measured_speedup": (low + high) / 2,
+                          "ci95_low": low, "ci95_high": high, "bytes_read_ratio": 3.5}])
+
+
+@pytest.mark.parametrize("low, high, said", [(2.1, 2.4, "correct"), (1.2, 1.5, "wrong"), (2.6, 3.0, "wrong"),
+                                              (1.8, 2.2, "not distinguishable")])
+def test_the_claims_verdict_follows_the_whole_interval(low, high, said):
+    got = int4_decode.claim_rows(_table(low, high))["verdict"].iloc[0]
+    assert got.startswith(said)
+
+
+def test_bytes_read_shrink_with_the_weights_and_grow_with_the_kv(smollm):
+    model, _ = smollm
+    b = {build: int4_decode.step_bytes(model, build, 1, 128) for build in int4_decode.BUILDS}
+    assert b["float32"] > b["bfloat16"] > b["int4"]
+    assert 3.0 < b["bfloat16"] / b["int4"] < 4.0  # 4x on the weights, less with scales, zeros and the KV
+    assert int4_decode.step_bytes(model, "int4", 32, 128) > b["int4"]
+
+
+def test_decode_step_timer_runs_every_step_and_drains_the_engine(smollm):
+    from lab.engine import LLM
+
+    model, tok = smollm
+    llm = LLM(model, tokenizer=tok, max_num_seqs=2, num_kv_blocks=8, max_model_len=48)
+    times = decode_step_seconds(llm, 2, 20, 3)
+    assert len(times) == 3 and all(t > 0 for t in times)
+    assert not llm.has_unfinished() and llm.block_manager.num_used_blocks == 0
