@@ -40,9 +40,22 @@ def new_run_id() -> str:
 
 
 def params_from_namespace(cls, namespace: dict):
-    """Build the parameter dataclass `cls` from a notebook's globals (fields are the UPPERCASE names)."""
+    """Build the parameter dataclass `cls` from a notebook's globals (fields are the UPPERCASE names).
+
+    A preset such as SMOKE may replace values the notebook set; each replacement is printed (it reaches the
+    run log) and listed in `params.overridden` (name -> [asked, used]), which `start_run` writes to params.json
+    beside the values actually used."""
     names = [f.name for f in dataclasses.fields(cls)]
-    return cls(**{n: namespace[n] for n in names if n in namespace})
+    given = {n: namespace[n] for n in names if n in namespace}
+    params = cls(**given)
+    overridden = {}
+    for name, asked in given.items():
+        used = getattr(params, name)
+        if (tuple(asked) if isinstance(asked, list) else asked) != used:
+            overridden[name] = [asked, used]
+            print(f"parameter {name}={asked!r} is overridden by the preset: this run uses {name}={used!r}")
+    params.overridden = overridden
+    return params
 
 
 def check_choice(name: str, value, choices) -> None:
@@ -112,6 +125,7 @@ def start_run(notebook: str, params) -> Run:
     run_dir.mkdir(parents=True, exist_ok=True)
     if (run_dir / "params.json").exists():
         raise FileExistsError(f"{run_dir} already holds a run; a run never overwrites another")
-    record = {"notebook": notebook, "run_id": run_dir.name, **provenance(values)}
+    record = {"notebook": notebook, "run_id": run_dir.name, **provenance(values),
+              "overridden_by_preset": getattr(params, "overridden", {})}
     (run_dir / "params.json").write_text(json.dumps(record, indent=2) + "\n")
     return Run(notebook, run_dir, values)

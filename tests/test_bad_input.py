@@ -83,10 +83,54 @@ def test_max_tokens_must_be_a_positive_integer(max_tokens):
         SamplingParams(max_tokens=max_tokens)
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=-0.5), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5)])
-def test_other_bad_sampling_params(kw):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("kw, name", [
+    (dict(temperature=-0.5), "temperature"), (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=float("inf")), "temperature"), (dict(temperature="0.7"), "temperature"),
+    (dict(top_k=-2), "top_k"), (dict(top_k=2.5), "top_k"), (dict(top_k=True), "top_k"),
+    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_p=float("nan")), "top_p"),
+    (dict(seed=2**64), "seed"), (dict(seed=1.5), "seed"), (dict(ignore_eos="yes"), "ignore_eos"),
+    (dict(stop_token_ids="12"), "stop_token_ids"), (dict(stop_token_ids=[3, -1]), r"stop_token_ids\[1\]")])
+def test_every_sampling_parameter_is_checked_at_the_door_and_named(kw, name):
+    with pytest.raises(ValueError, match=name):
         SamplingParams(**kw)
+
+
+def test_vllm_spellings_of_sampling_parameters_are_accepted():
+    assert not SamplingParams(top_k=-1).greedy and SamplingParams(seed=2**64 - 1).seed == 2**64 - 1
+    assert SamplingParams(temperature=1e-40).greedy and not SamplingParams(temperature=1e-4).greedy
+
+
+def test_an_underflowing_temperature_decodes_greedily_instead_of_failing_the_step():
+    llm = make_llm()
+    want = llm.generate([prompt(12)], greedy(6))[0].token_ids
+    tiny = SamplingParams(temperature=1e-40, max_tokens=6, ignore_eos=True)
+    assert llm.generate([prompt(12)], tiny)[0].token_ids == want  # before: NaN probabilities, the step raised
+
+
+def test_a_request_that_fails_inside_a_step_fails_alone(monkeypatch, caplog):
+    """Defence in depth: a step that raises is retried request by request; only the failing one ends (with
+    "error" and its message), its blocks return, the others get their tokens and the engine goes on."""
+    import lab.engine.llm as llm_module
+
+    real = llm_module.sample
+
+    def sample(logits, params, generators):
+        if any(p.seed == 666 for p in params):
+            raise RuntimeError("poisoned row")
+        return real(logits, params, generators)
+
+    good = [prompt(30), prompt(21, start=11)]
+    expected = [o.token_ids for o in make_llm().generate(good, [greedy(8), greedy(5)])]
+    monkeypatch.setattr(llm_module, "sample", sample)
+    llm = make_llm()
+    poisoned = SamplingParams(temperature=0.5, seed=666, max_tokens=8)
+    outs = llm.generate([good[0], prompt(9, start=5), good[1]], [greedy(8), poisoned, greedy(5)])
+    assert [o.token_ids for o in (outs[0], outs[2])] == expected
+    assert [o.finish_reason for o in outs] == ["length", "error", "length"]
+    assert "poisoned row" in outs[1].error and outs[0].error is None
+    assert "failed in an engine step" in caplog.text
+    assert_untouched(llm)
+    assert llm.generate([good[1]], greedy(5))[0].token_ids == expected[1]  # still usable
 
 
 def test_request_needing_more_blocks_than_the_pool():
@@ -141,7 +185,7 @@ def test_params_list_of_the_wrong_length():
 @pytest.mark.parametrize("kw, word", [
     (dict(attention_backend="flash"), "attention_backend"),
     (dict(attention_backend=""), "attention_backend"),
-    (dict(kv_cache_dtype="fp8"), "kv_cache_dtype"),
+    (dict(kv_cache_dtype="fp9"), "kv_cache_dtype"),
     (dict(block_size=0), "block_size"),
     (dict(block_size=-4), "block_size"),
     (dict(num_kv_blocks=0), "num_kv_blocks"),
@@ -205,3 +249,22 @@ def test_engine_keeps_serving_after_a_bad_request(bad):
     assert llm.step() == []
     assert [o.token_ids for o in llm.generate(good, params)] == expected
     assert_untouched(llm)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ([3, 1.7], "token ids must be integers; got 1.7"), ([3, True], "token ids must be integers; got True"),
+    (None, "a prompt is a string, a list of token ids or a dict; got NoneType"),
+    ({"text": "hi"}, r"got the keys \['text'\]"), ({"prompt": "a", "prompt_token_ids": [3]}, "one of 'prompt'")])
+def test_malformed_prompts_are_named_with_their_index_in_the_batch(bad, match):
+    llm = make_llm()
+    with pytest.raises(ValueError, match=r"prompts\[1\]: .*" + match):
+        llm.generate([prompt(5), bad, prompt(6)], greedy(2))
+    assert_untouched(llm)
+
+
+def test_an_empty_batch_is_refused_and_vectors_of_token_ids_are_prompts():
+    llm = make_llm()
+    with pytest.raises(ValueError, match="no prompts"):
+        llm.generate([], greedy(2))
+    want = llm.generate([prompt(7)], greedy(3))[0].token_ids
+    assert llm.generate([torch.tensor(prompt(7))], greedy(3))[0].token_ids == want

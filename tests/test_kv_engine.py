@@ -186,13 +186,23 @@ def test_prefix_hit_with_per_channel_keys_and_a_window(smollm, chat_prompt_ids):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(kv_cache_dtype=KVCacheFormat("int4", "per-channel", token_group=12)), "divide block_size"),
-    (dict(kv_cache_dtype=KVCacheFormat("fp8_e4m3")), "static scales"),
+    (dict(kv_cache_dtype=KVCacheFormat("int8", "per-tensor")), "static scales"),
     (dict(kv_cache_dtype="int3"), "kv_cache_dtype"),
 ])
 def test_unservable_formats_refused_by_name(smollm, kwargs, match):
     model, tok = smollm
     with pytest.raises(ValueError, match=match):
         LLM(model, tokenizer=tok, num_kv_blocks=8, **kwargs)
+
+
+def test_fp8_without_scales_serves_at_vllms_scale_of_one_and_says_so(smollm, chat_prompt_ids, caplog):
+    model, tok = smollm
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    fmt = KVCacheFormat("fp8_e4m3")
+    got = LLM(model, tokenizer=tok, num_kv_blocks=32, kv_cache_dtype="fp8_e4m3").generate(chat_prompt_ids[:1], params)
+    assert "scale of 1.0" in caplog.text and "calibrate" in caplog.text
+    unit = LLM(model, tokenizer=tok, num_kv_blocks=32, kv_cache_dtype=fmt, kv_scales=KVScales.unit(model, fmt))
+    assert got[0].token_ids == unit.generate(chat_prompt_ids[:1], params)[0].token_ids
 
 
 def test_unit_scales_are_vllms_default(smollm):

@@ -118,3 +118,15 @@ def test_lab_run_cli_prints_the_run_directory(tmp_path):
                           "--results-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "NOT_A_PARAMETER" in out.stderr
     assert not list(Path(tmp_path).glob("*/*")), "a rejected run must not leave a run directory"
+
+
+def test_a_preset_that_overrides_a_parameter_says_so_and_params_json_records_it(tmp_path, monkeypatch, capsys):
+    from lab.runs import params_from_namespace, start_run
+    from lab.studies.spec_acceptance import SpecParams
+
+    params = params_from_namespace(SpecParams, {"SMOKE": True, "MAX_TOKENS": 16, "K": 2})
+    assert params.MAX_TOKENS == 8 and params.overridden == {"MAX_TOKENS": [16, 8]}  # K=2 is what SMOKE uses too
+    assert "MAX_TOKENS=16 is overridden by the preset: this run uses MAX_TOKENS=8" in capsys.readouterr().out
+    monkeypatch.setenv("LAB_RUN_DIR", str(tmp_path / "run"))
+    record = json.loads((start_run("05_speculative_acceptance", params).dir / "params.json").read_text())
+    assert record["parameters"]["MAX_TOKENS"] == 8 and record["overridden_by_preset"] == {"MAX_TOKENS": [16, 8]}

@@ -120,7 +120,8 @@ def test_bad_requests_get_4xx_while_valid_ones_complete(server, want):
            ({"json": {**good, "model": "gpt-4"}}, 404, "model 'gpt-4' does not exist"),
            ({"json": {**good, "max_tokens": 600}}, 400, "exceeds max_model_len 512"),
            ({"json": {**good, "n": 2}}, 400, "n: Input should be 1"),
-           ({"json": {**good, "stop": ["\n"]}}, 400, "stop: Input should be None"),
+           ({"json": {**good, "logprobs": 2}}, 400, "logprobs: Input should be None"),
+           ({"json": {**good, "stop": [""]}}, 400, "stop must be a non-empty string"),
            ({"json": {**good, "temperature": -1}}, 400, "temperature: Input should be greater than or equal to 0"),
            ({"json": {"model": "smollm2-135m"}}, 400, "prompt: Field required"),
            ({"json": {**good, "prompt": [10**9]}}, 400, "outside the vocabulary")]
@@ -137,6 +138,39 @@ def test_bad_requests_get_4xx_while_valid_ones_complete(server, want):
     for r, (_, status, words) in zip(responses[2:], bad):
         assert r.status_code == status, (r.status_code, r.text)
         assert words in r.json()["error"]["message"], r.text
+    assert _idle(server)
+
+
+def test_a_request_failing_inside_a_step_fails_alone_as_a_server_error(server, want, monkeypatch):
+    """Beside three good requests (one streamed), one whose row fails the step gets a 500 typed server_error;
+    the others get their tokens. An underflowing temperature is greedy; an infinite one is refused."""
+    import lab.engine.llm as llm_module
+
+    real = llm_module.sample
+
+    def sample(logits, params, generators):
+        if any(p.seed == 666 for p in params):
+            raise RuntimeError("poisoned row")
+        return real(logits, params, generators)
+
+    monkeypatch.setattr(llm_module, "sample", sample)
+    url = server.url + "/v1/completions"
+    good = {"model": "smollm2-135m", "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+
+    async def main():
+        async with httpx.AsyncClient(timeout=60) as c:
+            return await asyncio.gather(c.post(url, json=good), c.post(url, json={**good, "temperature": 1e-40}),
+                                        c.post(url, json={**good, "temperature": 0.7, "seed": 666}),
+                                        c.post(url, headers={"content-type": "application/json"},
+                                               content=json.dumps(good).replace('"temperature": 0', '"temperature": 1e999')))
+
+    ok, tiny, poisoned, inf = asyncio.run(main())
+    assert ok.status_code == 200 and ok.json()["choices"][0]["token_ids"] == want["text"].token_ids
+    assert tiny.status_code == 200 and tiny.json()["choices"][0]["token_ids"] == want["text"].token_ids
+    assert poisoned.status_code == 500 and poisoned.json()["error"]["type"] == "server_error"
+    assert "poisoned row" in poisoned.json()["error"]["message"]
+    assert inf.status_code == 400 and "temperature" in inf.json()["error"]["message"]
     assert _idle(server)
 
 

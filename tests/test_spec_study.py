@@ -49,12 +49,20 @@ def test_bad_prompt_files_are_refused_by_line(tmp_path):
     bad.write_text('{"id": "a", "category": "x", "prompt": "p"}\n{"text": "no"}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2: a record needs .* got keys \['text'\]"):
         load_prompts(bad)
-    bad.write_text('{"question_id": 1, "category": "poetry", "turns": ["x"]}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:1: Spec-Bench category 'poetry' is not one of"):
+    bad.write_text('{"question_id": 1, "category": "poetry", "turns": []}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1: turns must be a non-empty list of strings"):
         load_prompts(bad)
     bad.write_text("not json\n")
     with pytest.raises(ValueError, match="bad.jsonl:1: not JSON"):
         load_prompts(bad)
+
+
+def test_spec_bench_format_keeps_a_users_own_categories(tmp_path):
+    own = tmp_path / "own.jsonl"
+    own.write_text('{"question_id": 7, "category": "poetry", "turns": ["Write a haiku.", "Another."]}\n'
+                   '{"question_id": 8, "category": "rag", "turns": ["Q"]}\n')
+    assert [(p.category, p.text) for p in load_prompts(own)] == [("poetry", "Write a haiku."),
+                                                                  ("retrieval-augmented generation", "Q")]
 
 
 def test_expected_tokens_by_position():

@@ -22,6 +22,7 @@ after preemption) reads the cached tokens inside its window quantized, since the
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from lab.quant.kv import (FP8_TYPES, KVCacheFormat, QuantizedKV, dequantize, pac
                          unpack_codes)
 
 from .request import Sequence, Status
+
+log = logging.getLogger(__name__)
 
 # Share of the free memory the KV pool may take when the engine is not given a number of blocks.
 KV_CACHE_MEMORY_FRACTION = 0.4
@@ -85,6 +88,13 @@ def build_kv_store(model, num_blocks: int, block_size: int, kv_format: KVCacheFo
     shape = (c.num_hidden_layers, num_blocks, block_size, c.num_key_value_heads, c.head_dim)
     if kv_format is None:
         return PlainKVStore(*shape, w.dtype, w.device)
+    if kv_format.static and kv_format.is_fp8 and kv_scales is None:
+        from lab.quant.kv_calibration import KVScales
+
+        # vLLM's behaviour: fp8 without k_scale/v_scale runs at a scale of 1.0.
+        log.warning("kv_cache_dtype %s without kv_scales: a static scale of 1.0 (vLLM's default); calibrate with "
+                    "lab.quant.kv_calibration.calibrate_kv_absmax for real scales", kv_format.dtype)
+        kv_scales = KVScales.unit(model, kv_format)
     return QuantizedKVStore(*shape, kv_format, w.dtype, w.device, kv_scales, model.rope, max_num_seqs)
 
 

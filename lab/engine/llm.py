@@ -14,6 +14,8 @@ has no branch of its own for any of them.
 
 from __future__ import annotations
 
+import logging
+import numbers
 import time
 
 import torch
@@ -21,12 +23,15 @@ import torch
 from lab.models import LlamaModel, default_device, default_dtype, load_model, prepack
 
 from .block_manager import BlockManager
+from .chat import render
 from .config import EngineConfig
 from .extension import EngineExtension
 from .kv_store import build_kv_store, default_num_blocks
 from .model_runner import ModelOutput, ModelRunner
 from .request import RequestOutput, SamplingParams, Sequence, Status, sample
 from .scheduler import Scheduler
+
+log = logging.getLogger(__name__)
 
 
 class LLM:
@@ -76,12 +81,22 @@ class LLM:
     def _tokenize(self, prompt) -> tuple[list[int], str | None]:
         salt = None
         if isinstance(prompt, dict):
-            salt = prompt.get("cache_salt")
-            prompt = prompt["prompt_token_ids"] if "prompt_token_ids" in prompt else prompt["prompt"]
+            keys = [k for k in ("prompt_token_ids", "prompt") if k in prompt]
+            if len(keys) != 1 or set(prompt) - {"prompt_token_ids", "prompt", "cache_salt"}:
+                raise ValueError(f"a prompt dict has one of 'prompt' or 'prompt_token_ids' and optionally "
+                                 f"'cache_salt'; got the keys {sorted(prompt)}")
+            salt, prompt = prompt.get("cache_salt"), prompt[keys[0]]
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this model has no tokenizer (a random:<preset> model?); pass token ids")
             return self.tokenizer.encode(prompt, add_special_tokens=False), salt
+        if hasattr(prompt, "tolist") and not isinstance(prompt, (list, tuple)):  # a torch or numpy vector
+            prompt = prompt.tolist()
+        if not isinstance(prompt, (list, tuple)):
+            raise ValueError(f"a prompt is a string, a list of token ids or a dict; got {type(prompt).__name__}")
+        wrong = [t for t in prompt if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
+        if wrong:
+            raise ValueError(f"token ids must be integers; got {wrong[0]!r}")
         ids = [int(t) for t in prompt]
         bad = [t for t in ids if not 0 <= t < self.model.config.vocab_size]
         if bad:
@@ -106,6 +121,8 @@ class LLM:
         c = self.config
         if not ids:
             raise ValueError("the prompt is empty: at least one token is needed")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer to match text; this model has none (use stop_token_ids)")
         if len(ids) + params.max_tokens > c.max_model_len:
             raise ValueError(f"prompt of {len(ids)} tokens + max_tokens {params.max_tokens} = "
                              f"{len(ids) + params.max_tokens} exceeds max_model_len {c.max_model_len}")
@@ -126,7 +143,8 @@ class LLM:
     # ---- stepping -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One scheduler step and one model forward; returns the requests that finished in it. Extension hooks
-        run in the order `lab.engine.extension` documents."""
+        run in the order `lab.engine.extension` documents. If the step raises, its requests are retried one at a
+        time and only those that fail alone are finished, with finish_reason "error" (`_isolate`)."""
         for ext in self.extensions.values():
             ext.before_schedule(self)
         out = self.scheduler.schedule()
@@ -137,11 +155,39 @@ class LLM:
         if not out.scheduled:
             return []
         self.num_steps += 1
-        emitted = self._next_tokens(out.scheduled, self.runner.execute(out.scheduled, extra_rows))
-        finished = [o for seq, _ in out.scheduled if (o := self._append(seq, emitted.get(seq.request_id, [])))]
+        computed = [seq.num_computed_tokens for seq, _ in out.scheduled]
+        counts = (self.num_prefill_tokens, self.num_decode_tokens)
+        try:
+            emitted = self._next_tokens(out.scheduled, self.runner.execute(out.scheduled, extra_rows))
+            failed = []
+        except Exception:  # noqa: BLE001  one request's failure must not fail the others (see _isolate)
+            for (seq, _), n in zip(out.scheduled, computed):
+                seq.num_computed_tokens = n
+            self.num_prefill_tokens, self.num_decode_tokens = counts
+            emitted, failed = self._isolate(out.scheduled, extra_rows)
+        finished = [o for seq, _ in out.scheduled
+                    if seq.status is not Status.FINISHED and (o := self._append(seq, emitted.get(seq.request_id, [])))]
         for ext in self.extensions.values():
             ext.after_step(self)
-        return finished
+        return finished + failed
+
+    def _isolate(self, scheduled: list[tuple[Sequence, int]], extra_rows: dict) -> tuple[dict, list[RequestOutput]]:
+        """The step raised: run each of its sequences alone, so that only a request whose own rows fail is failed
+        (its blocks freed, the error logged with its traceback and returned as its output); the rest advance as
+        they would have. Re-running is safe: nothing advanced, and a forward rewrites the same KV slots."""
+        log.exception("an engine step of %d requests failed; retrying them one at a time", len(scheduled))
+        emitted, failed = {}, []
+        for seq, n in scheduled:
+            one, computed = [(seq, n)], seq.num_computed_tokens
+            try:
+                rows = {seq.request_id: extra_rows[seq.request_id]} if seq.request_id in extra_rows else {}
+                emitted.update(self._next_tokens(one, self.runner.execute(one, rows)))
+            except Exception as error:  # noqa: BLE001
+                log.exception("request %d failed in an engine step", seq.request_id)
+                seq.num_computed_tokens = computed
+                self._finish(seq, "error")
+                failed.append(self._output(self.sequences.pop(seq.request_id), f"{type(error).__name__}: {error}"))
+        return emitted, failed
 
     def _next_tokens(self, scheduled: list[tuple[Sequence, int]], output: ModelOutput) -> dict[int, list[int]]:
         """Advance each sequence by its scheduled tokens, then the tokens each emits: an extension's (a
@@ -196,27 +242,50 @@ class LLM:
         p = seq.params
         if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
             return "stop"
+        if p.stop and (cut := self._stop_string_cut(seq)) is not None:
+            seq.stop_text = cut
+            return "stop"
         if seq.num_output_tokens >= p.max_tokens:
             return "length"
         return None
 
-    def _output(self, seq: Sequence) -> RequestOutput:
+    def _stop_string_cut(self, seq: Sequence) -> str | None:
+        """The output text cut at the first stop string it holds (kept if include_stop_str_in_output), or None.
+        The whole output is decoded, so a stop string split across tokens is found."""
+        text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+        hits = [(i, s) for s in seq.params.stop if (i := text.find(s)) >= 0]
+        if not hits:
+            return None
+        i, s = min(hits)
+        return text[:i + len(s)] if seq.params.include_stop_str_in_output else text[:i]
+
+    def _output(self, seq: Sequence, error: str | None = None) -> RequestOutput:
         text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True) if self.tokenizer else None
+        text = seq.stop_text if seq.stop_text is not None else text
         return RequestOutput(seq.request_id, seq.token_ids[:seq.num_prompt_tokens], seq.output_token_ids, text,
-                             seq.finish_reason, seq.metrics)
+                             seq.finish_reason, seq.metrics, error)
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Run prompts (strings, token-id lists, or dicts with prompt/prompt_token_ids and cache_salt) to completion.
 
-        Every prompt is validated before any is queued, so a bad one raises without leaving work behind.
+        Every prompt is validated before any is queued, so a bad one raises without leaving work behind. A request
+        that fails inside a step comes back with finish_reason "error" and the message in `error` (logged with its
+        traceback); the others complete.
         """
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
-        seqs = [self.make_sequence(prompt, p) for prompt, p in zip(prompts, params)]
+        if not prompts:
+            raise ValueError("no prompts: pass at least one (an empty list is neither a prompt nor a batch)")
+        seqs = []
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            try:
+                seqs.append(self.make_sequence(prompt, p))
+            except ValueError as e:
+                raise ValueError(f"prompts[{i}]: {e}") from None
         ids = [self.enqueue(seq) for seq in seqs]
         done: dict[int, RequestOutput] = {}
         pbar = None
@@ -231,6 +300,18 @@ class LLM:
         if pbar:
             pbar.close()
         return [done[i] for i in ids]
+
+    def chat(self, messages, params: SamplingParams | list[SamplingParams] | None = None,
+             use_tqdm: bool = False) -> list[RequestOutput]:
+        """vLLM's `LLM.chat`: one conversation (a list of {"role", "content"} messages) or a list of them, each
+        rendered with the tokenizer's chat template (`lab.engine.chat`) and generated as `generate` does."""
+        one = isinstance(messages, list) and bool(messages) and isinstance(messages[0], dict)
+        conversations = [messages] if one else messages
+        if not isinstance(conversations, list) or not conversations:
+            raise ValueError(f"messages must be a conversation or a non-empty list of them, got {messages!r}")
+        prompts = [render(self.tokenizer, c, "messages" if one else f"messages[{i}]")
+                   for i, c in enumerate(conversations)]
+        return self.generate(prompts, params, use_tqdm)
 
     def stats(self) -> dict:
         s, bm = self.scheduler, self.block_manager

@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 
 import torch
+
+
+SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it samples greedily
 
 
 @dataclass
@@ -32,25 +36,58 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
+    # Stop strings, as vLLM's: the output ends where one first appears in the decoded text (matched across token
+    # boundaries) and the text excludes it unless include_stop_str_in_output; token_ids keep the token that
+    # completed it. A string or a list of strings; needs a tokenizer.
+    stop: str | list[str] | None = None
+    include_stop_str_in_output: bool = False
     speculate: bool = True  # on an engine with speculative decoding: draft for this request (False: plain)
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        # Everything is checked here, at the door: a value that passed would otherwise fail inside a step,
+        # beside other requests (a NaN temperature, a float top_k, a seed torch cannot hold).
+        _number("temperature", self.temperature, 0.0, math.inf)
+        _number("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _integer("top_k", self.top_k, -1, None)  # vLLM's -1, like 0, disables it
+        _integer("max_tokens", self.max_tokens, 1, None)
+        if self.seed is not None:
+            _integer("seed", self.seed, -(2**63), 2**64 - 1)  # what torch.Generator.manual_seed holds
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop
+        if stops is not None:
+            if not isinstance(stops, (list, tuple)) or not all(isinstance(x, str) and x for x in stops):
+                raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+            self.stop = list(stops)
+        for name in ("ignore_eos", "speculate", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if isinstance(self.stop_token_ids, (str, bytes)) or not hasattr(self.stop_token_ids, "__iter__"):
+            raise ValueError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
+        self.stop_token_ids = list(self.stop_token_ids)
+        for i, t in enumerate(self.stop_token_ids):
+            _integer(f"stop_token_ids[{i}]", t, 0, None)
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        # Below vLLM's _SAMPLING_EPS a temperature is greedy: logits / 1e-40 overflow to inf and NaN probabilities.
+        return self.temperature < SAMPLING_EPS or self.top_k == 1
+
+
+def _number(name: str, value, low: float, high: float, low_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if value < low or (low_open and value == low) or value > high:
+        raise ValueError(f"{name} must be in {'(' if low_open else '['}{low}, {high}], got {value!r}")
+
+
+def _integer(name: str, value, low: int, high: int | None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < low or (high is not None and value > high):
+        raise ValueError(f"{name} must be in [{low}, {high if high is not None else 'inf'}], got {value}")
 
 
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    if top_k and top_k < logits.shape[-1]:
+    if top_k > 0 and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p < 1.0:
@@ -135,8 +172,9 @@ class RequestOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]
     text: str | None
-    finish_reason: str  # "stop" (EOS or a stop token) or "length"
+    finish_reason: str  # "stop" (EOS or a stop token), "length", or "error" (its step failed: see `error`)
     metrics: RequestMetrics
+    error: str | None = None
 
 
 class Sequence:
@@ -153,6 +191,7 @@ class Sequence:
         self.max_chunk: int | None = None  # most tokens per step (replay recomputes its window in chunks)
         self.block_table: list[int] = []
         self.finish_reason: str | None = None
+        self.stop_text: str | None = None  # the output text cut at a stop string, once one matched
         self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         self.metrics = RequestMetrics(arrival_time=time.perf_counter(), num_prompt_tokens=len(token_ids))
 

@@ -14,6 +14,7 @@ serving the others.
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
@@ -23,6 +24,8 @@ from lab.engine import LLM, SamplingParams
 from lab.engine.request import RequestOutput, Sequence, Status
 
 from .metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -99,6 +102,7 @@ class AsyncLLM:
             try:
                 finished = self.llm.step()
             except Exception as e:  # noqa: BLE001  one failing step must not take the server down
+                log.exception("engine step failed outside any one request; failing the running requests")
                 self._fail_running(f"engine step failed: {type(e).__name__}: {e}")
                 continue
             self._publish({o.request_id: o for o in finished})
@@ -121,12 +125,22 @@ class AsyncLLM:
         tok = self.llm.tokenizer
         for rid, st in list(self._streams.items()):
             out = finished.get(rid)
+            if out is not None and out.error is not None:  # its own rows failed the step (LLM._isolate)
+                self._loop.call_soon_threadsafe(st.queue.put_nowait, Delta([], "", True, out, error=out.error))
+                del self._streams[rid]
+                continue
             tokens = out.token_ids if out is not None else st.seq.output_token_ids
             if len(tokens) == st.sent_tokens and out is None:
                 continue
-            text = tok.decode(tokens, skip_special_tokens=True) if tok is not None else ""
+            if out is not None and out.text is not None:
+                text = out.text  # cut at a stop string, if one matched
+            else:
+                text = tok.decode(tokens, skip_special_tokens=True) if tok is not None else ""
             if out is None and text.endswith("\ufffd"):  # a character split across tokens: wait for the rest
                 continue
+            if out is None and st.seq.params.stop:  # hold back what could be the start of a stop string
+                hold = max(map(len, st.seq.params.stop)) - 1
+                text = text[:max(len(st.sent_text), len(text) - hold)]
             delta = Delta(tokens[st.sent_tokens:], text[len(st.sent_text):], out is not None, out)
             st.sent_tokens, st.sent_text = len(tokens), text
             self._loop.call_soon_threadsafe(st.queue.put_nowait, delta)

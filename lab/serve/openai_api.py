@@ -3,8 +3,8 @@
 
 The request and response shapes are OpenAI's (https://platform.openai.com/docs/api-reference/completions),
 with vLLM's extensions where the lab needs them: `top_k`, `ignore_eos`, `return_token_ids`, and `prompt` as a
-list of token ids. A field the engine does not implement (n > 1, logprobs, stop strings, penalties) is refused
-with a 400 naming it rather than ignored. A client that disconnects mid-stream has its request aborted.
+list of token ids. A field the engine does not implement (n > 1, logprobs, penalties) is refused with a 400
+naming it rather than ignored. A client that disconnects mid-stream has its request aborted.
 """
 
 from __future__ import annotations
@@ -18,30 +18,32 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from lab.engine import SamplingParams
+from lab.engine.chat import render
 
 from .async_engine import AsyncLLM
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "5" is not a number: wrongly typed fields are refused
     model: str
     max_tokens: int = Field(16, ge=1)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
+    top_k: int = Field(0, ge=-1)  # vLLM's -1, like 0, disables it
     seed: int | None = None
     stream: bool = False
     stream_options: dict | None = None
     ignore_eos: bool = False
     return_token_ids: bool = False
     user: str | None = None  # metadata: accepted, not used
-    # Accepted only at the value that means "off": the engine has no n > 1, logprobs, stop strings or penalties.
+    stop: str | list[str] | None = None  # stop strings (excluded from the text, as OpenAI and vLLM do)
+    stop_token_ids: list[int] | None = None  # vLLM's extension
+    # Accepted only at the value that means "off": the engine has no n > 1, logprobs or penalties yet.
     n: Literal[1] = 1
     logprobs: None = None
-    stop: None = None
     presence_penalty: Literal[0] = 0
     frequency_penalty: Literal[0] = 0
 
@@ -54,7 +56,8 @@ class _Sampling(BaseModel):
 
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                              max_tokens=self.max_tokens, seed=self.seed, ignore_eos=self.ignore_eos)
+                              max_tokens=self.max_tokens, seed=self.seed, ignore_eos=self.ignore_eos,
+                              stop=self.stop or None, stop_token_ids=self.stop_token_ids or [])
 
     @property
     def include_usage(self) -> bool:
@@ -67,18 +70,30 @@ class CompletionRequest(_Sampling):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant"]
-    content: str
+    model_config = ConfigDict(extra="forbid", strict=True)  # "5" is not a number: wrongly typed fields are refused
+    role: str  # checked by lab.engine.chat (system, developer, user, assistant)
+    content: str | list  # a string or OpenAI's list of parts (text parts only)
+    name: str | None = None  # OpenAI's participant name: metadata, not sent to the template
 
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
+
+    @model_validator(mode="after")
+    def _one_max_tokens(self):
+        if self.max_completion_tokens is not None:
+            if "max_tokens" in self.model_fields_set and self.max_tokens != self.max_completion_tokens:
+                raise ValueError(f"max_tokens={self.max_tokens} and max_completion_tokens="
+                                 f"{self.max_completion_tokens} disagree; send one")
+            self.max_tokens = self.max_completion_tokens
+        return self
 
 
 def _error(status: int, message: str, code: str | None = None, param: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
-                                   "code": code}}, status_code=status)
+    kind = "server_error" if status >= 500 else "invalid_request_error"  # OpenAI's types
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                        status_code=status)
 
 
 def _sse(obj) -> str:
@@ -139,11 +154,10 @@ async def completions(request: Request, body: CompletionRequest):
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, body: ChatCompletionRequest):
-    tokenizer = request.app.state.engine.llm.tokenizer
-    if tokenizer is None:
-        return _error(400, "this model has no tokenizer, hence no chat template: use /v1/completions with token ids")
-    prompt = tokenizer.apply_chat_template([m.model_dump() for m in body.messages], add_generation_prompt=True,
-                                           tokenize=False)
+    try:
+        prompt = render(request.app.state.engine.llm.tokenizer, [m.model_dump() for m in body.messages])
+    except ValueError as e:
+        return _error(400, str(e), param="messages")
     return await _serve(request, body, prompt, chat=True)
 
 

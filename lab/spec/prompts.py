@@ -10,7 +10,8 @@ Two sources, one record type (`TaskPrompt`):
   arXiv:2401.07851; one object a line with `question_id`, `category`, `turns`), read from wherever it is given,
   never copied. Its first 80 questions are MT-bench's eight categories, which Spec-Bench reports together as
   multi-turn conversation; the lab runs their first turn only (a second turn needs the model's own first
-  answer), and says so in the record's category.
+  answer), and says so in the record's category. Any other category in that format (a user's own file) keeps
+  its label.
 """
 
 from __future__ import annotations
@@ -37,13 +38,14 @@ class TaskPrompt:
 
 
 def _record(rec: dict, where: str) -> TaskPrompt:
-    if "turns" in rec:  # Spec-Bench
-        cat = rec.get("category")
-        if cat not in MT_BENCH and cat not in SPEC_BENCH_CATEGORIES:
-            raise ValueError(f"{where}: Spec-Bench category {cat!r} is not one of "
-                             f"{sorted(MT_BENCH | set(SPEC_BENCH_CATEGORIES))}")
-        return TaskPrompt(f"spec_bench:{rec['question_id']}", MULTI_TURN if cat in MT_BENCH else
-                          SPEC_BENCH_CATEGORIES[cat], rec["turns"][0])
+    if "turns" in rec:  # Spec-Bench's format; a user's own categories keep their labels
+        cat, turns = rec.get("category"), rec["turns"]
+        if not isinstance(cat, str) or not cat:
+            raise ValueError(f"{where}: category must be a non-empty string, got {cat!r}")
+        if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
+            raise ValueError(f"{where}: turns must be a non-empty list of strings, got {turns!r}")
+        label = MULTI_TURN if cat in MT_BENCH else SPEC_BENCH_CATEGORIES.get(cat, cat)
+        return TaskPrompt(f"spec_bench:{rec.get('question_id', where)}", label, turns[0])
     if {"id", "category", "prompt"} <= rec.keys():
         return TaskPrompt(str(rec["id"]), rec["category"], rec["prompt"])
     raise ValueError(f"{where}: a record needs either Spec-Bench's question_id/category/turns or the lab's "

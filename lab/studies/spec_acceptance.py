@@ -114,6 +114,17 @@ def _token_ids(tokenizer, prompts: list[TaskPrompt], max_tokens: int) -> tuple[l
     return ids, int(sum(map(len, ids)) / len(ids) + max_tokens / 2)
 
 
+def agreeing_share(outputs, reference) -> float:
+    """The mean share of each output's tokens before it first differs from the reference run's (1.0: identical).
+    In float32 speculative greedy decoding is lossless (tested); in bfloat16 a (k + 1)-row verification rounds
+    differently from a one-row step, so a near-tie can flip and the greedy paths part from there on."""
+    shares = []
+    for out, ref in zip(outputs, reference):
+        same = next((i for i, (x, y) in enumerate(zip(out, ref)) if x != y), min(len(out), len(ref)))
+        shares.append(same / max(len(ref), 1))
+    return sum(shares) / max(len(shares), 1)
+
+
 def run_requests(llm: LLM, prompts: list[TaskPrompt], ids: list[list[int]], max_tokens: int) -> pd.DataFrame:
     """Each prompt alone (batch 1), greedy: one row a request with its decode time and speculation record."""
     rows = []
@@ -178,6 +189,8 @@ def summarize(drafter: str, k: int, spec: pd.DataFrame, plain: pd.DataFrame, cos
         rows.append({
             "drafter": drafter, "k": k, "category": cat, "requests": len(s), "decode_tokens": tokens,
             "lossless": bool((s["output"].apply(tuple) == base["output"].apply(tuple)).all()),
+            "identical_outputs": float((s["output"].apply(tuple) == base["output"].apply(tuple)).mean()),
+            "agreeing_tokens": agreeing_share(s["output"], base["output"]),
             "rounds": st.rounds, "plain_steps": plain_steps, "a": a,
             "accepted/drafted (vLLM)": st.accepted / st.drafted if st.drafted else float("nan"),
             "mean_accepted_tokens_per_step": st.mean_accepted_tokens_per_step,
