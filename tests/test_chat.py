@@ -49,3 +49,59 @@ def test_a_bad_conversation_in_a_batch_is_named_and_nothing_is_queued(llm):
     with pytest.raises(ValueError, match=r"messages\[1\]\[0\]\.role"):
         llm.chat([[{"role": "user", "content": "hi"}], [{"role": "bot", "content": "x"}]], GREEDY)
     assert not llm.has_unfinished()
+
+
+def test_logprobs_equal_the_reference_models_log_softmax(smollm, llm):
+    """vLLM's logprobs: each generated token's log-probability and rank under the model's raw logits, with the
+    top-k; checked against a plain causal forward of the reference model over prompt + output."""
+    import torch
+
+    from lab.models.reference import forward_logits
+
+    model, tok = smollm
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=8, ignore_eos=True, logprobs=3)
+    [out] = llm.chat([{"role": "user", "content": QUESTION}], params)
+    assert len(out.logprobs) == len(out.token_ids) == 8
+    with torch.inference_mode():
+        ref = torch.log_softmax(forward_logits(model, out.prompt_token_ids + out.token_ids).float(), -1)
+    for j, (token, entry) in enumerate(zip(out.token_ids, out.logprobs)):
+        row = ref[len(out.prompt_token_ids) - 1 + j]
+        assert entry[token].logprob == pytest.approx(float(row[token]), abs=2e-3)
+        assert entry[token].rank == 1 + int((row > row[token]).sum())
+        top = row.topk(3).indices.tolist()
+        assert set(top) <= set(entry) and [entry[t].rank for t in top] == [1, 2, 3]
+    assert llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))[0].logprobs is None  # not asked, not computed
+
+
+def test_speculative_requests_get_the_same_logprobs(smollm):
+    from lab.spec import SpeculativeConfig
+
+    model, tok = smollm
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+    msgs = [{"role": "user", "content": "Repeat after me: the cat sat on the mat, the cat sat on the mat."}]
+    plain = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=256).chat(msgs, params)[0]
+    spec = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=256,
+               speculative=SpeculativeConfig(k=3, method="ngram")).chat(msgs, params)[0]
+    assert spec.token_ids == plain.token_ids and spec.metrics.speculation.accepted > 0
+    for a, b in zip(spec.logprobs, plain.logprobs):
+        assert a.keys() == b.keys() and all(abs(a[t].logprob - b[t].logprob) < 2e-3 for t in a)
+
+
+def test_n_samples_share_the_prompt_and_equal_n_seeded_requests(smollm):
+    model, tok = smollm
+    llm = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=256)
+    msgs = [{"role": "user", "content": "Write a short poem about the sea, please, in four lines."}]
+    [out] = llm.chat(msgs, SamplingParams(temperature=1.0, seed=11, max_tokens=10, n=3))
+    assert len(out.outputs) == 3 and out.outputs[0] is out
+    hits = llm.stats()["prefix_cache_hit_tokens"]
+    bs = llm.config.block_size
+    full = (len(out.prompt_token_ids) - 1) // bs * bs  # a hit leaves at least the last prompt token to compute
+    assert hits == 2 * full > 0  # samples 1 and 2 found the first's full prompt blocks in the cache
+    single = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=256)
+    for i, sample in enumerate(out.outputs):
+        want = single.chat(msgs, SamplingParams(temperature=1.0, seed=11 + i, max_tokens=10))[0]
+        assert sample.token_ids == want.token_ids
+    assert len({tuple(s.token_ids) for s in out.outputs}) > 1  # independent samples, not copies
+    assert llm.block_manager.num_used_blocks == 0 and llm.extensions["fanout"].held == {}
+    with pytest.raises(ValueError, match="n must be"):
+        SamplingParams(n=0)

@@ -120,7 +120,8 @@ def test_bad_requests_get_4xx_while_valid_ones_complete(server, want):
            ({"json": {**good, "model": "gpt-4"}}, 404, "model 'gpt-4' does not exist"),
            ({"json": {**good, "max_tokens": 600}}, 400, "exceeds max_model_len 512"),
            ({"json": {**good, "n": 2}}, 400, "n: Input should be 1"),
-           ({"json": {**good, "logprobs": 2}}, 400, "logprobs: Input should be None"),
+           ({"json": {**good, "presence_penalty": 0.5}}, 400, "presence_penalty: Input should be 0"),
+           ({"json": {**good, "logprobs": 6}}, 400, "logprobs: Input should be less than or equal to 5"),
            ({"json": {**good, "stop": [""]}}, 400, "stop must be a non-empty string"),
            ({"json": {**good, "temperature": -1}}, 400, "temperature: Input should be greater than or equal to 0"),
            ({"json": {"model": "smollm2-135m"}}, 400, "prompt: Field required"),
@@ -171,6 +172,29 @@ def test_a_request_failing_inside_a_step_fails_alone_as_a_server_error(server, w
     assert poisoned.status_code == 500 and poisoned.json()["error"]["type"] == "server_error"
     assert "poisoned row" in poisoned.json()["error"]["message"]
     assert inf.status_code == 400 and "temperature" in inf.json()["error"]["message"]
+    assert _idle(server)
+
+
+def test_logprobs_in_openais_shapes_equal_the_engines(server, smollm):
+    model, tok = smollm
+    msgs = [{"role": "user", "content": PROMPT}]
+    ref = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=512).chat(
+        msgs, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=2))[0]
+    body = {"model": "smollm2-135m", "messages": msgs, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+            "logprobs": True, "top_logprobs": 2}
+    whole = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]["logprobs"]
+    streamed = [t for c in _stream(server.url, "/v1/chat/completions", body) if c.get("choices")
+                for t in (c["choices"][0]["logprobs"] or {"content": []})["content"]]
+    for content in (whole["content"], streamed):
+        assert [c["token"] for c in content] == [tok.decode([t]) for t in ref.token_ids]
+        for c, t, e in zip(content, ref.token_ids, ref.logprobs):
+            assert abs(c["logprob"] - e[t].logprob) < 1e-4 and len(c["top_logprobs"]) == 2
+            assert c["bytes"] == list(c["token"].encode())
+    legacy = httpx.post(server.url + "/v1/completions", json={"model": "smollm2-135m", "prompt": PROMPT,
+                        "max_tokens": 4, "temperature": 0, "logprobs": 1}, timeout=60).json()["choices"][0]
+    assert len(legacy["logprobs"]["tokens"]) == 4 and all(len(t) == 1 for t in legacy["logprobs"]["top_logprobs"])
+    bad = httpx.post(server.url + "/v1/chat/completions", json={**body, "logprobs": False}, timeout=60)
+    assert bad.status_code == 400 and "top_logprobs needs logprobs" in bad.json()["error"]["message"]
     assert _idle(server)
 
 

@@ -26,9 +26,10 @@ from .block_manager import BlockManager
 from .chat import render
 from .config import EngineConfig
 from .extension import EngineExtension
+from .fanout import FanOut, sibling_params
 from .kv_store import build_kv_store, default_num_blocks
 from .model_runner import ModelOutput, ModelRunner
-from .request import RequestOutput, SamplingParams, Sequence, Status, sample
+from .request import RequestOutput, SamplingParams, Sequence, Status, sample, token_logprobs
 from .scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class LLM:
         self.sequences: dict[int, Sequence] = {}
         self.num_prefill_tokens = self.num_decode_tokens = self.num_steps = 0
         self.last_schedule = None
+        self._logprobs: dict[int, list] = {}  # a step's logprobs by request, until _append keeps them
         self.extensions: dict[str, EngineExtension] = {}
         for ext_config in c.extension_configs:
             self._add_extension(ext_config.build(self))
@@ -155,6 +157,7 @@ class LLM:
         if not out.scheduled:
             return []
         self.num_steps += 1
+        self._logprobs.clear()
         computed = [seq.num_computed_tokens for seq, _ in out.scheduled]
         counts = (self.num_prefill_tokens, self.num_decode_tokens)
         try:
@@ -204,6 +207,9 @@ class LLM:
             for ext in self.extensions.values():
                 if (tokens := ext.process_logits(seq, output.logits[rows])) is not None:
                     emitted[seq.request_id] = tokens
+                    if seq.logprobs is not None:  # the j-th verified token was chosen at the j-th row
+                        self._logprobs[seq.request_id] = token_logprobs(
+                            output.logits[rows][:len(tokens)], tokens, seq.params.logprobs)
                     break
             else:
                 plain.append((seq, rows.stop - 1))
@@ -211,14 +217,21 @@ class LLM:
             tokens = sample(output.logits[[r for _, r in plain]], [s.params for s, _ in plain],
                             [s.generator for s, _ in plain])
             emitted.update((seq.request_id, [t]) for (seq, _), t in zip(plain, tokens))
+            for (seq, row), t in zip(plain, tokens):
+                if seq.logprobs is not None:
+                    self._logprobs[seq.request_id] = token_logprobs(output.logits[row:row + 1], [t],
+                                                                    seq.params.logprobs)
         return emitted
 
     def _append(self, seq: Sequence, tokens: list[int]) -> RequestOutput | None:
         """Append a sequence's emitted tokens up to the first that finishes it, then hash its full blocks (over
         the tokens it now holds: accepted drafts included) and finish it if it stopped."""
         now, reason = time.perf_counter(), None
-        for token in tokens:
+        logprobs = self._logprobs.pop(seq.request_id, None)
+        for j, token in enumerate(tokens):
             seq.token_ids.append(token)
+            if logprobs is not None:
+                seq.logprobs.append(logprobs[j])
             m = seq.metrics
             m.token_times.append(now)
             if m.first_token_time is None:
@@ -263,7 +276,7 @@ class LLM:
         text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True) if self.tokenizer else None
         text = seq.stop_text if seq.stop_text is not None else text
         return RequestOutput(seq.request_id, seq.token_ids[:seq.num_prompt_tokens], seq.output_token_ids, text,
-                             seq.finish_reason, seq.metrics, error)
+                             seq.finish_reason, seq.metrics, error, seq.logprobs)
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
@@ -280,26 +293,35 @@ class LLM:
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         if not prompts:
             raise ValueError("no prompts: pass at least one (an empty list is neither a prompt nor a batch)")
-        seqs = []
+        groups = []  # per prompt: its first sample, then the n - 1 others (lab.engine.fanout)
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
-                seqs.append(self.make_sequence(prompt, p))
+                groups.append([self.make_sequence(prompt, q) for q in (p, *sibling_params(p))])
             except ValueError as e:
                 raise ValueError(f"prompts[{i}]: {e}") from None
-        ids = [self.enqueue(seq) for seq in seqs]
+        for first, *siblings in groups:
+            self.enqueue(first)
+            if siblings:
+                if "fanout" not in self.extensions:
+                    self._add_extension(FanOut())
+                self.extensions["fanout"].hold(first, siblings)
         done: dict[int, RequestOutput] = {}
+        total = sum(map(len, groups))
         pbar = None
         if use_tqdm:
             from tqdm.auto import tqdm
-            pbar = tqdm(total=len(ids), desc="generate")
-        while len(done) < len(ids):
+            pbar = tqdm(total=total, desc="generate")
+        while len(done) < total:
             for o in self.step():
                 done[o.request_id] = o
                 if pbar:
                     pbar.update(1)
         if pbar:
             pbar.close()
-        return [done[i] for i in ids]
+        outs = [done[g[0].request_id] for g in groups]
+        for out, (_, *siblings) in zip(outs, groups):
+            out.siblings = [done[s.request_id] for s in siblings]
+        return outs
 
     def chat(self, messages, params: SamplingParams | list[SamplingParams] | None = None,
              use_tqdm: bool = False) -> list[RequestOutput]:

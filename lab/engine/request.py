@@ -41,6 +41,11 @@ class SamplingParams:
     # completed it. A string or a list of strings; needs a tokenizer.
     stop: str | list[str] | None = None
     include_stop_str_in_output: bool = False
+    # vLLM's logprobs: for every generated token, its log-probability under the model (the raw logits' log-softmax,
+    # before temperature and top-k/top-p, as vLLM returns by default), its rank, and the `logprobs` most likely
+    # tokens'. None: not computed.
+    logprobs: int | None = None
+    n: int = 1  # vLLM's parallel sampling: n samples of the prompt sharing its blocks (lab.engine.fanout)
     speculate: bool = True  # on an engine with speculative decoding: draft for this request (False: plain)
 
     def __post_init__(self):
@@ -57,6 +62,9 @@ class SamplingParams:
             if not isinstance(stops, (list, tuple)) or not all(isinstance(x, str) and x for x in stops):
                 raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
             self.stop = list(stops)
+        _integer("n", self.n, 1, 64)
+        if self.logprobs is not None:
+            _integer("logprobs", self.logprobs, 0, 20)  # OpenAI's top_logprobs limit
         for name in ("ignore_eos", "speculate", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -119,6 +127,28 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     return tokens
 
 
+@dataclass(frozen=True)
+class Logprob:
+    logprob: float
+    rank: int  # 1 for the most likely token
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[dict[int, Logprob]]:
+    """For row i of `logits` [n, vocab] and the token chosen there: {token: Logprob} for it and the `top` most
+    likely tokens (vLLM's shape: the chosen token is always in the dict, with its rank)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    out = []
+    for row, token in zip(logp, tokens):
+        chosen = float(row[token])
+        entry = {token: Logprob(chosen, 1 + int((row > row[token]).sum()))}
+        if top:
+            values, ids = row.topk(top)
+            for r, (v, t) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
+                entry.setdefault(t, Logprob(v, r))
+        out.append(entry)
+    return out
+
+
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -175,6 +205,13 @@ class RequestOutput:
     finish_reason: str  # "stop" (EOS or a stop token), "length", or "error" (its step failed: see `error`)
     metrics: RequestMetrics
     error: str | None = None
+    logprobs: list[dict[int, Logprob]] | None = None  # one dict a generated token, if SamplingParams.logprobs
+    siblings: list[RequestOutput] = field(default_factory=list)  # samples 1 .. n - 1 when SamplingParams.n > 1
+
+    @property
+    def outputs(self) -> list[RequestOutput]:
+        """Every sample of the request (vLLM's `RequestOutput.outputs`): this one, then its siblings."""
+        return [self, *self.siblings]
 
 
 class Sequence:
@@ -192,6 +229,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.finish_reason: str | None = None
         self.stop_text: str | None = None  # the output text cut at a stop string, once one matched
+        self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
         self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         self.metrics = RequestMetrics(arrival_time=time.perf_counter(), num_prompt_tokens=len(token_ids))
 

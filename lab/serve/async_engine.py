@@ -37,6 +37,7 @@ class Delta:
     finished: bool = False
     output: RequestOutput | None = None
     error: str | None = None
+    logprobs: list | None = None  # one {token: Logprob} dict per token in token_ids, if the request asked
 
 
 class _Stream:
@@ -141,7 +142,9 @@ class AsyncLLM:
             if out is None and st.seq.params.stop:  # hold back what could be the start of a stop string
                 hold = max(map(len, st.seq.params.stop)) - 1
                 text = text[:max(len(st.sent_text), len(text) - hold)]
-            delta = Delta(tokens[st.sent_tokens:], text[len(st.sent_text):], out is not None, out)
+            lps = out.logprobs if out is not None else st.seq.logprobs
+            delta = Delta(tokens[st.sent_tokens:], text[len(st.sent_text):], out is not None, out,
+                          logprobs=None if lps is None else lps[st.sent_tokens:len(tokens)])
             st.sent_tokens, st.sent_text = len(tokens), text
             self._loop.call_soon_threadsafe(st.queue.put_nowait, delta)
             if out is not None:

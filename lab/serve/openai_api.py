@@ -3,8 +3,9 @@
 
 The request and response shapes are OpenAI's (https://platform.openai.com/docs/api-reference/completions),
 with vLLM's extensions where the lab needs them: `top_k`, `ignore_eos`, `return_token_ids`, and `prompt` as a
-list of token ids. A field the engine does not implement (n > 1, logprobs, penalties) is refused with a 400
-naming it rather than ignored. A client that disconnects mid-stream has its request aborted.
+list of token ids. Logprobs come in OpenAI's shapes (chat's `logprobs`/`top_logprobs`, the legacy completions'
+`logprobs: int`). A field the engine does not implement (n > 1, penalties) is refused with a 400 naming it
+rather than ignored. A client that disconnects mid-stream has its request aborted.
 """
 
 from __future__ import annotations
@@ -41,9 +42,8 @@ class _Sampling(BaseModel):
     user: str | None = None  # metadata: accepted, not used
     stop: str | list[str] | None = None  # stop strings (excluded from the text, as OpenAI and vLLM do)
     stop_token_ids: list[int] | None = None  # vLLM's extension
-    # Accepted only at the value that means "off": the engine has no n > 1, logprobs or penalties yet.
+    # Accepted only at the value that means "off": no penalties yet, and n > 1 only through LLM.generate so far.
     n: Literal[1] = 1
-    logprobs: None = None
     presence_penalty: Literal[0] = 0
     frequency_penalty: Literal[0] = 0
 
@@ -57,7 +57,13 @@ class _Sampling(BaseModel):
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                               max_tokens=self.max_tokens, seed=self.seed, ignore_eos=self.ignore_eos,
-                              stop=self.stop or None, stop_token_ids=self.stop_token_ids or [])
+                              stop=self.stop or None, stop_token_ids=self.stop_token_ids or [],
+                              logprobs=self.top_logprob_count)
+
+    @property
+    def top_logprob_count(self) -> int | None:
+        """How many top logprobs each token needs (None: no logprobs)."""
+        return None
 
     @property
     def include_usage(self) -> bool:
@@ -67,6 +73,11 @@ class _Sampling(BaseModel):
 class CompletionRequest(_Sampling):
     prompt: str | list[int]
     echo: Literal[False] = False
+    logprobs: int | None = Field(None, ge=0, le=5)  # the legacy API's: top logprobs per token
+
+    @property
+    def top_logprob_count(self) -> int | None:
+        return self.logprobs
 
 
 class ChatMessage(BaseModel):
@@ -79,9 +90,17 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @property
+    def top_logprob_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @model_validator(mode="after")
     def _one_max_tokens(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
         if self.max_completion_tokens is not None:
             if "max_tokens" in self.model_fields_set and self.max_tokens != self.max_completion_tokens:
                 raise ValueError(f"max_tokens={self.max_tokens} and max_completion_tokens="
@@ -177,19 +196,21 @@ async def _serve(request: Request, body: _Sampling, prompt, chat: bool):
             "model": model_name}
     if body.stream:
         return StreamingResponse(_stream(engine, seq, body, chat, head), media_type="text/event-stream")
-    text, tokens, final = [], [], None
+    text, tokens, final, lps = [], [], None, []
     async with aclosing(engine.generate(seq)) as deltas:  # closing it early aborts the request
         async for delta in deltas:
             if delta.error:
                 return _error(500, delta.error)
             text.append(delta.text)
             tokens += delta.token_ids
+            lps += delta.logprobs or []
             final = delta.output
             if await request.is_disconnected():
                 break
     if final is None:  # the client went away
         return Response(status_code=499)
-    choice = {"index": 0, "finish_reason": final.finish_reason, "logprobs": None}
+    choice = {"index": 0, "finish_reason": final.finish_reason,
+              "logprobs": _logprobs(engine.llm.tokenizer, tokens, lps, chat, body.top_logprob_count)}
     if chat:
         choice["message"] = {"role": "assistant", "content": "".join(text)}
     else:
@@ -211,11 +232,13 @@ async def _stream(engine: AsyncLLM, seq, body: _Sampling, chat: bool, head: dict
             if not delta.token_ids and not delta.finished:
                 continue
             reason = delta.output.finish_reason if delta.finished else None
+            logprobs = _logprobs(engine.llm.tokenizer, delta.token_ids, delta.logprobs or [], chat,
+                                 body.top_logprob_count)
             if chat:
                 msg = {"content": delta.text, **({"role": "assistant"} if first else {})}
-                choice = {"index": 0, "delta": msg, "finish_reason": reason}
+                choice = {"index": 0, "delta": msg, "finish_reason": reason, "logprobs": logprobs}
             else:
-                choice = {"index": 0, "text": delta.text, "finish_reason": reason, "logprobs": None}
+                choice = {"index": 0, "text": delta.text, "finish_reason": reason, "logprobs": logprobs}
             if body.return_token_ids:
                 choice["token_ids"] = delta.token_ids
             first = False
@@ -223,6 +246,24 @@ async def _stream(engine: AsyncLLM, seq, body: _Sampling, chat: bool, head: dict
             if delta.finished and body.include_usage:
                 yield _sse({**head, "object": kind, "choices": [], "usage": _usage(delta.output)})
     yield "data: [DONE]\n\n"
+
+
+def _logprobs(tokenizer, token_ids: list[int], entries: list, chat: bool, top: int | None):
+    """The engine's logprobs (`lab.engine.request.Logprob` dicts) in OpenAI's shape: chat's `content` list, or
+    the legacy completions' parallel lists. Token strings are each token decoded alone (with their bytes)."""
+    if top is None:
+        return None
+    piece = (lambda t: tokenizer.decode([t])) if tokenizer is not None else str
+    ranked = [sorted(e.items(), key=lambda kv: kv[1].rank)[:top] for e in entries]
+    if chat:
+        return {"content": [{"token": piece(t), "logprob": e[t].logprob, "bytes": list(piece(t).encode()),
+                             "top_logprobs": [{"token": piece(u), "logprob": lp.logprob, "bytes": list(piece(u).encode())}
+                                              for u, lp in r]}
+                            for t, e, r in zip(token_ids, entries, ranked)]}
+    strings = [piece(t) for t in token_ids]
+    offsets = [sum(map(len, strings[:i])) for i in range(len(strings))]
+    return {"tokens": strings, "token_logprobs": [e[t].logprob for t, e in zip(token_ids, entries)],
+            "top_logprobs": [{piece(u): lp.logprob for u, lp in r} for r in ranked], "text_offset": offsets}
 
 
 def _usage(out) -> dict:
