@@ -105,3 +105,42 @@ def test_n_samples_share_the_prompt_and_equal_n_seeded_requests(smollm):
     assert llm.block_manager.num_used_blocks == 0 and llm.extensions["fanout"].held == {}
     with pytest.raises(ValueError, match="n must be"):
         SamplingParams(n=0)
+
+
+def test_penalties_equal_a_direct_computation_on_the_reference_model(smollm, llm):
+    import torch
+
+    from lab.models.reference import forward_logits
+
+    model, tok = smollm
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, presence_penalty=0.5,
+                            frequency_penalty=0.7, repetition_penalty=1.3)
+    [out] = llm.chat([{"role": "user", "content": "Say 'yes' many times."}], params)
+    ids, want = list(out.prompt_token_ids), []
+    with torch.inference_mode():
+        for _ in range(12):
+            row = forward_logits(model, ids + want)[-1].float()
+            seen = torch.tensor(sorted(set(ids + want)))
+            row[seen] = torch.where(row[seen] > 0, row[seen] / 1.3, row[seen] * 1.3)
+            for t in set(want):
+                row[t] -= 0.5 + 0.7 * want.count(t)
+            want.append(int(row.argmax()))
+    assert out.token_ids == want
+    plain = llm.chat([{"role": "user", "content": "Say 'yes' many times."}],
+                     SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    assert plain.token_ids != want  # the penalties changed the answer, so the test can fail
+
+
+def test_min_tokens_masks_the_end_of_turn(llm):
+    raw = llm.generate(["What is the capital of France?"], SamplingParams(temperature=0, max_tokens=8))[0]
+    assert raw.finish_reason == "stop" and len(raw.token_ids) < 4  # the instruct model ends (almost) at once
+    held = llm.generate(["What is the capital of France?"], SamplingParams(temperature=0, max_tokens=8, min_tokens=4))[0]
+    assert len(held.token_ids) >= 4 and not set(held.token_ids[:4]) & set(llm.eos_token_ids)
+
+
+@pytest.mark.parametrize("kw, name", [(dict(presence_penalty=2.5), "presence_penalty"),
+                                      (dict(repetition_penalty=0.0), "repetition_penalty"),
+                                      (dict(min_tokens=20, max_tokens=10), "min_tokens")])
+def test_bad_penalties_are_named(kw, name):
+    with pytest.raises(ValueError, match=name):
+        SamplingParams(**kw)

@@ -67,7 +67,8 @@ class TorchPagedAttention:
                 for x, src, role in ((keys, exact[0], "k"), (values, exact[1], "v")):
                     _overwrite_exact(x.view(bd, -1, n_kv, d), src, st, exact_mask(fmt, role, q_pos, st.decode_positions))
             # [Bd, n_kv, L, d], copied while rows of d stay whole: a strided view would make matmul copy K^T
-            # element by element (3 ms of a 31 ms bf16 step at batch 32 went to that copy).
+            # element by element (3 ms of a 31 ms bf16 step at batch 32 went to that copy). Same values in bf16;
+            # float32 sums in another order (~1e-6).
             keys = keys.view(bd, -1, n_kv, d).transpose(1, 2).contiguous()
             values = values.view(bd, -1, n_kv, d).transpose(1, 2).contiguous()
             # The n_heads / n_kv query heads that share a KV head become the query rows of that head:

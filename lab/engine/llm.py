@@ -29,7 +29,7 @@ from .extension import EngineExtension
 from .fanout import FanOut, sibling_params
 from .kv_store import build_kv_store, default_num_blocks
 from .model_runner import ModelOutput, ModelRunner
-from .request import RequestOutput, SamplingParams, Sequence, Status, sample, token_logprobs
+from .request import RequestOutput, SamplingParams, Sequence, Status, penalize, sample, token_logprobs
 from .scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -123,6 +123,9 @@ class LLM:
         c = self.config
         if not ids:
             raise ValueError("the prompt is empty: at least one token is needed")
+        if params.penalized and params.speculate and "speculative" in self.extensions:
+            raise ValueError("penalties and min_tokens change the logits token by token, which speculative "
+                             "verification does not do yet: send this request with speculate=False")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer to match text; this model has none (use stop_token_ids)")
         if len(ids) + params.max_tokens > c.max_model_len:
@@ -214,8 +217,11 @@ class LLM:
             else:
                 plain.append((seq, rows.stop - 1))
         if plain:
-            tokens = sample(output.logits[[r for _, r in plain]], [s.params for s, _ in plain],
-                            [s.generator for s, _ in plain])
+            logits = output.logits[[r for _, r in plain]]
+            for i, (seq, _) in enumerate(plain):
+                if seq.params.penalized:
+                    logits[i] = penalize(logits[i], seq, self.eos_token_ids | set(seq.params.stop_token_ids))
+            tokens = sample(logits, [s.params for s, _ in plain], [s.generator for s, _ in plain])
             emitted.update((seq.request_id, [t]) for (seq, _), t in zip(plain, tokens))
             for (seq, row), t in zip(plain, tokens):
                 if seq.logprobs is not None:

@@ -46,6 +46,14 @@ class SamplingParams:
     # tokens'. None: not computed.
     logprobs: int | None = None
     n: int = 1  # vLLM's parallel sampling: n samples of the prompt sharing its blocks (lab.engine.fanout)
+    # vLLM's (and OpenAI's) penalties, applied to the logits before temperature: presence subtracts once per token
+    # already generated, frequency once per occurrence; repetition (CTRL, Keskar et al. 2019) divides positive
+    # and multiplies negative logits of every token in the prompt or output. min_tokens: EOS and stop_token_ids
+    # are masked until that many tokens are out.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
     speculate: bool = True  # on an engine with speculative decoding: draft for this request (False: plain)
 
     def __post_init__(self):
@@ -63,6 +71,10 @@ class SamplingParams:
                 raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
             self.stop = list(stops)
         _integer("n", self.n, 1, 64)
+        _number("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _number("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        _number("repetition_penalty", self.repetition_penalty, 0.0, 2.0, low_open=True)
+        _integer("min_tokens", self.min_tokens, 0, self.max_tokens if isinstance(self.max_tokens, int) else None)
         if self.logprobs is not None:
             _integer("logprobs", self.logprobs, 0, 20)  # OpenAI's top_logprobs limit
         for name in ("ignore_eos", "speculate", "include_stop_str_in_output"):
@@ -73,6 +85,12 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids)
         for i, t in enumerate(self.stop_token_ids):
             _integer(f"stop_token_ids[{i}]", t, 0, None)
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the logits depend on the tokens so far (penalties, min_tokens)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.min_tokens)
 
     @property
     def greedy(self) -> bool:
@@ -104,6 +122,22 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch
         # Drop a token when the tokens before it already reach top_p; the first always stays.
         drop = (cum - sorted_logits.softmax(-1)) >= top_p
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    return logits
+
+
+def penalize(logits: torch.Tensor, seq: Sequence, stop_ids: set[int]) -> torch.Tensor:
+    """`logits` [vocab] of `seq`'s next token with its SamplingParams' penalties and min_tokens applied."""
+    p, logits = seq.params, logits.clone()
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(seq.token_ids)), device=logits.device)
+        values = logits[seen]
+        logits[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+    out = seq.output_token_ids
+    if out and (p.presence_penalty or p.frequency_penalty):
+        ids, counts = torch.tensor(out, device=logits.device).unique(return_counts=True)
+        logits[ids] -= p.presence_penalty + p.frequency_penalty * counts.to(logits.dtype)
+    if seq.num_output_tokens < p.min_tokens and stop_ids:
+        logits[torch.tensor(sorted(stop_ids), device=logits.device)] = float("-inf")
     return logits
 
 

@@ -4,8 +4,8 @@
 The request and response shapes are OpenAI's (https://platform.openai.com/docs/api-reference/completions),
 with vLLM's extensions where the lab needs them: `top_k`, `ignore_eos`, `return_token_ids`, and `prompt` as a
 list of token ids. Logprobs come in OpenAI's shapes (chat's `logprobs`/`top_logprobs`, the legacy completions'
-`logprobs: int`). A field the engine does not implement (n > 1, penalties) is refused with a 400 naming it
-rather than ignored. A client that disconnects mid-stream has its request aborted.
+`logprobs: int`), penalties and vLLM's `min_tokens`/`repetition_penalty` as the engine's SamplingParams. A field
+the server does not implement (n > 1) is refused with a 400 naming it rather than ignored. A client that disconnects mid-stream has its request aborted.
 """
 
 from __future__ import annotations
@@ -42,10 +42,12 @@ class _Sampling(BaseModel):
     user: str | None = None  # metadata: accepted, not used
     stop: str | list[str] | None = None  # stop strings (excluded from the text, as OpenAI and vLLM do)
     stop_token_ids: list[int] | None = None  # vLLM's extension
-    # Accepted only at the value that means "off": no penalties yet, and n > 1 only through LLM.generate so far.
+    # Accepted only at the value that means "off": n > 1 only through LLM.generate so far.
     n: Literal[1] = 1
-    presence_penalty: Literal[0] = 0
-    frequency_penalty: Literal[0] = 0
+    min_tokens: int = Field(0, ge=0)  # vLLM's extension
+    repetition_penalty: float = Field(1.0, gt=0, le=2)  # vLLM's extension
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
 
     @field_validator("stream_options")
     @classmethod
@@ -58,7 +60,9 @@ class _Sampling(BaseModel):
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                               max_tokens=self.max_tokens, seed=self.seed, ignore_eos=self.ignore_eos,
                               stop=self.stop or None, stop_token_ids=self.stop_token_ids or [],
-                              logprobs=self.top_logprob_count)
+                              logprobs=self.top_logprob_count, presence_penalty=self.presence_penalty,
+                              frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
+                              min_tokens=self.min_tokens)
 
     @property
     def top_logprob_count(self) -> int | None:
@@ -145,6 +149,10 @@ def create_app(engine: AsyncLLM, model_name: str) -> FastAPI:
 async def _invalid(request: Request, exc: RequestValidationError):
     request.app.state.engine.metrics.rejected.inc()
     first = exc.errors()[0]
+    if first.get("type") == "json_invalid":  # loc is ("body", character position), not a parameter
+        at = first.get("loc", ("body", "?"))[-1]
+        error = (first.get("ctx") or {}).get("error", first.get("msg"))
+        return _error(400, f"the body is not valid JSON: {error} at character {at}")
     where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
     return _error(400, f"{where or 'body'}: {first.get('msg')} (got {first.get('input')!r})"[:500], param=where)
 
