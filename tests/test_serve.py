@@ -119,7 +119,7 @@ def test_bad_requests_get_4xx_while_valid_ones_complete(server, want):
     bad = [({"content": b"{not json"}, 400, "not valid JSON: Expecting property name enclosed in double quotes at character 1"),
            ({"json": {**good, "model": "gpt-4"}}, 404, "model 'gpt-4' does not exist"),
            ({"json": {**good, "max_tokens": 600}}, 400, "exceeds max_model_len 512"),
-           ({"json": {**good, "n": 2}}, 400, "n: Input should be 1"),
+           ({"json": {**good, "n": 0}}, 400, "n: Input should be greater than or equal to 1"),
            ({"json": {**good, "presence_penalty": 3}}, 400, "presence_penalty: Input should be less than or equal to 2"),
            ({"json": {**good, "logprobs": 6}}, 400, "logprobs: Input should be less than or equal to 5"),
            ({"json": {**good, "stop": [""]}}, 400, "stop must be a non-empty string"),
@@ -195,6 +195,27 @@ def test_logprobs_in_openais_shapes_equal_the_engines(server, smollm):
     assert len(legacy["logprobs"]["tokens"]) == 4 and all(len(t) == 1 for t in legacy["logprobs"]["top_logprobs"])
     bad = httpx.post(server.url + "/v1/chat/completions", json={**body, "logprobs": False}, timeout=60)
     assert bad.status_code == 400 and "top_logprobs needs logprobs" in bad.json()["error"]["message"]
+    assert _idle(server)
+
+
+def test_n_samples_over_http_equal_the_engines_whole_and_streamed(server, smollm):
+    model, tok = smollm
+    msgs = [{"role": "user", "content": PROMPT}]
+    want = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=512).chat(
+        msgs, SamplingParams(max_tokens=8, temperature=1.0, seed=5, n=3, ignore_eos=True))[0].outputs
+    body = {"model": "smollm2-135m", "messages": msgs, "max_tokens": 8, "temperature": 1.0, "seed": 5, "n": 3,
+            "ignore_eos": True, "return_token_ids": True}
+    whole = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
+    assert [c["index"] for c in whole["choices"]] == [0, 1, 2]
+    assert [c["token_ids"] for c in whole["choices"]] == [w.token_ids for w in want]
+    assert whole["usage"]["completion_tokens"] == 24
+    chunks = _stream(server.url, "/v1/chat/completions", {**body, "stream_options": {"include_usage": True}})
+    streamed = {i: [] for i in range(3)}
+    for c in chunks:
+        for ch in c["choices"]:
+            streamed[ch["index"]] += ch["token_ids"]
+    assert [streamed[i] for i in range(3)] == [w.token_ids for w in want]
+    assert chunks[-1]["usage"]["completion_tokens"] == 24
     assert _idle(server)
 
 

@@ -18,9 +18,11 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from lab.engine import LLM, SamplingParams
+from lab.engine.fanout import sibling_params
 from lab.engine.request import RequestOutput, Sequence, Status
 
 from .metrics import ServerMetrics
@@ -91,6 +93,36 @@ class AsyncLLM:
             if not finished:
                 self._commands.put(("abort", seq.request_id, None))
                 self._wake.set()
+
+    def validate_samples(self, prompt, params: SamplingParams) -> list[Sequence]:
+        """`validate` for each of the request's `params.n` samples (sample i seeded with seed + i)."""
+        return [self.llm.make_sequence(prompt, p) for p in (params, *sibling_params(params))]
+
+    async def generate_samples(self, seqs: list[Sequence]) -> AsyncIterator[tuple[int, Delta]]:
+        """The deltas of several samples of one prompt, tagged with the sample's index. The first runs alone until
+        its first delta (its prompt is then in the prefix cache), so the others share its blocks, as
+        `lab.engine.fanout` arranges for `LLM.generate`. Abandoning the iterator aborts every sample."""
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, seq: Sequence) -> None:
+            async with aclosing(self.generate(seq)) as deltas:
+                async for delta in deltas:
+                    await merged.put((i, delta))
+            await merged.put((i, None))
+
+        tasks, running = [asyncio.create_task(pump(0, seqs[0]))], len(seqs)
+        try:
+            while running:  # every sample's deltas end with None
+                i, delta = await merged.get()
+                if len(tasks) < len(seqs):  # the first sample has its first delta: queue the others
+                    tasks += [asyncio.create_task(pump(j, s)) for j, s in enumerate(seqs[1:], start=1)]
+                if delta is None:
+                    running -= 1
+                    continue
+                yield i, delta
+        finally:
+            for t in tasks:
+                t.cancel()
 
     # ---- the engine thread --------------------------------------------------------------------------
     def _run(self) -> None:

@@ -4,8 +4,9 @@
 The request and response shapes are OpenAI's (https://platform.openai.com/docs/api-reference/completions),
 with vLLM's extensions where the lab needs them: `top_k`, `ignore_eos`, `return_token_ids`, and `prompt` as a
 list of token ids. Logprobs come in OpenAI's shapes (chat's `logprobs`/`top_logprobs`, the legacy completions'
-`logprobs: int`), penalties and vLLM's `min_tokens`/`repetition_penalty` as the engine's SamplingParams. A field
-the server does not implement (n > 1) is refused with a 400 naming it rather than ignored. A client that disconnects mid-stream has its request aborted.
+`logprobs: int`), `n` samples (sharing the prompt's blocks: `AsyncLLM.generate_samples`), penalties and vLLM's
+`min_tokens`/`repetition_penalty` as the engine's SamplingParams. A field the server does not know is refused
+with a 400 naming it rather than ignored. A client that disconnects mid-stream has its request aborted.
 """
 
 from __future__ import annotations
@@ -42,8 +43,7 @@ class _Sampling(BaseModel):
     user: str | None = None  # metadata: accepted, not used
     stop: str | list[str] | None = None  # stop strings (excluded from the text, as OpenAI and vLLM do)
     stop_token_ids: list[int] | None = None  # vLLM's extension
-    # Accepted only at the value that means "off": n > 1 only through LLM.generate so far.
-    n: Literal[1] = 1
+    n: int = Field(1, ge=1, le=64)  # parallel samples, sharing the prompt's KV blocks
     min_tokens: int = Field(0, ge=0)  # vLLM's extension
     repetition_penalty: float = Field(1.0, gt=0, le=2)  # vLLM's extension
     presence_penalty: float = Field(0.0, ge=-2, le=2)
@@ -62,7 +62,7 @@ class _Sampling(BaseModel):
                               stop=self.stop or None, stop_token_ids=self.stop_token_ids or [],
                               logprobs=self.top_logprob_count, presence_penalty=self.presence_penalty,
                               frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
-                              min_tokens=self.min_tokens)
+                              min_tokens=self.min_tokens, n=self.n)
 
     @property
     def top_logprob_count(self) -> int | None:
@@ -195,45 +195,49 @@ async def _serve(request: Request, body: _Sampling, prompt, chat: bool):
         return _error(404, f"model {body.model!r} does not exist; this server serves {model_name!r}",
                       "model_not_found", "model")
     try:
-        seq = engine.validate(prompt, body.sampling_params())
+        seqs = engine.validate_samples(prompt, body.sampling_params())
     except ValueError as e:
         engine.metrics.rejected.inc()
         return _error(400, str(e))
     kind = "chat.completion" if chat else "text_completion"
-    head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{seq.request_id}", "created": int(time.time()),
+    head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{seqs[0].request_id}", "created": int(time.time()),
             "model": model_name}
     if body.stream:
-        return StreamingResponse(_stream(engine, seq, body, chat, head), media_type="text/event-stream")
-    text, tokens, final, lps = [], [], None, []
-    async with aclosing(engine.generate(seq)) as deltas:  # closing it early aborts the request
-        async for delta in deltas:
+        return StreamingResponse(_stream(engine, seqs, body, chat, head), media_type="text/event-stream")
+    text, tokens, lps = ([[] for _ in seqs] for _ in range(3))
+    finals = [None] * len(seqs)
+    async with aclosing(engine.generate_samples(seqs)) as deltas:  # closing it early aborts every sample
+        async for i, delta in deltas:
             if delta.error:
                 return _error(500, delta.error)
-            text.append(delta.text)
-            tokens += delta.token_ids
-            lps += delta.logprobs or []
-            final = delta.output
+            text[i].append(delta.text)
+            tokens[i] += delta.token_ids
+            lps[i] += delta.logprobs or []
+            finals[i] = delta.output
             if await request.is_disconnected():
                 break
-    if final is None:  # the client went away
+    if any(f is None for f in finals):  # the client went away
         return Response(status_code=499)
-    choice = {"index": 0, "finish_reason": final.finish_reason,
-              "logprobs": _logprobs(engine.llm.tokenizer, tokens, lps, chat, body.top_logprob_count)}
-    if chat:
-        choice["message"] = {"role": "assistant", "content": "".join(text)}
-    else:
-        choice["text"] = "".join(text)
-    if body.return_token_ids:
-        choice["token_ids"] = tokens
-    return {**head, "object": kind, "choices": [choice], "usage": _usage(final)}
+    choices = []
+    for i, final in enumerate(finals):
+        choice = {"index": i, "finish_reason": final.finish_reason,
+                  "logprobs": _logprobs(engine.llm.tokenizer, tokens[i], lps[i], chat, body.top_logprob_count)}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": "".join(text[i])}
+        else:
+            choice["text"] = "".join(text[i])
+        if body.return_token_ids:
+            choice["token_ids"] = tokens[i]
+        choices.append(choice)
+    return {**head, "object": kind, "choices": choices, "usage": _usage(finals)}
 
 
-async def _stream(engine: AsyncLLM, seq, body: _Sampling, chat: bool, head: dict):
+async def _stream(engine: AsyncLLM, seqs, body: _Sampling, chat: bool, head: dict):
     kind = "chat.completion.chunk" if chat else "text_completion"
-    first = True
-    # A disconnect cancels or closes this generator; closing the engine's stream then aborts the request.
-    async with aclosing(engine.generate(seq)) as deltas:
-        async for delta in deltas:
+    started, finals = set(), [None] * len(seqs)
+    # A disconnect cancels or closes this generator; closing the engine's streams then aborts the requests.
+    async with aclosing(engine.generate_samples(seqs)) as deltas:
+        async for i, delta in deltas:
             if delta.error:
                 yield _sse({"error": {"message": delta.error, "type": "server_error"}})
                 break
@@ -243,16 +247,17 @@ async def _stream(engine: AsyncLLM, seq, body: _Sampling, chat: bool, head: dict
             logprobs = _logprobs(engine.llm.tokenizer, delta.token_ids, delta.logprobs or [], chat,
                                  body.top_logprob_count)
             if chat:
-                msg = {"content": delta.text, **({"role": "assistant"} if first else {})}
-                choice = {"index": 0, "delta": msg, "finish_reason": reason, "logprobs": logprobs}
+                msg = {"content": delta.text, **({"role": "assistant"} if i not in started else {})}
+                choice = {"index": i, "delta": msg, "finish_reason": reason, "logprobs": logprobs}
             else:
-                choice = {"index": 0, "text": delta.text, "finish_reason": reason, "logprobs": logprobs}
+                choice = {"index": i, "text": delta.text, "finish_reason": reason, "logprobs": logprobs}
             if body.return_token_ids:
                 choice["token_ids"] = delta.token_ids
-            first = False
+            started.add(i)
+            finals[i] = delta.output
             yield _sse({**head, "object": kind, "choices": [choice]})
-            if delta.finished and body.include_usage:
-                yield _sse({**head, "object": kind, "choices": [], "usage": _usage(delta.output)})
+    if body.include_usage and all(f is not None for f in finals):
+        yield _sse({**head, "object": kind, "choices": [], "usage": _usage(finals)})
     yield "data: [DONE]\n\n"
 
 
@@ -274,6 +279,7 @@ def _logprobs(tokenizer, token_ids: list[int], entries: list, chat: bool, top: i
             "top_logprobs": [{piece(u): lp.logprob for u, lp in r} for r in ranked], "text_offset": offsets}
 
 
-def _usage(out) -> dict:
-    return {"prompt_tokens": len(out.prompt_token_ids), "completion_tokens": len(out.token_ids),
-            "total_tokens": len(out.prompt_token_ids) + len(out.token_ids)}
+def _usage(outs: list) -> dict:
+    """OpenAI's usage: the prompt once, the completions of every sample."""
+    prompt, completion = len(outs[0].prompt_token_ids), sum(len(o.token_ids) for o in outs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
