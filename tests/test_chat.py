@@ -144,3 +144,24 @@ def test_min_tokens_masks_the_end_of_turn(llm):
 def test_bad_penalties_are_named(kw, name):
     with pytest.raises(ValueError, match=name):
         SamplingParams(**kw)
+
+
+def test_prompt_logprobs_equal_the_reference_across_chunks_and_a_cached_prefix(smollm):
+    import torch
+
+    from lab.models.reference import forward_logits
+
+    model, tok = smollm
+    llm = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=256, max_num_batched_tokens=16)  # 16-token chunks
+    msgs = [{"role": "user", "content": QUESTION}]
+    llm.chat(msgs, SamplingParams(max_tokens=1))  # the prompt's blocks are now in the prefix cache
+    [out] = llm.chat(msgs, SamplingParams(max_tokens=2, prompt_logprobs=2))
+    prompt = out.prompt_token_ids
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt) > 16
+    assert out.metrics.num_cached_tokens == 0  # computed again: cached tokens have no logits
+    with torch.inference_mode():
+        ref = torch.log_softmax(forward_logits(model, prompt).float(), -1)
+    for p in range(1, len(prompt)):
+        entry, row = out.prompt_logprobs[p], ref[p - 1]
+        assert entry[prompt[p]].logprob == pytest.approx(float(row[prompt[p]]), abs=2e-3)
+        assert entry[prompt[p]].rank == 1 + int((row > row[prompt[p]]).sum())

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import numbers
 import time
+from itertools import repeat
 
 import torch
 
@@ -199,7 +200,9 @@ class LLM:
         """Advance each sequence by its scheduled tokens, then the tokens each emits: an extension's (a
         verification), or one sampled token (all sampled in one call) for a sequence that reached its end."""
         emitted, plain = {}, []
-        for (seq, n), rows in zip(scheduled, output.rows):
+        for (seq, n), rows, prompt_rows in zip(scheduled, output.rows, output.prompt_rows or repeat(None)):
+            if prompt_rows is not None:
+                self._prompt_logprobs(seq, output.logits[prompt_rows])
             if seq.num_computed_tokens < seq.num_prompt_tokens:
                 self.num_prefill_tokens += n
             else:
@@ -228,6 +231,17 @@ class LLM:
                     self._logprobs[seq.request_id] = token_logprobs(output.logits[row:row + 1], [t],
                                                                     seq.params.logprobs)
         return emitted
+
+    def _prompt_logprobs(self, seq: Sequence, logits: torch.Tensor) -> None:
+        """Record the logprobs of the prompt tokens this chunk's rows predict (a recomputed prompt, after a
+        preemption, adds nothing twice)."""
+        start = seq.num_computed_tokens  # row j predicts prompt token start + 1 + j
+        targets = seq.token_ids[start + 1:start + 1 + logits.shape[0]]
+        have = len(seq.prompt_logprobs)
+        for j, entry in enumerate(token_logprobs(logits, targets, seq.params.prompt_logprobs)):
+            if start + 1 + j == have:
+                seq.prompt_logprobs.append(entry)
+                have += 1
 
     def _append(self, seq: Sequence, tokens: list[int]) -> RequestOutput | None:
         """Append a sequence's emitted tokens up to the first that finishes it, then hash its full blocks (over
@@ -282,7 +296,8 @@ class LLM:
         text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True) if self.tokenizer else None
         text = seq.stop_text if seq.stop_text is not None else text
         return RequestOutput(seq.request_id, seq.token_ids[:seq.num_prompt_tokens], seq.output_token_ids, text,
-                             seq.finish_reason, seq.metrics, error, seq.logprobs)
+                             seq.finish_reason, seq.metrics, error, seq.logprobs,
+                             prompt_logprobs=seq.prompt_logprobs)
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:

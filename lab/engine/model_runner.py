@@ -31,6 +31,9 @@ def eager_step(model, input_ids: torch.Tensor, positions: torch.Tensor, context,
 class ModelOutput:
     logits: torch.Tensor  # [rows, vocab]: the rows below, in schedule order
     rows: list[slice | None]  # per scheduled (sequence, n): its rows of `logits`; None if its step ends mid-prompt
+    # per scheduled (sequence, n): rows of `logits` at the prompt positions 0 .. P - 2 this chunk covers, for a
+    # request that wants prompt logprobs (row p predicts prompt token p + 1); None otherwise
+    prompt_rows: list[slice | None] | None = None
 
 
 class ModelRunner:
@@ -110,9 +113,15 @@ class ModelRunner:
         """Run one step. A sequence whose step reaches its last token gets the logits of its last row and of the
         `extra_rows[request id]` rows before it; one LM-head call covers them all."""
         extra_rows = extra_rows or {}
-        picked, rows, end = [], [], 0
+        picked, rows, prompt_rows, end = [], [], [], 0
         for seq, n in scheduled:
             end += n
+            start, last = seq.num_computed_tokens, min(seq.num_computed_tokens + n, seq.num_prompt_tokens - 1)
+            if seq.params.prompt_logprobs is not None and start < last:
+                prompt_rows.append(slice(len(picked), len(picked) + last - start))
+                picked.extend(range(end - n, end - n + last - start))
+            else:
+                prompt_rows.append(None)
             if seq.num_computed_tokens + n != len(seq):
                 rows.append(None)
                 continue
@@ -120,7 +129,8 @@ class ModelRunner:
             rows.append(slice(len(picked), len(picked) + end - first))
             picked.extend(range(first, end))
         input_ids, positions, meta = self.prepare(scheduled)
-        return ModelOutput(self.step(self.model, input_ids, positions, self.attention(meta), picked), rows)
+        logits = self.step(self.model, input_ids, positions, self.attention(meta), picked)
+        return ModelOutput(logits, rows, prompt_rows)
 
     # ---- for extensions that rebuild KV outside a forward (HCache replay, lab.replay.hidden) ------------
     def observe_attention_inputs(self, fn) -> list:

@@ -45,6 +45,9 @@ class SamplingParams:
     # before temperature and top-k/top-p, as vLLM returns by default), its rank, and the `logprobs` most likely
     # tokens'. None: not computed.
     logprobs: int | None = None
+    # vLLM's prompt_logprobs: the same for every prompt token after the first (None for it, as vLLM); such a request
+    # computes its whole prompt (no prefix-cache hit), since cached tokens have no logits.
+    prompt_logprobs: int | None = None
     n: int = 1  # vLLM's parallel sampling: n samples of the prompt sharing its blocks (lab.engine.fanout)
     # vLLM's (and OpenAI's) penalties, applied to the logits before temperature: presence subtracts once per token
     # already generated, frequency once per occurrence; repetition (CTRL, Keskar et al. 2019) divides positive
@@ -75,8 +78,9 @@ class SamplingParams:
         _number("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _number("repetition_penalty", self.repetition_penalty, 0.0, 2.0, low_open=True)
         _integer("min_tokens", self.min_tokens, 0, self.max_tokens if isinstance(self.max_tokens, int) else None)
-        if self.logprobs is not None:
-            _integer("logprobs", self.logprobs, 0, 20)  # OpenAI's top_logprobs limit
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _integer(name, getattr(self, name), 0, 20)  # OpenAI's top_logprobs limit
         for name in ("ignore_eos", "speculate", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -241,6 +245,7 @@ class RequestOutput:
     error: str | None = None
     logprobs: list[dict[int, Logprob]] | None = None  # one dict a generated token, if SamplingParams.logprobs
     siblings: list[RequestOutput] = field(default_factory=list)  # samples 1 .. n - 1 when SamplingParams.n > 1
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # per prompt token, if asked (first: None)
 
     @property
     def outputs(self) -> list[RequestOutput]:
@@ -264,6 +269,8 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_text: str | None = None  # the output text cut at a stop string, once one matched
         self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
+            [None] if params.prompt_logprobs is not None else None)
         self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         self.metrics = RequestMetrics(arrival_time=time.perf_counter(), num_prompt_tokens=len(token_ids))
 

@@ -76,7 +76,9 @@ class Scheduler:
         # the blocks we just freed for a sequence that was already running.
         while not out.preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            cached_blocks, cached_hashes = self.bm.find_cached_prefix(seq)
+            # A request that wants prompt logprobs computes its whole prompt: cached tokens have no logits (vLLM's rule).
+            cached_blocks, cached_hashes = (self.bm.find_cached_prefix(seq) if seq.params.prompt_logprobs is None
+                                            else ([], []))
             num_cached = len(cached_blocks) * self.bm.block_size
             n = min(len(seq) - num_cached, budget)
             if n < len(seq) - num_cached and not self.enable_chunked_prefill:
