@@ -210,3 +210,18 @@ def test_unit_scales_are_vllms_default(smollm):
     unit = KVScales.unit(model, KVCacheFormat("fp8_e4m3"))
     assert float(unit.scale(KVCacheFormat("fp8_e4m3"), 0, "k")) == 1.0
     assert float(unit.scale(KVCacheFormat("int8", "per-head"), 3, "v").max()) == pytest.approx(448 / 127)
+
+
+def test_lab_serve_starts_with_fp8_e4m3_as_its_help_says(monkeypatch, caplog):
+    """`lab serve --kv-cache-dtype fp8_e4m3` (the flag's own example) builds its engine at vLLM's scale of 1.0."""
+    import lab.serve
+    from lab.cli import main
+
+    built = {}
+    monkeypatch.setattr(lab.serve, "serve", lambda llm, name, host, port: built.update(llm=llm))
+    assert main(["serve", "--kv-cache-dtype", "fp8_e4m3", "--max-model-len", "128", "--num-kv-blocks", "16",
+                 "--dtype", "float32"]) == 0
+    llm = built["llm"]
+    assert llm.config.kv_format.dtype == "fp8_e4m3" and "scale of 1.0" in caplog.text
+    out = llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=3, temperature=0))[0]
+    assert out.finish_reason in ("stop", "length") and out.token_ids

@@ -1,6 +1,6 @@
 """The official `openai` Python client against `lab serve` (loopback), on the real model: chat and completions,
 whole and streamed, with the fields OpenAI clients send (system/developer roles, content parts, stop, seed,
-max_completion_tokens, logprobs, stream_options.include_usage), answers equal to `LLM.chat`/`generate`, and
+max_completion_tokens, logprobs, n, stream_options.include_usage), answers equal to `LLM.chat`/`generate`, and
 errors raised as the client's typed exceptions."""
 
 import openai
@@ -51,6 +51,13 @@ def test_completions_with_stop_and_logprobs(client, engine):
                                           top_logprobs=3)
     content = chat.choices[0].logprobs.content
     assert len(content) == 4 and all(len(c.top_logprobs) == 3 for c in content)
+
+
+def test_n_samples_come_back_as_indexed_choices(client, engine):
+    want = engine.chat(MESSAGES, SamplingParams(temperature=1.0, seed=3, max_tokens=8, n=2))[0].outputs
+    got = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=1.0, seed=3, max_tokens=8, n=2)
+    assert [c.index for c in got.choices] == [0, 1]
+    assert [c.message.content for c in got.choices] == [w.text for w in want]
 
 
 def test_errors_are_the_clients_typed_exceptions(client):
