@@ -130,3 +130,33 @@ def test_a_preset_that_overrides_a_parameter_says_so_and_params_json_records_it(
     monkeypatch.setenv("LAB_RUN_DIR", str(tmp_path / "run"))
     record = json.loads((start_run("05_speculative_acceptance", params).dir / "params.json").read_text())
     assert record["parameters"]["MAX_TOKENS"] == 8 and record["overridden_by_preset"] == {"MAX_TOKENS": [16, 8]}
+
+
+def test_lab_run_all_says_what_runs_with_its_last_duration_and_how_long_each_took(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    import lab.run_notebook as rn
+    from lab.cli import runs
+
+    done = []
+
+    def fake_run(name, params, root=None, log_output=False):
+        if name == "02_quantization_accuracy":
+            raise RuntimeError("a cell failed")
+        done.append(name)
+        d = Path(root) / name / f"2026{len(done):02d}"
+        d.mkdir(parents=True)
+        (d / "params.json").write_text("{}")
+        (d / "metrics.json").write_text(json.dumps({"duration_s": 90.0}))
+        return d
+
+    monkeypatch.setattr(rn, "run_notebook", fake_run)
+    args = argparse.Namespace(param=[], notebook="all", results_dir=str(tmp_path), log_output=False)
+    assert runs._run(args) == 1  # one notebook failed; the others ran
+    assert runs._run(argparse.Namespace(**{**vars(args), "notebook": "00_engine_tour"})) == 0
+    out = capsys.readouterr()
+    n = len(rn.study_notebooks())
+    assert f"[1/{n}] running 00_engine_tour ..." in out.out and "00_engine_tour done in" in out.out
+    assert "02_quantization_accuracy failed in" in out.out and "total" in out.out
+    assert "[1/1] running 00_engine_tour (its last run took 1.5 min) ..." in out.out
+    assert "02_quantization_accuracy FAILED: RuntimeError: a cell failed" in out.err

@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
+
+
+def _last_durations(root) -> dict[str, float]:
+    """Each notebook's duration in its latest finished run under `root` (the ETA of its next run)."""
+    from lab.results_index import list_runs
+    from lab.runs import results_root
+
+    root = Path(root) if root else results_root()
+    return {r["notebook"]: r["metrics"]["duration_s"] for r in list_runs(root) if "duration_s" in r["metrics"]}
 
 
 def _run(args) -> int:
@@ -11,9 +21,12 @@ def _run(args) -> int:
 
     params = {name: parse_value(value) for name, value in args.param}
     names = [p.stem for p in study_notebooks()] if args.notebook == "all" else [args.notebook]
-    failed = []
-    for name in names:
-        print(f"running {name} ...", flush=True)
+    before = _last_durations(args.results_dir)
+    failed, took = [], {}
+    for i, name in enumerate(names, start=1):
+        eta = f" (its last run took {before[name] / 60:.1f} min)" if name in before else ""
+        print(f"[{i}/{len(names)}] running {name}{eta} ...", flush=True)
+        start = time.perf_counter()
         try:
             print(run_notebook(name, params, root=args.results_dir, log_output=args.log_output))
         except ValueError:
@@ -21,6 +34,11 @@ def _run(args) -> int:
         except Exception as e:  # a failing cell: report it, keep running the other notebooks
             print(f"{name} FAILED: {type(e).__name__}: {str(e)[-500:]}", file=sys.stderr)
             failed.append(name)
+        took[name] = time.perf_counter() - start
+        print(f"{name} {'failed' if name in failed else 'done'} in {took[name] / 60:.1f} min", flush=True)
+    if len(names) > 1:
+        print("\n".join(f"  {n:28s} {t / 60:6.1f} min" for n, t in took.items()) +
+              f"\n  {'total':28s} {sum(took.values()) / 60:6.1f} min")
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
