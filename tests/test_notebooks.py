@@ -22,7 +22,8 @@ def test_there_are_study_notebooks():
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs_in_smoke_mode_with_provenance(name, tmp_path):
-    run_dir = run_notebook(name, {"SMOKE": True}, root=tmp_path)
+    """Smoke sizes with INTERACTIVE on, so the widget cells run too: each builds and displays its widgets."""
+    run_dir = run_notebook(name, {"SMOKE": True, "INTERACTIVE": True}, root=tmp_path)
     params = json.loads((run_dir / "params.json").read_text())
     assert all(f in params for f in PROVENANCE_FIELDS)
     assert params["parameters"]["SMOKE"] is True and params["notebook"] == name
@@ -31,6 +32,11 @@ def test_notebook_runs_in_smoke_mode_with_provenance(name, tmp_path):
     assert (run_dir / f"{name}.ipynb").exists() and list(run_dir.glob("*.png")) and list(run_dir.glob("*.csv"))
     executed = nbformat.read(run_dir / f"{name}.ipynb", as_version=4)
     assert not any("image/png" in o.get("data", {}) for c in executed.cells for o in c.get("outputs", []))
+    widget_cells = [c for c in executed.cells if c.cell_type == "code" and c.source.startswith("if INTERACTIVE")]
+    assert widget_cells, "every study notebook has a widget cell"
+    for cell in widget_cells:
+        shown = [o.get("data", {}).get("text/plain", "") for o in cell.outputs if o.get("output_type") == "display_data"]
+        assert any(t.startswith(("VBox(", "HBox(", "interactive(")) for t in shown), (name, shown)
     assert name in (tmp_path / "README.md").read_text()
 
 
