@@ -36,6 +36,16 @@ def median_seconds(fn, repeats: int, before=None) -> float:
     return statistics.median(times)
 
 
+def decode_engine(model, tokenizer, batch: int, context: int, steps: int):
+    """An engine on `model` sized for `decode_step_seconds(engine, batch, context, steps)`: `batch` sequences,
+    a pool that holds them all (nothing preempted), every prompt prefilled in one step."""
+    from lab.engine import LLM
+
+    max_len = context + steps + 8
+    return LLM(model, tokenizer=tokenizer, max_num_seqs=batch, max_model_len=max_len,
+               num_kv_blocks=batch * -(-max_len // 16), max_num_batched_tokens=max(4096, batch * context))
+
+
 def decode_step_seconds(llm, batch: int, context: int, steps: int) -> list[float]:
     """The wall time of each of `steps` decode steps of `llm` (a `lab.engine.LLM` with room for `batch`
     sequences of `context + steps + 2` tokens) running `batch` greedy requests of `context` prompt tokens:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import aclosing, asynccontextmanager
+from itertools import accumulate
 from typing import Literal
 
 from fastapi import APIRouter, FastAPI, Request
@@ -269,14 +270,15 @@ def _logprobs(tokenizer, token_ids: list[int], entries: list, chat: bool, top: i
     piece = (lambda t: tokenizer.decode([t])) if tokenizer is not None else str
     ranked = [sorted(e.items(), key=lambda kv: kv[1].rank)[:top] for e in entries]
     if chat:
-        return {"content": [{"token": piece(t), "logprob": e[t].logprob, "bytes": list(piece(t).encode()),
-                             "top_logprobs": [{"token": piece(u), "logprob": lp.logprob, "bytes": list(piece(u).encode())}
-                                              for u, lp in r]}
+        def one(t: int, logprob: float) -> dict:
+            text = piece(t)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+        return {"content": [{**one(t, e[t].logprob), "top_logprobs": [one(u, lp.logprob) for u, lp in r]}
                             for t, e, r in zip(token_ids, entries, ranked)]}
     strings = [piece(t) for t in token_ids]
-    offsets = [sum(map(len, strings[:i])) for i in range(len(strings))]
     return {"tokens": strings, "token_logprobs": [e[t].logprob for t, e in zip(token_ids, entries)],
-            "top_logprobs": [{piece(u): lp.logprob for u, lp in r} for r in ranked], "text_offset": offsets}
+            "top_logprobs": [{piece(u): lp.logprob for u, lp in r} for r in ranked],
+            "text_offset": [0, *accumulate(map(len, strings[:-1]))] if strings else []}
 
 
 def _usage(outs: list) -> dict:

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from lab.claims import verdict
-from lab.timing import decode_step_seconds, ratio_interval
+from lab.timing import decode_engine, decode_step_seconds, ratio_interval
 
 BUILDS = ("float32", "bfloat16", "int4")
 CLAIM = (2.0, 2.5)  # seeds/003 §2.1: INT4 decode speedup over FP16
@@ -57,14 +57,10 @@ def step_bytes(model, build: str, batch: int, context: int) -> float:
 
 def measure(models: dict, tokenizer, batches=(1, 32), context: int = 128, steps: int = 16) -> pd.DataFrame:
     """One row per build and batch: the median step time and the raw step times."""
-    from lab.engine import LLM
-
     rows = []
     for build, model in models.items():
         for b in batches:
-            llm = LLM(model, tokenizer=tokenizer, max_num_seqs=b, max_model_len=context + steps + 8,
-                      num_kv_blocks=b * (-(-(context + steps + 8) // 16)), max_num_batched_tokens=max(2048, b * context))
-            times = decode_step_seconds(llm, b, context, steps)
+            times = decode_step_seconds(decode_engine(model, tokenizer, b, context, steps), b, context, steps)
             rows.append({"build": build, "batch": b, "context": context,
                          "step_ms": 1e3 * float(pd.Series(times).median()), "times": times,
                          "bytes_per_step": step_bytes(models["float32"], build, b, context)})

@@ -156,14 +156,11 @@ def roofline_points(hw: Hardware, cost: roofline.ModelCost, context: int, prefil
 
 def measure_engine_decode(model, tokenizer, batches, context: int = 128, steps: int = 8) -> pd.DataFrame:
     """Median decode-step time of the lab engine at each batch size, every sequence at ~`context` tokens."""
-    from lab.engine import LLM
-    from lab.timing import decode_step_seconds
+    from lab.timing import decode_engine, decode_step_seconds
 
     rows = []
     for b in batches:
-        llm = LLM(model, tokenizer=tokenizer, max_num_seqs=b, num_kv_blocks=b * (-(-(context + steps + 8) // 16)),
-                  max_model_len=context + steps + 8, max_num_batched_tokens=max(4096, b * context))
-        times = decode_step_seconds(llm, b, context, steps)
+        times = decode_step_seconds(decode_engine(model, tokenizer, b, context, steps), b, context, steps)
         rows.append({"batch": b, "context": context, "measured_step_ms": 1000 * statistics.median(times)})
     return pd.DataFrame(rows)
 
