@@ -10,8 +10,17 @@ HEADER = """# Results
 Measured results, written by `make run` (`lab run all`) and `lab run NOTEBOOK`. Each run directory
 holds `params.json` (parameters and provenance: git commit, package versions, machine, start time),
 `metrics.json` (key numbers and duration), CSV tables, PNG plots and the executed notebook. Nothing
-here is typed by hand, and this index is regenerated after every run.
+here is typed by hand, and this index is regenerated after every run. Each notebook has a row per preset
+it ran at: `reference` runs are the committed results the docs quote; `quick` runs (what `make run` makes)
+answer the same questions on fewer points and are marked so nobody mistakes one for the other.
 """
+PRESET_ORDER = ("reference", "quick", "smoke")
+
+
+def run_preset(params: dict) -> str:
+    """The preset a run used; runs from before presets existed were reference runs unless SMOKE was on."""
+    values = params.get("parameters", {})
+    return values.get("PRESET") or ("smoke" if values.get("SMOKE") else "reference")
 
 
 def list_runs(root: Path) -> list[dict]:
@@ -24,7 +33,8 @@ def list_runs(root: Path) -> list[dict]:
             "notebook": run_dir.parent.name,
             "run_id": run_dir.name,
             "dir": run_dir,
-            "params": json.loads(params.read_text()),
+            "params": (record := json.loads(params.read_text())),
+            "preset": run_preset(record),
             "metrics": json.loads(metrics_path.read_text()) if metrics_path.exists() else {},
             "plots": sorted(p.name for p in run_dir.glob("*.png")),
         })
@@ -54,14 +64,17 @@ def write_index(root: Path) -> Path:
     latest = {}
     runs = list_runs(root)
     for r in runs:
-        latest[r["notebook"]] = r  # sorted by run id, so the last one wins
-    lines = [HEADER, "| notebook | latest run | runs | key metrics | plots |", "| --- | --- | --- | --- | --- |"]
-    for name, r in sorted(latest.items()):
-        count = sum(1 for x in runs if x["notebook"] == name)
+        latest[(r["notebook"], r["preset"])] = r  # sorted by run id, so the last one wins
+    order = {p: i for i, p in enumerate(PRESET_ORDER)}
+    lines = [HEADER, "| notebook | preset | latest run | runs | key metrics | plots |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for (name, preset), r in sorted(latest.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 9))):
+        count = sum(1 for x in runs if x["notebook"] == name and x["preset"] == preset)
         metrics = "<br>".join(_metric_lines(r["metrics"]))
         rel = f"{name}/{r['run_id']}"
         plots = " ".join(f'<a href="{rel}/{p}"><img src="{rel}/{p}" width="160"></a>' for p in r["plots"])
-        lines.append(f"| {name} | [{r['run_id']}]({rel}/) | {count} | {metrics} | {plots} |")
+        label = preset if preset == "reference" else f"**{preset}** (not a reference result)"
+        lines.append(f"| {name} | {label} | [{r['run_id']}]({rel}/) | {count} | {metrics} | {plots} |")
     path = root / "README.md"
     root.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")

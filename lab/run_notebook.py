@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from .results_index import write_index
-from .runs import new_run_id, results_root
+from .runs import EXPLICIT_ENV, new_run_id, results_root
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -84,8 +84,9 @@ def run_notebook(name: str, params: dict | None = None, root: Path | None = None
     run_dir = root / path.stem / new_run_id()
     run_dir.mkdir(parents=True)
     out = run_dir / path.name
-    previous = {k: os.environ.get(k) for k in ("LAB_RUN_DIR", "LAB_RESULTS_DIR")}
+    previous = {k: os.environ.get(k) for k in ("LAB_RUN_DIR", "LAB_RESULTS_DIR", EXPLICIT_ENV)}
     os.environ["LAB_RUN_DIR"], os.environ["LAB_RESULTS_DIR"] = str(run_dir), str(root)
+    os.environ[EXPLICIT_ENV] = json.dumps(sorted(params))  # these beat the notebook's preset
     try:
         # papermill writes a tuple as the string of its repr; a list it writes as a list literal.
         injected = {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}

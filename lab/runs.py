@@ -39,22 +39,41 @@ def new_run_id() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ") + "-" + secrets.token_hex(3)
 
 
+PRESETS = ("quick", "reference", "smoke")
+EXPLICIT_ENV = "LAB_EXPLICIT_PARAMS"  # set by `lab run`: the names it injected (JSON list)
+
+
+def _same(a, b) -> bool:
+    """Parameter equality with papermill's lists and the dataclasses' tuples taken as equal."""
+    norm = lambda v: tuple(v) if isinstance(v, list) else v  # noqa: E731
+    return norm(a) == norm(b)
+
+
 def params_from_namespace(cls, namespace: dict):
     """Build the parameter dataclass `cls` from a notebook's globals (fields are the UPPERCASE names).
 
-    A preset such as SMOKE may replace values the notebook set; each replacement is printed (it reaches the
-    run log) and listed in `params.overridden` (name -> [asked, used]), which `start_run` writes to params.json
-    beside the values actually used."""
-    names = [f.name for f in dataclasses.fields(cls)]
-    given = {n: namespace[n] for n in names if n in namespace}
-    params = cls(**given)
-    overridden = {}
-    for name, asked in given.items():
-        used = getattr(params, name)
-        if (tuple(asked) if isinstance(asked, list) else asked) != used:
-            overridden[name] = [asked, used]
-            print(f"parameter {name}={asked!r} is overridden by the preset: this run uses {name}={used!r}")
-    params.overridden = overridden
+    Presets: a study's dataclass defaults are its `reference` values (the committed reference runs) and its
+    `PRESETS` class attribute maps `quick` and `smoke` to the values they change. The notebook's `PRESET`
+    picks one; an explicit parameter beats the preset. A parameter is explicit when `lab run` (papermill)
+    injected it, named in `$LAB_EXPLICIT_PARAMS`, or when its value differs from the reference default (edited
+    in the parameters cell). The values the preset set are printed and kept in `params.preset_values`, which
+    `start_run` writes to params.json beside the values actually used."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    given = {n: namespace[n] for n in fields if n in namespace}
+    preset = given.get("PRESET", fields["PRESET"].default)
+    check_choice("PRESET", preset, PRESETS)
+    injected = set(json.loads(os.environ.get(EXPLICIT_ENV) or "[]"))
+    explicit = {n for n, v in given.items()
+                if n in injected or (fields[n].default is not dataclasses.MISSING and not _same(v, fields[n].default))}
+    table = getattr(cls, "PRESETS", {})
+    unknown = sorted(set(table.get(preset, {})) - set(fields))
+    if unknown:  # a typo in a preset table would otherwise be silently ignored
+        raise ValueError(f"{cls.__name__}.PRESETS[{preset!r}] names unknown parameters {unknown}")
+    from_preset = {n: v for n, v in table.get(preset, {}).items() if n not in explicit}
+    params = cls(**{**given, **from_preset})
+    params.preset_values = {n: getattr(params, n) for n in from_preset}
+    if from_preset:
+        print(f"preset {preset!r} sets " + ", ".join(f"{n}={v!r}" for n, v in params.preset_values.items()))
     return params
 
 
@@ -126,6 +145,6 @@ def start_run(notebook: str, params) -> Run:
     if (run_dir / "params.json").exists():
         raise FileExistsError(f"{run_dir} already holds a run; a run never overwrites another")
     record = {"notebook": notebook, "run_id": run_dir.name, **provenance(values),
-              "overridden_by_preset": getattr(params, "overridden", {})}
+              "preset_values": getattr(params, "preset_values", {})}
     (run_dir / "params.json").write_text(json.dumps(record, indent=2) + "\n")
     return Run(notebook, run_dir, values)

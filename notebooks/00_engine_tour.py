@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -20,7 +22,7 @@
 # measured in this run; the code is in `lab/studies/engine_tour.py` and `lab/engine/`.
 
 # %% tags=["parameters"]
-SMOKE = False  # tiny sizes, for tests
+PRESET = "quick"  # quick (minutes), reference (the committed runs) or smoke (tests); values set below win
 INTERACTIVE = False  # show the widget cells
 MODEL = "smollm2-135m"
 NUM_REQUESTS = 8
@@ -29,6 +31,8 @@ BLOCK_SIZE = 16
 NUM_KV_BLOCKS = 20  # small on purpose: the pool fills and the scheduler preempts
 MAX_NUM_SEQS = 4
 MAX_NUM_BATCHED_TOKENS = 64
+TTFT_REPEATS = 5
+BUDGETS = (16, 32, 64, 128, 256)  # the token-budget sweep and the widget's slider
 
 # %%
 import pandas as pd
@@ -98,7 +102,7 @@ comparison
 # TTFT of one request alone (no queueing in the number), on a fresh engine and then as a hit.
 
 # %%
-hit_vs_miss = tour.ttft_hit_vs_miss(llm.model, llm.tokenizer, prompts[0], params, repeats=1 if params.SMOKE else 5)
+hit_vs_miss = tour.ttft_hit_vs_miss(llm.model, llm.tokenizer, prompts[0], params, repeats=params.TTFT_REPEATS)
 run.save_table("ttft_hit_vs_miss", hit_vs_miss)
 ttft = hit_vs_miss.groupby("case")["ttft_ms"].median()
 ttft
@@ -120,7 +124,7 @@ metrics
 # papermill rerun prints the same table the slider shows.
 
 # %%
-budgets = [16, 64] if params.SMOKE else [16, 32, 64, 128, 256]
+budgets = list(params.BUDGETS)
 factory = lambda **kw: tour.make_engine(params, model=llm.model, tokenizer=llm.tokenizer, **kw)  # noqa: E731
 sweep = tour.budget_sweep(factory, prompts, params.MAX_TOKENS, budgets)
 run.save_table("budget_sweep", sweep)
@@ -130,13 +134,14 @@ sweep
 if INTERACTIVE:
     import ipywidgets as w
 
-    budget = w.SelectionSlider(options=budgets, value=budgets[-1], description="budget", continuous_update=False)
+    from lab.widgets import panel
 
     def show(budget):
         _, steps = tour.run_batch(factory(max_num_batched_tokens=budget), prompts, params.MAX_TOKENS)
         tour.plot_kv_over_time(steps, params.NUM_KV_BLOCKS, f"max_num_batched_tokens = {budget}")
 
-    display(w.VBox([budget, w.interactive_output(show, {"budget": budget})]))  # noqa: F821
+    budget = w.SelectionSlider(options=budgets, value=budgets[-1], continuous_update=False)
+    display(panel(show, {"budget": budget}, "KV blocks over time at a token budget"))  # noqa: F821
 
 # %%
 run.finish()

@@ -22,7 +22,7 @@
 # allocations and its measured step times, and used to recompute the source articles' numbers.
 
 # %% tags=["parameters"]
-SMOKE = False  # tiny sizes, for tests
+PRESET = "quick"  # quick (minutes), reference (the committed runs) or smoke (tests); values set below win
 INTERACTIVE = False  # show the widget cells
 MODEL = "llama-3-8b"  # a preset: see the first table
 WEIGHTS = "int4-g128"  # fp32, bf16, fp8, int8, int4-g128[-asym], int3-g64, gguf-q4_0, ...
@@ -34,7 +34,12 @@ BLOCK_SIZE = 16
 LENGTH_P50 = 600  # request length distribution for the paging-waste study (log-normal fit)
 LENGTH_P90 = 2000
 LENGTH_P99 = 6000
-ENGINE_BATCHES = (1, 4, 16, 32)
+ENGINE_BATCHES = (1, 4, 16, 32)  # batch sizes timed on the engine for the roofline check
+PROBE_SECONDS = 4.0  # this machine's bandwidth and FLOP/s probe
+DECODE_STEPS = 8
+INT4_BATCHES = (1, 32)  # section 7
+INT4_CONTEXT = 128
+INT4_STEPS = 16
 
 # %%
 import pandas as pd
@@ -121,9 +126,9 @@ run.save_table("engine_allocations", alloc)
 alloc
 
 # %%
-here = probe(seconds_budget=2.0 if SMOKE else 4.0)
+here = probe(seconds_budget=params.PROBE_SECONDS)
 print(here)
-measured = study.measure_engine_decode(model, tok, params.ENGINE_BATCHES, steps=3 if SMOKE else 8)
+measured = study.measure_engine_decode(model, tok, params.ENGINE_BATCHES, steps=params.DECODE_STEPS)
 smol = study.model_cost(mem.ModelShape.preset("smollm2-135m"), "fp32", "fp32")
 check = study.predicted_vs_measured(measured, here, smol)
 run.save_table("roofline_vs_engine", check)
@@ -140,7 +145,7 @@ check.round(2)
 from lab.studies import int4_decode
 
 int4_measured, int4_table, int4_claims = int4_decode.run(
-    batches=(1, 2) if SMOKE else (1, 32), context=32 if SMOKE else 128, steps=3 if SMOKE else 16)
+    batches=params.INT4_BATCHES, context=params.INT4_CONTEXT, steps=params.INT4_STEPS)
 run.save_table("int4_decode", int4_measured.drop(columns="times"))
 run.save_table("int4_speedup", int4_table)
 run.save_figure("int4_decode", int4_decode.plot(int4_table))
@@ -168,7 +173,9 @@ run.save_metrics(
 if INTERACTIVE:
     import ipywidgets as w
 
-    controls = {"model": w.Dropdown(options=study.PRESETS, value=MODEL),
+    from lab.widgets import panel
+
+    controls = {"model": w.Dropdown(options=study.MODEL_NAMES, value=MODEL),
                 "weights": w.Dropdown(options=["bf16", "fp8", "int8", "int4-g128", "gguf-q4_0"], value=WEIGHTS),
                 "kv": w.Dropdown(options=study.KV_DTYPES, value=KV_DTYPE),
                 "seq_len": w.IntSlider(value=SEQ_LEN, min=512, max=131072, step=512, continuous_update=False),
@@ -176,7 +183,7 @@ if INTERACTIVE:
                 "gpu": w.Dropdown(options=sorted(study.GPUS), value=GPU)}
     show = lambda model, weights, kv, seq_len, concurrency, gpu: print(mem.format_report(  # noqa: E731
         mem.memory_report(model, weights, kv, seq_len, concurrency, gpu, BLOCK_SIZE)))
-    display(w.VBox([*controls.values(), w.interactive_output(show, controls)]))  # noqa: F821
+    display(panel(show, controls, "memory report"))  # noqa: F821
 
 # %%
 run.finish()

@@ -28,7 +28,7 @@
 # So "unquantized" is that dequantized model, and every number below is re-quantization on top of it.
 
 # %% tags=["parameters"]
-SMOKE = False  # tiny sizes, for tests
+PRESET = "quick"  # quick (minutes), reference (the committed runs) or smoke (tests); values set below win
 INTERACTIVE = False  # show the widget cells
 MODEL = "smollm2-135m"
 METHODS = ("rtn", "gptq", "awq")
@@ -38,6 +38,7 @@ AWQ_CALIB = (16, 512)  # `lab bench quant` times 32 x 512
 HELDOUT_SEQUENCES = 16
 HELDOUT_TOKENS = 512
 MAX_TOKENS = 64  # greedy tokens per sensitive item
+ITEMS_PER_CATEGORY = 0  # sensitive items per category (long context aside); 0: all
 LONG_CONTEXT_ITEMS = 4  # each ~25 s per model on 2 cores; 0 leaves the category out
 LONG_CONTEXT_CONFIGS = ("w4g64", "w3g64")
 MISMATCH_METHOD = "gptq"
@@ -168,6 +169,8 @@ print(verdicts)
 if INTERACTIVE:
     import ipywidgets as widgets
 
+    from lab.widgets import panel
+
     pick_model = widgets.Dropdown(options=[k for k in outputs if k != "unquantized"], description="model")
     pick_cat = widgets.Dropdown(options=sorted(outputs["unquantized"]["category"].unique()), description="category")
 
@@ -179,7 +182,7 @@ if INTERACTIVE:
         with pd.option_context("display.max_colwidth", 80):
             display(view)  # noqa: F821
 
-    display(widgets.interactive(show, model=pick_model, category=pick_cat))  # noqa: F821
+    display(panel(show, {"model": pick_model, "category": pick_cat}, "outputs beside the unquantized"))  # noqa: F821
 
 # %%
 key = params.CHECKPOINT_CONFIG

@@ -32,7 +32,7 @@
 # the weights are the GGUF's Q4_1/Q8_0, dequantized).
 
 # %% tags=["parameters"]
-SMOKE = False  # tiny sizes, for tests
+PRESET = "quick"  # quick (minutes), reference (the committed runs) or smoke (tests); values set below win
 INTERACTIVE = False  # show the widget cells
 MODEL = "smollm2-135m"
 CONTEXT = 8192  # tokens of held-out text for the position study (SmolLM2's context limit)
@@ -48,6 +48,7 @@ CALIB_METHOD = "max"  # or "percentile"
 HELDOUT_SEQUENCES = 16
 HELDOUT_TOKENS = 512
 MAX_TOKENS = 64  # greedy tokens per sensitive item
+ITEMS_PER_CATEGORY = 0  # sensitive items per category (long context aside); 0: all
 LONG_CONTEXT_ITEMS = 4  # ~28 s each per format on 2 cores
 POOL_MIB = 16.0  # KV pool for the concurrency measurement
 CONCURRENCY_LEN = 256  # tokens per sequence there
@@ -161,6 +162,8 @@ if INTERACTIVE:
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
 
+    from lab.widgets import panel
+
     pick = widgets.SelectMultiple(options=sorted(growth["format"].unique()), description="formats")
 
     def show_growth(formats):
@@ -168,7 +171,7 @@ if INTERACTIVE:
             study.plot_growth(growth[growth["format"].isin(formats)], "selected formats")
             plt.show()
 
-    display(widgets.interactive(show_growth, formats=pick))  # noqa: F821
+    display(panel(show_growth, {"formats": pick}, "error by position"))  # noqa: F821
 
     def show_outputs(name):
         merged = outputs["exact"].merge(outputs[name], on=["id", "category"], suffixes=("_exact", "_quant"))
@@ -176,7 +179,7 @@ if INTERACTIVE:
             display(merged[merged["output_exact"] != merged["output_quant"]][  # noqa: F821
                 ["category", "id", "passed_exact", "passed_quant", "output_exact", "output_quant"]])
 
-    display(widgets.interactive(show_outputs, name=widgets.Dropdown(options=list(outputs)[1:])))  # noqa: F821
+    display(panel(show_outputs, {"name": widgets.Dropdown(options=list(outputs)[1:])}, "changed outputs"))  # noqa: F821
 
 # %%
 run.save_metrics(claims={v["claim"]: v["holds"] for v in verdicts.to_dict("records")},

@@ -28,8 +28,10 @@
 # `lab.studies.replay_break_even`.
 
 # %% tags=["parameters"]
-SMOKE = False  # tiny sizes, for tests
+PRESET = "quick"  # quick (minutes), reference (the committed runs) or smoke (tests); values set below win
 INTERACTIVE = False  # show the widget cells
+LOSSLESS_MODEL = "smollm2-135m"  # section 1: is replay lossless (float32)
+LOSSLESS_TOKENS = 32
 MODELS = ("smollm2-135m", "random:smollm2-360m")  # measured on the engine, in DTYPE
 PREFIXES = (1024, 2048, 4096, 7680)  # M: cached tokens before the window (SmolLM2's limit is 8192)
 WINDOWS = (16, 32, 64, 128, 256, 512)  # W
@@ -39,6 +41,7 @@ EFFICIENCY = 0.5  # the article's compute efficiency
 PD_WINDOW = 64
 PD_PREFIX = 32768
 DTYPE = "auto"  # of the timed models (section 4): the serving dtype, or "float32"
+PROBE_SECONDS = 6.0  # this machine's ceilings in DTYPE
 
 # %%
 import pandas as pd
@@ -63,11 +66,11 @@ hw = GPUS[params.HARDWARE]
 # timings of section 4 run in DTYPE, the serving dtype.
 
 # %%
-model, tok = load_model("smollm2-135m", dtype="float32") if not params.SMOKE else load_model("random:tiny", dtype="float32")
+model, tok = load_model(params.LOSSLESS_MODEL, dtype="float32")
 prompts = ([tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
             for q in ("Explain how a bicycle stays upright.", "List three uses of copper.")] if tok else
            [list(range(1, 40)), list(range(7, 60))])
-sampling = SamplingParams(max_tokens=8 if params.SMOKE else 32, temperature=0, ignore_eos=True)
+sampling = SamplingParams(max_tokens=params.LOSSLESS_TOKENS, temperature=0, ignore_eos=True)
 want = [o.token_ids for o in LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=256).generate(prompts, sampling)]
 rows = []
 for config in (ReplayConfig(window=16, always=True, min_position=0.0),
@@ -117,7 +120,7 @@ table
 # (the K/V projections alone, from the layer inputs the engine kept) is timed beside them.
 
 # %%
-machine = probe_inference(params.torch_dtype, seconds_budget=2.0 if params.SMOKE else 6.0)
+machine = probe_inference(params.torch_dtype, seconds_budget=params.PROBE_SECONDS)
 measured = study.measure(params, machine)
 run.save_table("measured", measured)
 run.save_figure("crossover", study.plot_crossover(measured))
@@ -163,14 +166,17 @@ with pd.option_context("display.max_colwidth", 120):
 if INTERACTIVE:
     import ipywidgets as widgets
 
+    from lab.widgets import panel
+
     def show(model, hardware, window, prefix):
         display(study.cost_table(window, prefix, GPUS[hardware], params.EFFICIENCY)  # noqa: F821
                 .query("model == @model").T)
 
-    display(widgets.interactive(show, model=widgets.Dropdown(options=study.COST_MODELS),  # noqa: F821
-                                hardware=widgets.Dropdown(options=sorted(GPUS)),
-                                window=widgets.IntSlider(value=64, min=16, max=512, step=16),
-                                prefix=widgets.IntSlider(value=32768, min=1024, max=131072, step=1024)))
+    display(panel(show, {"model": widgets.Dropdown(options=study.COST_MODELS),  # noqa: F821
+                         "hardware": widgets.Dropdown(options=sorted(GPUS)),
+                         "window": widgets.IntSlider(value=64, min=16, max=512, step=16),
+                         "prefix": widgets.IntSlider(value=32768, min=1024, max=131072, step=1024)},
+                  "cost model"))
 
 # %%
 run.save_metrics(lossless=bool(lossless["greedy outputs unchanged"].all()),

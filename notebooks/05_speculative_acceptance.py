@@ -32,7 +32,7 @@
 # in `lab.studies.spec_acceptance`.
 
 # %% tags=["parameters"]
-SMOKE = False  # tiny sizes, for tests
+PRESET = "quick"  # quick (minutes), reference (the committed runs) or smoke (tests); values set below win
 INTERACTIVE = False  # show the widget cells
 DATA = ""  # "": the lab's prompt set (calibration_data/spec_prompts.jsonl); or a JSONL path (Spec-Bench's format too)
 PER_CATEGORY = 5  # prompts a category in the main run
@@ -170,6 +170,7 @@ if INTERACTIVE:
     import matplotlib.pyplot as plt
 
     from lab.spec import predicted_speedup
+    from lab.widgets import panel
 
     def show(c, verify_cost):
         a = [i / 100 for i in range(0, 100)]
@@ -181,8 +182,9 @@ if INTERACTIVE:
         ax.legend()
         plt.show()
 
-    display(widgets.interactive(show, c=widgets.FloatSlider(value=0.05, min=0, max=1.2, step=0.01),  # noqa: F821
-                                verify_cost=widgets.FloatSlider(value=1.0, min=1.0, max=3.0, step=0.05)))
+    display(panel(show, {"c": widgets.FloatSlider(value=0.05, min=0, max=1.2, step=0.01),  # noqa: F821
+                         "verify_cost": widgets.FloatSlider(value=1.0, min=1.0, max=3.0, step=0.05)},
+                  "predicted speedup"))
 
 # %%
 overall = main[main["category"] == "all"].set_index("drafter")

@@ -29,7 +29,7 @@
 # cores; the shapes of the curves are the point.
 
 # %% tags=["parameters"]
-SMOKE = False  # tiny sizes, for tests
+PRESET = "quick"  # quick (minutes), reference (the committed runs) or smoke (tests); values set below win
 INTERACTIVE = False  # show the widget cells
 INPUT_LEN = (64, 192, 512)  # prompt tokens: P50, P90, P99 of the log-normal
 OUTPUT_LEN = (32, 64, 128)  # output tokens: P50, P90, P99
@@ -49,6 +49,7 @@ KV_BLOCKS = 1024  # of 16 tokens (0.38 GB in bf16): more requests than fit are p
 DURATION = 180.0  # bound on each load run, seconds
 SEED = 0
 DTYPE = "auto"  # the served model's dtype: "auto" is the serving dtype (bfloat16 on this CPU), or "float32"
+COLD_START_TOKENS = 128  # output tokens of the cold-start request
 
 # %%
 import pandas as pd
@@ -121,7 +122,7 @@ prefix[["prefix_caching", "system_prompt_tokens", "hit_rate"] + cols].round(3)
 # then with the cache filled; the first request's TTFT against the second's, without and with a warm-up request.
 
 # %%
-cold = study.cold_start(16 if params.SMOKE else 128, params.DTYPE)
+cold = study.cold_start(params.COLD_START_TOKENS, params.DTYPE)
 run.save_table("cold_start", cold)
 cold.round(4)
 
@@ -147,6 +148,7 @@ if INTERACTIVE:
     import random
 
     from lab.bench.serve import LengthDist
+    from lab.widgets import panel
 
     def show(p50, p90, p99):
         d = LengthDist(p50, max(p50, p90), max(p50, p90, p99))
@@ -155,9 +157,10 @@ if INTERACTIVE:
         plt.title(f"mu, sigma = {d.fit()[0]:.2f}, {d.fit()[1]:.2f}")
         plt.show()
 
-    display(widgets.interactive(show, p50=widgets.IntSlider(value=64, min=1, max=2048),  # noqa: F821
-                                p90=widgets.IntSlider(value=192, min=1, max=4096),
-                                p99=widgets.IntSlider(value=512, min=1, max=8192)))
+    display(panel(show, {"p50": widgets.IntSlider(value=64, min=1, max=2048),  # noqa: F821
+                         "p90": widgets.IntSlider(value=192, min=1, max=4096),
+                         "p99": widgets.IntSlider(value=512, min=1, max=8192)},
+                  "length distribution"))
 
 # %%
 run.save_metrics(knee_concurrency=knee, operating_concurrency=op,

@@ -1,4 +1,4 @@
-"""The notebook convention: every study notebook runs headless with SMOKE=True, records provenance,
+"""The notebook convention: every study notebook runs headless at PRESET="smoke", records provenance,
 keeps its jupytext pair in sync, and rejects bad parameters before heavy work."""
 
 import json
@@ -21,12 +21,17 @@ def test_there_are_study_notebooks():
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_runs_in_smoke_mode_with_provenance(name, tmp_path):
-    """Smoke sizes with INTERACTIVE on, so the widget cells run too: each builds and displays its widgets."""
-    run_dir = run_notebook(name, {"SMOKE": True, "INTERACTIVE": True}, root=tmp_path)
+def test_notebook_runs_in_smoke_mode_with_provenance(name, tmp_path, monkeypatch):
+    """Smoke sizes with INTERACTIVE on, so the widget cells run too: each builds and displays its panels, and
+    (`lab.widgets` under $LAB_WIDGET_CHECK) moves every control once to a non-default value through the
+    ipywidgets API; the output must redraw, differently, without an error."""
+    from lab.widgets import CHECK_ENV, CHECKS_FILE
+
+    monkeypatch.setenv(CHECK_ENV, "1")
+    run_dir = run_notebook(name, {"PRESET": "smoke", "INTERACTIVE": True}, root=tmp_path)
     params = json.loads((run_dir / "params.json").read_text())
     assert all(f in params for f in PROVENANCE_FIELDS)
-    assert params["parameters"]["SMOKE"] is True and params["notebook"] == name
+    assert params["parameters"]["PRESET"] == "smoke" and params["notebook"] == name
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["duration_s"] > 0
     assert (run_dir / f"{name}.ipynb").exists() and list(run_dir.glob("*.png")) and list(run_dir.glob("*.csv"))
@@ -37,6 +42,11 @@ def test_notebook_runs_in_smoke_mode_with_provenance(name, tmp_path):
     for cell in widget_cells:
         shown = [o.get("data", {}).get("text/plain", "") for o in cell.outputs if o.get("output_type") == "display_data"]
         assert any(t.startswith(("VBox(", "HBox(", "interactive(")) for t in shown), (name, shown)
+    checks = json.loads((run_dir / CHECKS_FILE).read_text())
+    assert checks and all(p["controls"] for p in checks), checks
+    for p in checks:
+        for c in p["controls"]:
+            assert c["error"] is None and c["redraws"] >= 1 and c["changed"] and c["from"] != c["to"], (name, p, c)
     assert name in (tmp_path / "README.md").read_text()
 
 
@@ -45,7 +55,7 @@ def test_parameters_cell_comes_first_and_pair_is_in_sync(name):
     nb = nbformat.read(NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert "parameters" in code[0].metadata.get("tags", [])
-    assert {"SMOKE", "INTERACTIVE"} <= set(declared_parameters(NOTEBOOKS_DIR / f"{name}.ipynb"))
+    assert {"PRESET", "INTERACTIVE"} <= set(declared_parameters(NOTEBOOKS_DIR / f"{name}.ipynb"))
     assert not any(c.get("outputs") for c in code), "commit notebooks without outputs"
     twin = jupytext.read(NOTEBOOKS_DIR / f"{name}.py")
     assert [(c.cell_type, c.source) for c in twin.cells] == [(c.cell_type, c.source) for c in nb.cells], \
@@ -75,7 +85,7 @@ def test_bad_value_stops_the_run_with_a_message(tmp_path):
     import papermill
 
     with pytest.raises(papermill.PapermillExecutionError, match="NUM_REQUESTS"):
-        run_notebook("00_engine_tour", {"SMOKE": True, "NUM_REQUESTS": 0}, root=tmp_path)
+        run_notebook("00_engine_tour", {"PRESET": "smoke", "NUM_REQUESTS": 0}, root=tmp_path)
 
 
 def test_unknown_notebook_names_the_available_ones():
@@ -103,6 +113,9 @@ def test_results_index_lists_latest_run_and_metrics(tmp_path, monkeypatch):
     second = start_run("yy_test", {})
     second.save_metrics(answer=42, claims={"fp8 is safe": "no"})
     second.finish()
+    quick = start_run("yy_test", {"PRESET": "quick"})
+    quick.save_metrics(answer=7)
+    quick.finish()
     failed = start_run("zz_test", {})
     (failed.dir / "metrics.json").write_text(json.dumps({"status": "failed", "error": "Traceback\n  a | b\nValueError: x"}))
     from lab.results_index import write_index
@@ -110,7 +123,10 @@ def test_results_index_lists_latest_run_and_metrics(tmp_path, monkeypatch):
     index = write_index(tmp_path).read_text()
     assert second.dir.name in index and "answer: 42" in index and "answer: 41" not in index
     assert "claims.fp8 is safe: no" in index
-    assert "| 2 |" in index  # two runs of that notebook
+    assert "| 2 |" in index  # two reference runs of that notebook
+    # The quick run has its own row, marked, and does not hide the latest reference run.
+    quick_row = next(line for line in index.splitlines() if quick.dir.name in line)
+    assert "**quick** (not a reference result)" in quick_row and "answer: 7" in quick_row
     # A failed run's traceback stays in its row: its last line only, so the table keeps its shape.
     row = next(line for line in index.splitlines() if line.startswith("| zz_test"))
     assert "error: ValueError: x" in row and "Traceback" not in index
@@ -126,16 +142,61 @@ def test_lab_run_cli_prints_the_run_directory(tmp_path):
     assert not list(Path(tmp_path).glob("*/*")), "a rejected run must not leave a run directory"
 
 
-def test_a_preset_that_overrides_a_parameter_says_so_and_params_json_records_it(tmp_path, monkeypatch, capsys):
-    from lab.runs import params_from_namespace, start_run
+def test_preset_values_yield_to_explicit_parameters_and_params_json_records_them(tmp_path, monkeypatch, capsys):
+    from lab.runs import EXPLICIT_ENV, params_from_namespace, start_run
     from lab.studies.spec_acceptance import SpecParams
 
-    params = params_from_namespace(SpecParams, {"SMOKE": True, "MAX_TOKENS": 16, "K": 2})
-    assert params.MAX_TOKENS == 8 and params.overridden == {"MAX_TOKENS": [16, 8]}  # K=2 is what SMOKE uses too
-    assert "MAX_TOKENS=16 is overridden by the preset: this run uses MAX_TOKENS=8" in capsys.readouterr().out
+    monkeypatch.delenv(EXPLICIT_ENV, raising=False)
+    defaults = SpecParams()  # the reference values
+    # Edited in the parameters cell (differs from the reference): explicit, the preset leaves it alone.
+    params = params_from_namespace(SpecParams, {"PRESET": "smoke", "MAX_TOKENS": 16, "K": defaults.K})
+    assert params.MAX_TOKENS == 16 and params.K == SpecParams.PRESETS["smoke"]["K"]
+    assert "MAX_TOKENS" not in params.preset_values and params.preset_values["K"] == 2
+    assert "preset 'smoke' sets" in capsys.readouterr().out
+    # Injected by `lab run` with the reference's own value: still explicit, so the preset does not replace it.
+    monkeypatch.setenv(EXPLICIT_ENV, json.dumps(["K", "PRESET"]))
+    assert params_from_namespace(SpecParams, {"PRESET": "smoke", "K": defaults.K}).K == defaults.K
+    monkeypatch.delenv(EXPLICIT_ENV)
+    assert params_from_namespace(SpecParams, {"PRESET": "reference"}).MAX_TOKENS == defaults.MAX_TOKENS
+    assert params_from_namespace(SpecParams, {}).PRESET == "quick"  # the default preset
+    with pytest.raises(ValueError, match="PRESET='fast'"):
+        params_from_namespace(SpecParams, {"PRESET": "fast"})
     monkeypatch.setenv("LAB_RUN_DIR", str(tmp_path / "run"))
     record = json.loads((start_run("05_speculative_acceptance", params).dir / "params.json").read_text())
-    assert record["parameters"]["MAX_TOKENS"] == 8 and record["overridden_by_preset"] == {"MAX_TOKENS": [16, 8]}
+    assert record["parameters"]["MAX_TOKENS"] == 16 and record["preset_values"]["K"] == 2
+
+
+def _study_class(name: str):
+    """The parameter dataclass a notebook builds (`params_from_namespace(study.X, globals())`)."""
+    import importlib
+    import re
+
+    source = (NOTEBOOKS_DIR / f"{name}.py").read_text()
+    module = re.search(r"from lab\.studies import (\w+) as (\w+)", source)
+    cls = re.search(r"params_from_namespace\((\w+)\.(\w+), globals\(\)\)", source)
+    assert module and cls and cls[1] == module[2], name
+    return getattr(importlib.import_module(f"lab.studies.{module[1]}"), cls[2])
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_parameters_cell_holds_the_reference_values_and_every_preset_names_real_parameters(name):
+    """A value that differs from the dataclass default counts as explicit and beats the preset, so a parameters
+    cell that drifted from its dataclass would silently switch the presets off for that parameter."""
+    import dataclasses
+
+    cls = _study_class(name)
+    namespace = {}
+    exec(next(c for c in nbformat.read(NOTEBOOKS_DIR / f"{name}.ipynb", as_version=4).cells
+              if c.cell_type == "code").source, namespace)
+    fields = {f.name: f.default for f in dataclasses.fields(cls)}
+    assert set(declared_parameters(NOTEBOOKS_DIR / f"{name}.ipynb")) == set(fields), name
+    drift = {k: (namespace[k], v) for k, v in fields.items()
+             if (tuple(namespace[k]) if isinstance(namespace[k], list) else namespace[k]) != v}
+    assert not drift, drift
+    from lab.runs import PRESETS, params_from_namespace
+
+    for preset in PRESETS:  # builds and validates each preset's values (an unknown name in a table is refused)
+        assert params_from_namespace(cls, {**namespace, "PRESET": preset}).PRESET == preset
 
 
 def test_lab_run_all_says_what_runs_with_its_last_duration_and_how_long_each_took(tmp_path, monkeypatch, capsys):
@@ -152,12 +213,12 @@ def test_lab_run_all_says_what_runs_with_its_last_duration_and_how_long_each_too
         done.append(name)
         d = Path(root) / name / f"2026{len(done):02d}"
         d.mkdir(parents=True)
-        (d / "params.json").write_text("{}")
+        (d / "params.json").write_text(json.dumps({"parameters": {"PRESET": params.get("PRESET", "quick")}}))
         (d / "metrics.json").write_text(json.dumps({"duration_s": 90.0}))
         return d
 
     monkeypatch.setattr(rn, "run_notebook", fake_run)
-    args = argparse.Namespace(param=[], notebook="all", results_dir=str(tmp_path), log_output=False)
+    args = argparse.Namespace(param=[], notebook="all", results_dir=str(tmp_path), log_output=False, preset=None)
     assert runs._run(args) == 1  # one notebook failed; the others ran
     assert runs._run(argparse.Namespace(**{**vars(args), "notebook": "00_engine_tour"})) == 0
     out = capsys.readouterr()

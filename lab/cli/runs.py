@@ -6,23 +6,35 @@ import sys
 import time
 from pathlib import Path
 
+from lab.runs import PRESETS
 
-def _last_durations(root) -> dict[str, float]:
-    """Each notebook's duration in its latest finished run under `root` (the ETA of its next run)."""
+
+def _last_durations(root, preset: str) -> dict[str, float]:
+    """Each notebook's duration in its latest finished run at `preset` under `root` (the ETA of its next run)."""
     from lab.results_index import list_runs
     from lab.runs import results_root
 
     root = Path(root) if root else results_root()
-    return {r["notebook"]: r["metrics"]["duration_s"] for r in list_runs(root) if "duration_s" in r["metrics"]}
+    return {r["notebook"]: r["metrics"]["duration_s"] for r in list_runs(root)
+            if "duration_s" in r["metrics"] and r["preset"] == preset}
 
 
 def _run(args) -> int:
+    from tqdm.auto import tqdm
+
     from lab.run_notebook import parse_value, run_notebook, study_notebooks
 
     params = {name: parse_value(value) for name, value in args.param}
+    if args.preset:
+        params["PRESET"] = args.preset
     names = [p.stem for p in study_notebooks()] if args.notebook == "all" else [args.notebook]
-    before = _last_durations(args.results_dir)
+    before = _last_durations(args.results_dir, params.get("PRESET", "quick"))
+    print(f"preset: {params.get('PRESET', 'quick')}", flush=True)
     failed, took = [], {}
+    # Progress in seconds of the notebooks' last runs at this preset (60 s for one never run), so its ETA is
+    # what the previous runs took, updated as each notebook finishes.
+    bar = tqdm(total=round(sum(before.get(n, 60.0) for n in names)), unit="s", desc="notebooks",
+               disable=len(names) == 1, file=sys.stderr)
     for i, name in enumerate(names, start=1):
         eta = f" (its last run took {before[name] / 60:.1f} min)" if name in before else ""
         print(f"[{i}/{len(names)}] running {name}{eta} ...", flush=True)
@@ -36,6 +48,8 @@ def _run(args) -> int:
             failed.append(name)
         took[name] = time.perf_counter() - start
         print(f"{name} {'failed' if name in failed else 'done'} in {took[name] / 60:.1f} min", flush=True)
+        bar.update(round(before.get(name, 60.0)))
+    bar.close()
     if len(names) > 1:
         print("\n".join(f"  {n:28s} {t / 60:6.1f} min" for n, t in took.items()) +
               f"\n  {'total':28s} {sum(took.values()) / 60:6.1f} min")
@@ -52,7 +66,7 @@ def _results(args) -> int:
     for r in list_runs(root):
         metrics = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                             for k, v in r["metrics"].items() if not isinstance(v, (list, dict)))
-        print(f"{r['notebook']:28s} {r['run_id']:26s} {metrics}")
+        print(f"{r['notebook']:28s} {r['preset']:9s} {r['run_id']:26s} {metrics}")
     print(f"index: {write_index(root)}")
     return 0
 
@@ -63,6 +77,9 @@ def add_run(sub) -> None:
     run.add_argument("notebook", help="e.g. 00_engine_tour, or 'all' for every study notebook")
     run.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                      help="set a parameter (a Python literal, else a string); repeatable")
+    run.add_argument("--preset", choices=PRESETS, default=None,
+                     help="quick (the notebooks' default: minutes), reference (the committed runs) or smoke (the "
+                          "tests'); a -p value beats the preset's")
     run.add_argument("--results-dir", default=None, help="where run directories go (default: results/)")
     run.add_argument("--log-output", action="store_true", help="stream the notebook's output to this terminal")
     run.set_defaults(func=_run)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from lab.models.attention import causal_attention, partly_exact_attention
 from lab.models.llama import apply_rope
@@ -108,7 +109,7 @@ def calibrate_kv_absmax(model, calib_token_ids: list[list[int]], method: str = "
     n = len(model.layers)
     device = model.embed_tokens.weight.device
     stats = {"k": [], "v": [], "k_pre": []}
-    for ids in calib_token_ids:
+    for ids in tqdm(calib_token_ids, desc="KV calibration", disable=len(calib_token_ids) < 4):
         pos = torch.arange(len(ids), device=device)
         rec = _Recorder(n, model.rope(pos), method, percentile)
         model(torch.tensor(ids, device=device), pos, rec)

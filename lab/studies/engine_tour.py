@@ -7,12 +7,13 @@ The notebook only calls these functions; every number it shows is measured on th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import pandas as pd
 
 from lab.engine import LLM, SamplingParams
 from lab.engine.trace import traced_generate
-from lab.runs import check_range
+from lab.runs import as_tuple, check_range
 
 SYSTEM_PROMPT = ("You are a concise assistant for an inference-optimization lab. Answer in at most three "
                  "sentences, prefer numbers to adjectives, and say when you are unsure.")
@@ -27,7 +28,7 @@ QUESTIONS = [
 
 @dataclass
 class TourParams:
-    SMOKE: bool = False
+    PRESET: str = "quick"
     INTERACTIVE: bool = False
     MODEL: str = "smollm2-135m"
     NUM_REQUESTS: int = 8
@@ -36,6 +37,11 @@ class TourParams:
     NUM_KV_BLOCKS: int = 20  # small on purpose: the pool fills and the scheduler has to preempt
     MAX_NUM_SEQS: int = 4
     MAX_NUM_BATCHED_TOKENS: int = 64
+    TTFT_REPEATS: int = 5  # alone-request TTFT, prefix miss then hit
+    BUDGETS: tuple = (16, 32, 64, 128, 256)  # the token-budget sweep (and the widget's slider)
+    # The tour is short at reference size already; smoke is seconds: few requests, few tokens.
+    PRESETS: ClassVar[dict] = {"quick": {"TTFT_REPEATS": 3},
+                               "smoke": {"NUM_REQUESTS": 3, "MAX_TOKENS": 8, "TTFT_REPEATS": 1, "BUDGETS": (16, 64)}}
 
     def __post_init__(self):
         check_range("NUM_REQUESTS", self.NUM_REQUESTS, 1, len(QUESTIONS), int)
@@ -44,8 +50,10 @@ class TourParams:
         check_range("NUM_KV_BLOCKS", self.NUM_KV_BLOCKS, 1, None, int)
         check_range("MAX_NUM_SEQS", self.MAX_NUM_SEQS, 1, 256, int)
         check_range("MAX_NUM_BATCHED_TOKENS", self.MAX_NUM_BATCHED_TOKENS, 1, None, int)
-        if self.SMOKE:  # seconds, not minutes: few requests, few tokens
-            self.NUM_REQUESTS, self.MAX_TOKENS = min(self.NUM_REQUESTS, 3), min(self.MAX_TOKENS, 8)
+        check_range("TTFT_REPEATS", self.TTFT_REPEATS, 1, 100, int)
+        self.BUDGETS = as_tuple("BUDGETS", self.BUDGETS)
+        for b in self.BUDGETS:
+            check_range("BUDGETS", b, 1, None, int)
 
 
 def make_engine(p: TourParams, model=None, tokenizer=None, **overrides) -> LLM:

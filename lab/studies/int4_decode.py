@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from lab.claims import verdict
 from lab.timing import decode_engine, decode_step_seconds, ratio_interval
@@ -58,12 +59,11 @@ def step_bytes(model, build: str, batch: int, context: int) -> float:
 def measure(models: dict, tokenizer, batches=(1, 32), context: int = 128, steps: int = 16) -> pd.DataFrame:
     """One row per build and batch: the median step time and the raw step times."""
     rows = []
-    for build, model in models.items():
-        for b in batches:
-            times = decode_step_seconds(decode_engine(model, tokenizer, b, context, steps), b, context, steps)
-            rows.append({"build": build, "batch": b, "context": context,
-                         "step_ms": 1e3 * float(pd.Series(times).median()), "times": times,
-                         "bytes_per_step": step_bytes(models["float32"], build, b, context)})
+    for build, b in tqdm([(build, b) for build in models for b in batches], desc="builds x batches"):
+        times = decode_step_seconds(decode_engine(models[build], tokenizer, b, context, steps), b, context, steps)
+        rows.append({"build": build, "batch": b, "context": context,
+                     "step_ms": 1e3 * float(pd.Series(times).median()), "times": times,
+                     "bytes_per_step": step_bytes(models["float32"], build, b, context)})
     return pd.DataFrame(rows)
 
 

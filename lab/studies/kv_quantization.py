@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from lab.engine import EngineConfig
 from lab.eval.harness import long_text  # noqa: F401  (notebook 03 calls study.long_text)
@@ -70,7 +72,7 @@ ENGINE_BLOCK_SIZE = EngineConfig.block_size  # the engine's default block size, 
 
 @dataclass
 class KVStudyParams:
-    SMOKE: bool = False
+    PRESET: str = "quick"
     INTERACTIVE: bool = False
     MODEL: str = "smollm2-135m"
     CONTEXT: int = 8192  # tokens of held-out text for the position study (SmolLM2's context limit)
@@ -90,11 +92,31 @@ class KVStudyParams:
     HELDOUT_SEQUENCES: int = 16
     HELDOUT_TOKENS: int = 512
     MAX_TOKENS: int = 64
+    ITEMS_PER_CATEGORY: int = 0  # sensitive items per category (long context aside); 0: all of them
     LONG_CONTEXT_ITEMS: int = 4  # ~28 s each per format on 2 cores
     POOL_MIB: float = 16.0  # KV pool for the concurrency measurement
     CONCURRENCY_LEN: int = 256  # tokens per sequence there
     SAFE_PPL_PCT: float = 1.0  # "safe": perplexity within this many percent and no sensitive item lost
     SEED: int = 0
+    # quick: 2K tokens of context, one format per family and the claims' pairs, fewer evaluation tokens, no
+    # long context (minutes instead of 56); smoke: the tests' seconds.
+    PRESETS: ClassVar[dict] = {
+        "quick": {"CONTEXT": 2048, "GROWTH_FORMATS": ("fp8_e4m3/per-tensor", f"fp8_e4m3/per-tensor/{UNIT_SCALE}",
+                                                      "int8/per-tensor", "int8/per-token", "int4/per-token",
+                                                      "int4/per-channel/group16", "int2/per-token"),
+                  "ROLE_FORMATS": ("int4/per-token/k-only", "int4/per-token/v-only"),
+                  "E2E_FORMATS": ("fp8_e4m3/per-tensor", f"fp8_e4m3/per-tensor/{UNIT_SCALE}", "int8/per-token",
+                                  "int4/per-token"),
+                  "CALIB_SAMPLES": 8, "CALIB_TOKENS": 256, "HELDOUT_SEQUENCES": 8, "HELDOUT_TOKENS": 256,
+                  "MAX_TOKENS": 32, "ITEMS_PER_CATEGORY": 4, "LONG_CONTEXT_ITEMS": 0},
+        "smoke": {"CONTEXT": 192, "FIRST_BUCKET": 32, "CALIB_SAMPLES": 2, "CALIB_TOKENS": 64,
+                  "GROWTH_FORMATS": ("fp8_e4m3/per-tensor", f"fp8_e4m3/per-tensor/{UNIT_SCALE}",
+                                     "int2/per-channel/group16/window32"),
+                  "ROLE_FORMATS": ("int4/per-token/k-only", "int4/per-token/v-only"),
+                  "E2E_FORMATS": ("fp8_e4m3/per-tensor", "int4/per-token"), "HELDOUT_SEQUENCES": 2, "HELDOUT_TOKENS": 64,
+                  "MAX_TOKENS": 8, "ITEMS_PER_CATEGORY": 1, "LONG_CONTEXT_ITEMS": 0, "POOL_MIB": 2.0,
+                  "CONCURRENCY_LEN": 64},
+    }
 
     def __post_init__(self):
         for name in ("GROWTH_FORMATS", "ROLE_FORMATS", "E2E_FORMATS"):
@@ -112,19 +134,13 @@ class KVStudyParams:
         check_choice("CALIB_METHOD", self.CALIB_METHOD, ("max", "percentile"))
         for name, lo, hi in (("CONTEXT", 64, 8192), ("FIRST_BUCKET", 16, 8192), ("ATTENTION_STRIDE", 1, 1024),
                              ("CALIB_SAMPLES", 1, 512), ("CALIB_TOKENS", 16, 2048), ("HELDOUT_SEQUENCES", 1, 256), ("HELDOUT_TOKENS", 16, 2048),
-                             ("MAX_TOKENS", 1, 512), ("LONG_CONTEXT_ITEMS", 0, 30), ("CONCURRENCY_LEN", 16, 8192),
+                             ("MAX_TOKENS", 1, 512), ("LONG_CONTEXT_ITEMS", 0, 30), ("ITEMS_PER_CATEGORY", 0, 1000), ("CONCURRENCY_LEN", 16, 8192),
                              ("SEED", 0, None)):
             check_range(name, getattr(self, name), lo, hi, int)
         check_range("POOL_MIB", self.POOL_MIB, 0.5, 4096)
         check_range("SAFE_PPL_PCT", self.SAFE_PPL_PCT, 0, 100)
         if self.FIRST_BUCKET >= self.CONTEXT:
             raise ValueError(f"FIRST_BUCKET={self.FIRST_BUCKET} must be below CONTEXT={self.CONTEXT}")
-        if self.SMOKE:
-            self.CONTEXT, self.FIRST_BUCKET, self.CALIB_SAMPLES, self.CALIB_TOKENS = 192, 32, 2, 64
-            self.GROWTH_FORMATS = self.GROWTH_FORMATS[:2] + ("int2/per-channel/group16/window32",)
-            self.ROLE_FORMATS, self.E2E_FORMATS = self.ROLE_FORMATS[:2], self.E2E_FORMATS[:1]
-            self.HELDOUT_SEQUENCES, self.HELDOUT_TOKENS, self.MAX_TOKENS, self.LONG_CONTEXT_ITEMS = 2, 64, 8, 0
-            self.POOL_MIB, self.CONCURRENCY_LEN = 2.0, 64
 
 
 def study_format(name: str) -> tuple[KVCacheFormat, str, bool]:
@@ -150,7 +166,7 @@ def error_growth(model, ids: list[int], names: list[str], calibrated: KVScales |
     exact = rec.hidden
     buckets = position_buckets(len(ids), first_bucket)
     rows = []
-    for name in names:
+    for name in tqdm(names, desc="KV formats, by position"):
         fmt, roles, _ = study_format(name)
         scales = scales_for(name, model, calibrated)
         att = attention_error_by_position(model, rec, fmt, roles, scales, stride)
@@ -181,7 +197,7 @@ def max_concurrency(model, tokenizer, names: list[str], calibrated: KVScales, po
     gen = torch.Generator().manual_seed(0)
     blocks_per_seq = -(-seq_len // block_size)
     rows = []
-    for name in names:
+    for name in tqdm(names, desc="KV formats, concurrency"):
         fmt = None if name == "auto" else study_format(name)[0]
         per_block = bytes_per_token(model, name, block_size) * block_size
         num_blocks = int(pool_mib * 2 ** 20 // per_block)
@@ -220,14 +236,13 @@ def end_to_end(p: KVStudyParams, model, tokenizer, calibrated: KVScales, log=pri
     from lab.eval.sensitive import CATEGORIES, load_items
 
     heldout = heldout_texts(tokenizer, p.HELDOUT_SEQUENCES, p.HELDOUT_TOKENS, p.SEED)
-    items = [it for c in CATEGORIES for it in load_items((c,))[:p.LONG_CONTEXT_ITEMS if c == "long_context" else None]]
-    if p.SMOKE:
-        items = [it for c in CATEGORIES if c != "long_context" for it in load_items((c,))[:1]]
+    items = [it for c in CATEGORIES for it in load_items((c,))[
+        :p.LONG_CONTEXT_ITEMS if c == "long_context" else (p.ITEMS_PER_CATEGORY or None)]]
     ref_df = run_sensitive(model, tokenizer, items, p.MAX_TOKENS)
     rows, outputs = [], {"exact": ref_df}
     metrics, _ = evaluate_model(model, tokenizer, model, heldout, items, ref_df, p.MAX_TOKENS, df=ref_df)
     rows.append({"format": "exact", **metrics})
-    for name in p.E2E_FORMATS:
+    for name in tqdm(p.E2E_FORMATS, desc="KV formats, end to end"):
         fmt, _, _ = study_format(name)
         metrics, df = evaluate_model(model, tokenizer, model, heldout, items, ref_df, p.MAX_TOKENS,
                                      kv=(fmt, scales_for(name, model, calibrated)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import ClassVar
 
 import pandas as pd
 
@@ -17,16 +18,16 @@ from lab import memory as mem
 from lab import roofline
 from lab.claims import verdict
 from lab.hardware import GPUS, Hardware, get_gpu
-from lab.runs import check_choice, check_range
+from lab.runs import as_tuple, check_choice, check_range
 
 KV_DTYPES = ["bf16", "fp8", "int8", "int4", "int2"]
-PRESETS = ["smollm2-135m", "llama-2-7b", "llama-3-8b", "llama-3-70b", "qwen2.5-7b", "qwen2.5-72b", "mistral-7b",
+MODEL_NAMES = ["smollm2-135m", "llama-2-7b", "llama-3-8b", "llama-3-70b", "qwen2.5-7b", "qwen2.5-72b", "mistral-7b",
            "mixtral-8x7b", "deepseek-v3", "gemma-2-9b"]
 
 
 @dataclass
 class MemoryParams:
-    SMOKE: bool = False
+    PRESET: str = "quick"
     INTERACTIVE: bool = False
     MODEL: str = "llama-3-8b"
     WEIGHTS: str = "int4-g128"
@@ -39,9 +40,17 @@ class MemoryParams:
     LENGTH_P90: int = 2000
     LENGTH_P99: int = 6000
     ENGINE_BATCHES: tuple = (1, 4, 16, 32)  # batch sizes timed on the lab engine for the roofline check
+    PROBE_SECONDS: float = 4.0  # this machine's bandwidth and FLOP/s probe
+    DECODE_STEPS: int = 8  # timed decode steps per batch size
+    INT4_BATCHES: tuple = (1, 32)  # the INT4 decode claim (section 7)
+    INT4_CONTEXT: int = 128
+    INT4_STEPS: int = 16
+    # Under a minute at reference size, so quick is reference; smoke trims the timed engine work.
+    PRESETS: ClassVar[dict] = {"smoke": {"ENGINE_BATCHES": (1, 4), "PROBE_SECONDS": 2.0, "DECODE_STEPS": 3,
+                                         "INT4_BATCHES": (1, 2), "INT4_CONTEXT": 32, "INT4_STEPS": 3}}
 
     def __post_init__(self):
-        check_choice("MODEL", self.MODEL, PRESETS)
+        check_choice("MODEL", self.MODEL, MODEL_NAMES)
         mem.weight_format(self.WEIGHTS)  # raises with the known formats
         check_choice("KV_DTYPE", self.KV_DTYPE, KV_DTYPES)
         check_choice("GPU", self.GPU, sorted(GPUS))
@@ -51,13 +60,19 @@ class MemoryParams:
         if not 0 < self.LENGTH_P50 <= self.LENGTH_P90 <= self.LENGTH_P99:
             raise ValueError(f"need 0 < LENGTH_P50 <= LENGTH_P90 <= LENGTH_P99, got "
                              f"{self.LENGTH_P50}, {self.LENGTH_P90}, {self.LENGTH_P99}")
-        if self.SMOKE:
-            self.ENGINE_BATCHES = (1, 4)
+        for name in ("ENGINE_BATCHES", "INT4_BATCHES"):
+            setattr(self, name, as_tuple(name, getattr(self, name)))
+            for b in getattr(self, name):
+                check_range(name, b, 1, 256, int)
+        check_range("PROBE_SECONDS", self.PROBE_SECONDS, 0.5, 60)
+        for name in ("DECODE_STEPS", "INT4_STEPS"):
+            check_range(name, getattr(self, name), 2, 1000, int)
+        check_range("INT4_CONTEXT", self.INT4_CONTEXT, 1, 8192, int)
 
 
 def parameter_table() -> pd.DataFrame:
     rows = []
-    for name in PRESETS:
+    for name in MODEL_NAMES:
         s = mem.ModelShape.preset(name)
         c = mem.param_counts(s)
         rows.append({"model": name, "computed_B": c["total"] / 1e9, "published_B": s.published_params / 1e9,

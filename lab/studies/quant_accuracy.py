@@ -25,9 +25,11 @@ import copy
 import re
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from lab.eval.harness import (common_prefix, compare_logits, evaluate_model, flips, greedy_token_ids, heldout_texts,
                               pass_rates, run_sensitive)
@@ -52,7 +54,7 @@ def parse_config(name: str, symmetric: bool = False) -> QuantSpec:
 
 @dataclass
 class QuantAccuracyParams:
-    SMOKE: bool = False
+    PRESET: str = "quick"
     INTERACTIVE: bool = False
     MODEL: str = "smollm2-135m"
     METHODS: tuple = ("rtn", "gptq", "awq")
@@ -62,6 +64,7 @@ class QuantAccuracyParams:
     HELDOUT_SEQUENCES: int = 16  # perplexity and KL text (standard-library files no calibration set reads)
     HELDOUT_TOKENS: int = 512
     MAX_TOKENS: int = 64  # greedy tokens per sensitive item
+    ITEMS_PER_CATEGORY: int = 0  # sensitive items per category (long context aside); 0: all of them
     LONG_CONTEXT_ITEMS: int = 4  # ~25 s each on 2 CPU cores; 0 leaves the category out (and says so)
     LONG_CONTEXT_CONFIGS: tuple = ("w4g64", "w3g64")  # configurations whose models also run long context
     MISMATCH_METHOD: str = "gptq"
@@ -71,6 +74,18 @@ class QuantAccuracyParams:
     CHECKPOINT_CONFIG: str = "w4g64"
     N_PROMPTS: int = 6
     SEED: int = 0
+    # quick: every method at the 4-bit configuration on fewer calibration and evaluation tokens, no long
+    # context (minutes instead of 84); smoke: the tests' seconds.
+    PRESETS: ClassVar[dict] = {
+        "quick": {"CONFIGS": ("w4g64",), "LONG_CONTEXT_CONFIGS": (), "LONG_CONTEXT_ITEMS": 0,
+                  "GPTQ_CALIB": (16, 256), "AWQ_CALIB": (8, 256), "HELDOUT_SEQUENCES": 8, "HELDOUT_TOKENS": 256,
+                  "MAX_TOKENS": 32, "ITEMS_PER_CATEGORY": 6, "MISMATCH_CONFIG": "w4g64", "MISMATCH_SAMPLES": 16,
+                  "SUMMARIZATION_DOCS": 2, "N_PROMPTS": 2},
+        "smoke": {"CONFIGS": ("w4g64",), "LONG_CONTEXT_CONFIGS": (), "LONG_CONTEXT_ITEMS": 0,
+                  "GPTQ_CALIB": (4, 64), "AWQ_CALIB": (4, 64), "HELDOUT_SEQUENCES": 2, "HELDOUT_TOKENS": 64,
+                  "MAX_TOKENS": 12, "ITEMS_PER_CATEGORY": 2, "MISMATCH_CONFIG": "w4g64", "MISMATCH_SAMPLES": 8,
+                  "SUMMARIZATION_DOCS": 1, "N_PROMPTS": 2},
+    }
 
     def __post_init__(self):
         for name in ("METHODS", "CONFIGS", "LONG_CONTEXT_CONFIGS", "GPTQ_CALIB", "AWQ_CALIB"):
@@ -92,33 +107,28 @@ class QuantAccuracyParams:
                          ("MISMATCH_SAMPLES", 512), ("SUMMARIZATION_DOCS", 64), ("N_PROMPTS", 64)):
             check_range(name, getattr(self, name), 1, hi, int)
         check_range("LONG_CONTEXT_ITEMS", self.LONG_CONTEXT_ITEMS, 0, 30, int)
+        check_range("ITEMS_PER_CATEGORY", self.ITEMS_PER_CATEGORY, 0, 1000, int)
         if self.CHECKPOINT_CONFIG not in self.CONFIGS:
             raise ValueError(f"CHECKPOINT_CONFIG={self.CHECKPOINT_CONFIG!r} must be one of CONFIGS={self.CONFIGS}")
         ckpt = parse_config(self.CHECKPOINT_CONFIG)
         if ckpt.bits not in AWQ_BITS or ckpt.group_size is None:
             raise ValueError(f"CHECKPOINT_CONFIG={self.CHECKPOINT_CONFIG!r}: the checkpoint formats store "
                              f"{AWQ_BITS}-bit weights with a group size (AWQ GEMM) for every method; use e.g. w4g64")
-        if self.SMOKE:
-            self.CONFIGS, self.LONG_CONTEXT_CONFIGS = ("w4g64",), ()
-            self.GPTQ_CALIB = self.AWQ_CALIB = (4, 64)
-            self.HELDOUT_SEQUENCES, self.HELDOUT_TOKENS, self.MAX_TOKENS = 2, 64, 12
-            self.LONG_CONTEXT_ITEMS, self.MISMATCH_SAMPLES, self.SUMMARIZATION_DOCS, self.N_PROMPTS = 0, 8, 1, 2
-            self.MISMATCH_CONFIG = self.CHECKPOINT_CONFIG = "w4g64"
 
 
 # ---- inputs ---------------------------------------------------------------------------------------------
 
 
 def sensitive_items(p: QuantAccuracyParams, long_context: bool):
-    """The sensitive items every model runs (all but long context; the first two per category in SMOKE),
+    """The sensitive items every model runs (all but long context, or the first ITEMS_PER_CATEGORY of each),
     plus the first LONG_CONTEXT_ITEMS long-context items when `long_context`."""
     items = []
     for category in CATEGORIES:
         chosen = load_items((category,))
         if category == "long_context":
             chosen = chosen[:p.LONG_CONTEXT_ITEMS] if long_context else []
-        elif p.SMOKE:
-            chosen = chosen[:2]
+        elif p.ITEMS_PER_CATEGORY:
+            chosen = chosen[:p.ITEMS_PER_CATEGORY]
         items += chosen
     return items
 
@@ -211,26 +221,26 @@ def run_grid(p: QuantAccuracyParams, reference, tokenizer, log=print) -> tuple[p
              "weight_MB_fp16_rest": quantized_weight_bytes(p.MODEL, None) / 1e6, "quant_s": 0.0,
              "calib_tokens": 0, **ref_metrics}]
     kept = {}
-    for config in p.CONFIGS:
+    grid = [(config, method) for config in p.CONFIGS for method in p.METHODS]
+    for config, method in tqdm(grid, desc="quantize and evaluate"):
         spec = parse_config(config)
-        for method in p.METHODS:
-            size = p.GPTQ_CALIB if method == "gptq" else p.AWQ_CALIB
-            job = make_job(p, method, spec, size)
-            t = time.perf_counter()
-            model, codes, summary = quantize_copy(reference, tokenizer, job)
-            with_long = config in p.LONG_CONTEXT_CONFIGS and p.LONG_CONTEXT_ITEMS > 0
-            items = sensitive_items(p, long_context=with_long)
-            metrics, df = evaluate_model(model, tokenizer, reference, heldout, items, ref_df, p.MAX_TOKENS)
-            outputs[f"{method} {config}"] = df
-            rows.append({"method": method, "config": config, "bits": spec.bits, "group_size": spec.group_size,
-                         "weight_MB_fp16_rest": quantized_weight_bytes(p.MODEL, spec) / 1e6,
-                         "quant_s": summary["quantization_seconds"], "calib_tokens": summary["calibration_tokens"],
-                         **metrics})
-            if config == p.CHECKPOINT_CONFIG:
-                kept[(method, config)] = (model, codes, job)
-            log(f"{method:4s} {config:6s} quant {summary['quantization_seconds']:6.1f} s, ppl "
-                f"{metrics['perplexity']:.2f}, KL {metrics['kl_mean']:.3f}, top-1 {metrics['top1_agreement']:.3f}, "
-                f"sensitive {metrics['pass_all']:.2f} ({time.perf_counter() - t:.0f} s)")
+        size = p.GPTQ_CALIB if method == "gptq" else p.AWQ_CALIB
+        job = make_job(p, method, spec, size)
+        t = time.perf_counter()
+        model, codes, summary = quantize_copy(reference, tokenizer, job)
+        with_long = config in p.LONG_CONTEXT_CONFIGS and p.LONG_CONTEXT_ITEMS > 0
+        items = sensitive_items(p, long_context=with_long)
+        metrics, df = evaluate_model(model, tokenizer, reference, heldout, items, ref_df, p.MAX_TOKENS)
+        outputs[f"{method} {config}"] = df
+        rows.append({"method": method, "config": config, "bits": spec.bits, "group_size": spec.group_size,
+                     "weight_MB_fp16_rest": quantized_weight_bytes(p.MODEL, spec) / 1e6,
+                     "quant_s": summary["quantization_seconds"], "calib_tokens": summary["calibration_tokens"],
+                     **metrics})
+        if config == p.CHECKPOINT_CONFIG:
+            kept[(method, config)] = (model, codes, job)
+        log(f"{method:4s} {config:6s} quant {summary['quantization_seconds']:6.1f} s, ppl "
+            f"{metrics['perplexity']:.2f}, KL {metrics['kl_mean']:.3f}, top-1 {metrics['top1_agreement']:.3f}, "
+            f"sensitive {metrics['pass_all']:.2f} ({time.perf_counter() - t:.0f} s)")
     return pd.DataFrame(rows), kept, outputs
 
 
@@ -291,7 +301,7 @@ def run_mismatch(p: QuantAccuracyParams, reference, tokenizer, ref_sensitive: pd
     items = sensitive_items(p, long_context=p.LONG_CONTEXT_ITEMS > 0)
     ref_df = ref_sensitive[ref_sensitive["id"].isin([it.id for it in items])]
     rows = []
-    for mix, ds in sets.items():
+    for mix, ds in tqdm(sets.items(), desc="calibration mixes"):
         job = make_job(p, p.MISMATCH_METHOD, spec, (p.MISMATCH_SAMPLES, 512), mix=mix, packed=False)
         model, _, summary = quantize_copy(reference, tokenizer, job)
         row = {"calibration": mix, "method": p.MISMATCH_METHOD, "config": p.MISMATCH_CONFIG,
@@ -330,7 +340,7 @@ def checkpoint_outputs(kept: dict, reference, tokenizer, prompts: list[str], max
     rows = [{"prompt": i, "model": "unquantized", "output": tokenizer.decode(t), "same_as_unquantized": True,
              "same_as_in_memory": True} for i, t in enumerate(ref_out)]
     sizes = []
-    for (method, config), (model, codes, job) in kept.items():
+    for (method, config), (model, codes, job) in tqdm(kept.items(), desc="checkpoints"):
         out_dir = Path(out_root) / f"{method}-{config}"
         save_quantized(model, codes, job.spec(), checkpoint_format(job), out_dir, tokenizer=tokenizer)
         loaded, _ = load_quantized(out_dir, dtype=torch.float32, device="cpu")

@@ -11,9 +11,11 @@ numbers recomputed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from lab.claims import verdict
 from lab.hardware import GPUS, Hardware
@@ -28,8 +30,10 @@ ATTENTION = {"llama-2-7b": "MHA", "deepseek-v3": "MLA"}  # the rest are GQA
 
 @dataclass
 class ReplayParams:
-    SMOKE: bool = False
+    PRESET: str = "quick"
     INTERACTIVE: bool = False
+    LOSSLESS_MODEL: str = "smollm2-135m"  # the replay = no-replay check, in float32
+    LOSSLESS_TOKENS: int = 32
     MODELS: tuple = ("smollm2-135m", "random:smollm2-360m")  # measured on the engine
     PREFIXES: tuple = (1024, 2048, 4096, 7680)  # M: cached tokens before the window
     WINDOWS: tuple = (16, 32, 64, 128, 256, 512)  # W
@@ -39,6 +43,13 @@ class ReplayParams:
     PD_WINDOW: int = 64
     PD_PREFIX: int = 32768
     DTYPE: str = "auto"  # of the timed models: the serving dtype (the lossless check runs in float32)
+    PROBE_SECONDS: float = 6.0  # this machine's ceilings in DTYPE
+    PRESETS: ClassVar[dict] = {
+        "quick": {"MODELS": ("smollm2-135m",), "PREFIXES": (1024, 4096), "WINDOWS": (16, 64, 256), "REPEATS": 2,
+                  "PROBE_SECONDS": 4.0},
+        "smoke": {"LOSSLESS_MODEL": "random:tiny", "LOSSLESS_TOKENS": 8, "MODELS": ("random:tiny",),
+                  "PREFIXES": (64, 128), "WINDOWS": (16, 32), "REPEATS": 1, "PROBE_SECONDS": 2.0},
+    }
 
     def __post_init__(self):
         check_dtype("DTYPE", self.DTYPE)
@@ -47,12 +58,12 @@ class ReplayParams:
                                                                                              "WINDOWS"))
         check_choice("HARDWARE", self.HARDWARE, sorted(GPUS))
         check_range("REPEATS", self.REPEATS, 1, 100, int)
+        check_range("LOSSLESS_TOKENS", self.LOSSLESS_TOKENS, 1, 200, int)
+        check_range("PROBE_SECONDS", self.PROBE_SECONDS, 0.5, 60)
         check_range("EFFICIENCY", self.EFFICIENCY, 0.01, 1.0)
         for name in ("PREFIXES", "WINDOWS"):
             for v in getattr(self, name):
                 check_range(name, v, 1, 1 << 20, int)
-        if self.SMOKE:
-            self.MODELS, self.PREFIXES, self.WINDOWS, self.REPEATS = ("random:tiny",), (64, 128), (16, 32), 1
 
 
 def cost_table(window: int, prefix: int, hw: Hardware, efficiency: float) -> pd.DataFrame:
@@ -128,22 +139,21 @@ def measure(p: ReplayParams, machine: Hardware) -> pd.DataFrame:
         # What a forward costs beyond its roofline (Python, launches, small-matrix inefficiency), measured once
         # on a one-token forward and added to every prediction.
         overhead = max(0.0, bench.seconds(min(p.PREFIXES), 1, p.REPEATS) - roofline(min(p.PREFIXES), 1)[1])
-        for m in p.PREFIXES:
-            for w in p.WINDOWS:
-                cost, bound = roofline(m, w)
-                seconds = bench.seconds(m, w, p.REPEATS)
-                kv = bench.kv_bytes(w)
-                predicted = bound + overhead
-                row = {"model": name, "prefix": m, "window": w, "kv_bytes": kv, "recompute_s": seconds,
-                       "achieved_GFLOPs": cost.recompute_flops / seconds / 1e9,
-                       "roofline_bound_s": bound, "overhead_s": overhead, "predicted_roofline_s": predicted,
-                       "predicted_article_s": cost.recompute_flops / (p.EFFICIENCY * machine.peak_flops),
-                       "measured_crossover_GBps": kv / seconds / 1e9,
-                       "predicted_crossover_GBps": kv / predicted / 1e9}
-                row["hcache_restore_s"] = hcache[w]
-                for t in loads[w]:
-                    row[f"load {t.what} s"] = t.seconds
-                rows.append(row)
+        for m, w in tqdm([(m, w) for m in p.PREFIXES for w in p.WINDOWS], desc=f"{name}: prefix x window"):
+            cost, bound = roofline(m, w)
+            seconds = bench.seconds(m, w, p.REPEATS)
+            kv = bench.kv_bytes(w)
+            predicted = bound + overhead
+            row = {"model": name, "prefix": m, "window": w, "kv_bytes": kv, "recompute_s": seconds,
+                   "achieved_GFLOPs": cost.recompute_flops / seconds / 1e9,
+                   "roofline_bound_s": bound, "overhead_s": overhead, "predicted_roofline_s": predicted,
+                   "predicted_article_s": cost.recompute_flops / (p.EFFICIENCY * machine.peak_flops),
+                   "measured_crossover_GBps": kv / seconds / 1e9,
+                   "predicted_crossover_GBps": kv / predicted / 1e9}
+            row["hcache_restore_s"] = hcache[w]
+            for t in loads[w]:
+                row[f"load {t.what} s"] = t.seconds
+            rows.append(row)
         del llm, bench, model
     df = pd.DataFrame(rows)
     df["roofline_error"] = df["predicted_roofline_s"] / df["recompute_s"] - 1

@@ -26,8 +26,10 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import pandas as pd
+from tqdm.auto import tqdm
 
 from lab.bench.serve import LengthDist, LoadConfig, LoadReport, run_load_sync
 from lab.engine import LLM
@@ -37,7 +39,7 @@ from lab.serve import ServerThread
 
 @dataclass
 class ServingParams:
-    SMOKE: bool = False
+    PRESET: str = "quick"
     INTERACTIVE: bool = False
     INPUT_LEN: tuple = (64, 192, 512)  # P50, P90, P99 of the log-normal prompt length (tokens)
     OUTPUT_LEN: tuple = (32, 64, 128)  # P50, P90, P99 of the output length
@@ -57,6 +59,15 @@ class ServingParams:
     DURATION: float = 180.0  # bound on each load run (seconds)
     SEED: int = 0
     DTYPE: str = "auto"  # the served model's: the serving dtype
+    COLD_START_TOKENS: int = 128  # the cold-start request's output
+    # quick: a ramp to 16 in flight with fewer requests a level, three batch sizes (minutes); smoke: seconds.
+    PRESETS: ClassVar[dict] = {
+        "quick": {"CONCURRENCY": (1, 2, 4, 8, 16), "REQUESTS_PER_LEVEL": 16, "BATCH_SIZES": (1, 4, 16),
+                  "DURATION": 90.0, "COLD_START_TOKENS": 64},
+        "smoke": {"INPUT_LEN": (16, 32, 48), "OUTPUT_LEN": (4, 6, 8), "CONCURRENCY": (1, 2), "REQUESTS_PER_LEVEL": 4,
+                  "BATCH_SIZES": (1, 2), "LONG_PROMPT": 256, "CHUNK_TOKENS": 64, "SYSTEM_PROMPT": 64,
+                  "MAX_MODEL_LEN": 512, "DURATION": 60.0, "KV_BLOCKS": 128, "COLD_START_TOKENS": 16},
+    }
 
     def __post_init__(self):
         check_dtype("DTYPE", self.DTYPE)
@@ -78,11 +89,8 @@ class ServingParams:
                     self.MAX_MODEL_LEN - self.INPUT_LEN[2] - self.OUTPUT_LEN[2], int)
         check_range("CHUNK_TOKENS", self.CHUNK_TOKENS, 16, self.MAX_MODEL_LEN, int)
         check_range("DURATION", self.DURATION, 1.0, 3600.0)
+        check_range("COLD_START_TOKENS", self.COLD_START_TOKENS, 1, self.MAX_MODEL_LEN, int)
         check_range("KV_BLOCKS", self.KV_BLOCKS, -(-self.MAX_MODEL_LEN // 16), 1 << 20, int)
-        if self.SMOKE:
-            self.INPUT_LEN, self.OUTPUT_LEN, self.CONCURRENCY, self.REQUESTS_PER_LEVEL = (16, 32, 48), (4, 6, 8), (1, 2), 4
-            self.BATCH_SIZES, self.LONG_PROMPT, self.CHUNK_TOKENS, self.SYSTEM_PROMPT = (1, 2), 256, 64, 64
-            self.MAX_MODEL_LEN, self.DURATION, self.KV_BLOCKS = 512, 60.0, 128
 
 
 def load_config(p: ServingParams, **overrides) -> LoadConfig:
@@ -121,7 +129,7 @@ def closed_loop(p: ServingParams, model, tokenizer, concurrency: int) -> LoadRep
 
 def ramp(p: ServingParams, model, tokenizer, log=print) -> tuple[pd.DataFrame, dict[int, LoadReport]]:
     rows, reports = [], {}
-    for c in p.CONCURRENCY:
+    for c in tqdm(p.CONCURRENCY, desc="concurrency ramp"):
         reports[c] = closed_loop(p, model, tokenizer, c)
         rows.append(_row({"concurrency": c}, reports[c]))
         log(f"concurrency {c}: {rows[-1]['output_throughput']:.1f} tok/s, TPOT p99 {rows[-1]['tpot_p99']:.3f} s")
@@ -148,7 +156,7 @@ def batch_sweep(p: ServingParams, model, tokenizer, rate: float, log=print) -> t
     """Open-loop Poisson load at `rate` requests/s against max_num_seqs = each of BATCH_SIZES; the article's
     rule picks the largest batch before the first step with TTFT +20% and throughput +<10%."""
     rows = []
-    for b in p.BATCH_SIZES:
+    for b in tqdm(p.BATCH_SIZES, desc="batch sizes"):
         cfg = load_config(p, num_requests=max(p.REQUESTS_PER_LEVEL, 2 * b), rate=rate)
         rows.append(_row({"max_num_seqs": b, "rate": rate}, serve_and_load(model, tokenizer,
                                                                            _engine(p, max_num_seqs=b), cfg)))
@@ -174,7 +182,7 @@ def chunked_prefill(p: ServingParams, model, tokenizer, concurrency: int) -> tup
     n = max(p.REQUESTS_PER_LEVEL, 2 * concurrency)
     long_every = max(1, round(1 / p.LONG_SHARE)) if p.LONG_SHARE else 0
     rows, reports = [], {}
-    for chunked in (True, False):
+    for chunked in tqdm((True, False), desc="chunked prefill on/off"):
         engine = _engine(p, enable_chunked_prefill=chunked,
                          max_num_batched_tokens=p.CHUNK_TOKENS if chunked else p.MAX_MODEL_LEN)
         cfg = load_config(p, num_requests=n, max_concurrency=concurrency, long_prompt_every=long_every,
@@ -187,7 +195,7 @@ def chunked_prefill(p: ServingParams, model, tokenizer, concurrency: int) -> tup
 
 def prefix_caching(p: ServingParams, model, tokenizer, concurrency: int) -> tuple[pd.DataFrame, dict]:
     rows, reports = [], {}
-    for cached in (True, False):
+    for cached in tqdm((True, False), desc="prefix caching on/off"):
         cfg = load_config(p, max_concurrency=concurrency, system_prompt_tokens=p.SYSTEM_PROMPT)
         reports[cached] = serve_and_load(model, tokenizer, _engine(p, enable_prefix_caching=cached), cfg)
         hit = max((s.get("lab_prefix_cache_hit_rate", 0.0) for s in reports[cached].scrapes), default=float("nan"))

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import pandas as pd
+from tqdm.auto import tqdm
 
 from lab.engine import LLM, SamplingParams
 from lab.quant.calibration import SPEC_BENCH_PATH, chat_token_ids
@@ -38,7 +40,7 @@ MAX_MODEL_LEN = 4096
 
 @dataclass
 class SpecParams:
-    SMOKE: bool = False
+    PRESET: str = "quick"
     INTERACTIVE: bool = False
     DATA: str = ""  # "": the lab's prompt set (calibration_data/spec_prompts.jsonl); else a JSONL path
     PER_CATEGORY: int = 5
@@ -56,6 +58,14 @@ class SpecParams:
     SPEC_BENCH_DRAFTERS: tuple = ("ngram", "quantized")
     REPEATS: int = 5  # timing repeats of the step-cost forwards
     DTYPE: str = "auto"  # the target's: the serving dtype, as a deployment would run it
+    # quick: fewer prompts a category and a shorter k sweep (minutes); smoke: the tests' seconds.
+    PRESETS: ClassVar[dict] = {
+        "quick": {"PER_CATEGORY": 3, "MAX_TOKENS": 48, "K_SWEEP": (1, 2, 4), "SWEEP_PER_CATEGORY": 1,
+                  "SPEC_BENCH_PER_CATEGORY": 1, "REPEATS": 3},
+        "smoke": {"PER_CATEGORY": 1, "MAX_TOKENS": 8, "K": 2, "K_SWEEP": (1, 2), "SWEEP_PER_CATEGORY": 1,
+                  "SWEEP_DRAFTERS": ("ngram",), "SPEC_BENCH_DRAFTERS": ("ngram",), "SPEC_BENCH_PER_CATEGORY": 1,
+                  "REPEATS": 1},
+    }
 
     def __post_init__(self):
         check_dtype("DTYPE", self.DTYPE)
@@ -76,10 +86,6 @@ class SpecParams:
         check_choice("DRAFT_BITS", self.DRAFT_BITS, (2, 3, 4, 8))
         check_range("THRESHOLD", self.THRESHOLD, 0.0, 1.0)
         check_range("REPEATS", self.REPEATS, 1, 100, int)
-        if self.SMOKE:
-            self.PER_CATEGORY, self.MAX_TOKENS, self.K, self.K_SWEEP, self.SWEEP_PER_CATEGORY = 1, 8, 2, (1, 2), 1
-            self.SWEEP_DRAFTERS, self.SPEC_BENCH_DRAFTERS = self.SWEEP_DRAFTERS[:1], self.SPEC_BENCH_DRAFTERS[:1]
-            self.SPEC_BENCH_PER_CATEGORY, self.REPEATS = min(self.SPEC_BENCH_PER_CATEGORY, 1), 1
 
 
 def task_prompts(p: SpecParams, per_category: int | None = None) -> list[TaskPrompt]:
@@ -214,7 +220,7 @@ def study(p: SpecParams, model, tokenizer, prompts: list[TaskPrompt], drafters, 
     plain = run_requests(plain_llm, prompts, ids, p.MAX_TOKENS)
     log(f"plain: {len(prompts)} requests in {time.perf_counter() - t:.1f} s")
     tables, requests, costs = [], [plain.assign(drafter="plain", k=0)], {}
-    for drafter in drafters:
+    for drafter in tqdm(drafters, desc=f"drafters, k={k}"):
         llm = _engine(model, tokenizer, spec_config(drafter, k, p, drafts))
         t = time.perf_counter()
         spec = run_requests(llm, prompts, ids, p.MAX_TOKENS)
@@ -231,12 +237,11 @@ def k_sweep(p: SpecParams, model, tokenizer, drafts: dict, log=print) -> pd.Data
     ids, context = _token_ids(tokenizer, prompts, p.MAX_TOKENS)
     plain = run_requests(_engine(model, tokenizer), prompts, ids, p.MAX_TOKENS)
     tables = []
-    for drafter in p.SWEEP_DRAFTERS:
-        for k in p.K_SWEEP:
-            llm = _engine(model, tokenizer, spec_config(drafter, k, p, drafts))
-            spec = run_requests(llm, prompts, ids, p.MAX_TOKENS)
-            tables.append(summarize(drafter, k, spec, plain, step_costs(llm, context, range(1, k + 1), p.REPEATS)))
-            log(f"sweep {drafter} k={k} done")
+    for drafter, k in tqdm([(d, k) for d in p.SWEEP_DRAFTERS for k in p.K_SWEEP], desc="k sweep"):
+        llm = _engine(model, tokenizer, spec_config(drafter, k, p, drafts))
+        spec = run_requests(llm, prompts, ids, p.MAX_TOKENS)
+        tables.append(summarize(drafter, k, spec, plain, step_costs(llm, context, range(1, k + 1), p.REPEATS)))
+        log(f"sweep {drafter} k={k} done")
     return pd.concat(tables, ignore_index=True)
 
 
