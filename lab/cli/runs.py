@@ -37,17 +37,18 @@ def _run(args) -> int:
                disable=len(names) == 1, file=sys.stderr)
     for i, name in enumerate(names, start=1):
         eta = f" (its last run took {before[name] / 60:.1f} min)" if name in before else ""
-        print(f"[{i}/{len(names)}] running {name}{eta} ...", flush=True)
+        bar.write(f"[{i}/{len(names)}] running {name}{eta} ...", file=sys.stdout)
         start = time.perf_counter()
         try:
-            print(run_notebook(name, params, root=args.results_dir, log_output=args.log_output))
+            bar.write(str(run_notebook(name, params, root=args.results_dir, log_output=args.log_output)),
+                      file=sys.stdout)
         except ValueError:
             raise
         except Exception as e:  # a failing cell: report it, keep running the other notebooks
-            print(f"{name} FAILED: {type(e).__name__}: {str(e)[-500:]}", file=sys.stderr)
+            bar.write(f"{name} FAILED: {type(e).__name__}: {str(e)[-500:]}", file=sys.stderr)
             failed.append(name)
         took[name] = time.perf_counter() - start
-        print(f"{name} {'failed' if name in failed else 'done'} in {took[name] / 60:.1f} min", flush=True)
+        bar.write(f"{name} {'failed' if name in failed else 'done'} in {took[name] / 60:.1f} min", file=sys.stdout)
         bar.update(round(before.get(name, 60.0)))
     bar.close()
     if len(names) > 1:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from lab.runs import PRESETS
+
 
 def _sweep(args) -> int:
     from lab.sweep import SweepOptions, build_spec, run_sweep
@@ -28,7 +30,7 @@ def add_sweep(sub) -> None:
                     help="a parameter's values, comma-separated (each a Python literal, else a string; commas inside "
                          "brackets or quotes do not split: '(1,2),(3,4)' is two values); one value fixes it; "
                          "repeatable: the grid is every combination")
-    sw.add_argument("--preset", default=None, help="the notebook's PRESET parameter for every point: quick, reference "
+    sw.add_argument("--preset", default=None, choices=PRESETS, help="the notebook's PRESET parameter for every point: quick, reference "
                                                    "or smoke; a -p value beats the preset's")
     sw.add_argument("--address", default=None, help="a Ray cluster to run on (e.g. ray://head:10001 or auto); "
                                                     "default: a local Ray started for this sweep")

@@ -79,7 +79,7 @@ class QuantAccuracyParams:
     PRESETS: ClassVar[dict] = {
         "quick": {"CONFIGS": ("w4g64",), "LONG_CONTEXT_CONFIGS": (), "LONG_CONTEXT_ITEMS": 0,
                   "GPTQ_CALIB": (16, 256), "AWQ_CALIB": (8, 256), "HELDOUT_SEQUENCES": 8, "HELDOUT_TOKENS": 256,
-                  "MAX_TOKENS": 32, "ITEMS_PER_CATEGORY": 6, "MISMATCH_CONFIG": "w4g64", "MISMATCH_SAMPLES": 16,
+                  "MAX_TOKENS": 32, "ITEMS_PER_CATEGORY": 6, "MISMATCH_CONFIG": "w4g64", "MISMATCH_SAMPLES": 8,
                   "SUMMARIZATION_DOCS": 2, "N_PROMPTS": 2},
         "smoke": {"CONFIGS": ("w4g64",), "LONG_CONTEXT_CONFIGS": (), "LONG_CONTEXT_ITEMS": 0,
                   "GPTQ_CALIB": (4, 64), "AWQ_CALIB": (4, 64), "HELDOUT_SEQUENCES": 2, "HELDOUT_TOKENS": 64,

@@ -62,7 +62,7 @@ class ServingParams:
     COLD_START_TOKENS: int = 128  # the cold-start request's output
     # quick: a ramp to 16 in flight with fewer requests a level, three batch sizes (minutes); smoke: seconds.
     PRESETS: ClassVar[dict] = {
-        "quick": {"CONCURRENCY": (1, 2, 4, 8, 16), "REQUESTS_PER_LEVEL": 16, "BATCH_SIZES": (1, 4, 16),
+        "quick": {"CONCURRENCY": (1, 2, 4, 8, 16), "REQUESTS_PER_LEVEL": 12, "BATCH_SIZES": (1, 4, 16),
                   "DURATION": 90.0, "COLD_START_TOKENS": 64},
         "smoke": {"INPUT_LEN": (16, 32, 48), "OUTPUT_LEN": (4, 6, 8), "CONCURRENCY": (1, 2), "REQUESTS_PER_LEVEL": 4,
                   "BATCH_SIZES": (1, 2), "LONG_PROMPT": 256, "CHUNK_TOKENS": 64, "SYSTEM_PROMPT": 64,

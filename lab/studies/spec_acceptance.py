@@ -60,7 +60,7 @@ class SpecParams:
     DTYPE: str = "auto"  # the target's: the serving dtype, as a deployment would run it
     # quick: fewer prompts a category and a shorter k sweep (minutes); smoke: the tests' seconds.
     PRESETS: ClassVar[dict] = {
-        "quick": {"PER_CATEGORY": 3, "MAX_TOKENS": 48, "K_SWEEP": (1, 2, 4), "SWEEP_PER_CATEGORY": 1,
+        "quick": {"PER_CATEGORY": 2, "MAX_TOKENS": 48, "K_SWEEP": (1, 2, 4), "SWEEP_PER_CATEGORY": 1,
                   "SPEC_BENCH_PER_CATEGORY": 1, "REPEATS": 3},
         "smoke": {"PER_CATEGORY": 1, "MAX_TOKENS": 8, "K": 2, "K_SWEEP": (1, 2), "SWEEP_PER_CATEGORY": 1,
                   "SWEEP_DRAFTERS": ("ngram",), "SPEC_BENCH_DRAFTERS": ("ngram",), "SPEC_BENCH_PER_CATEGORY": 1,

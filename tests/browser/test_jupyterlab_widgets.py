@@ -74,16 +74,14 @@ def _wait_for(step: str, check, timeout: float, detail=lambda: "", interval: flo
 
 def _prepare_notebook(root: Path) -> Path:
     """The study notebook, copied into `root` with its parameters injected (not executed): a new cell after
-    the `parameters` cell, as papermill would add it. Smoke size by PRESET where the notebook has one,
-    else by the older SMOKE flag."""
+    the `parameters` cell, as papermill would add it, at the smoke preset with the widgets on."""
     import nbformat
 
     from lab.run_notebook import NOTEBOOKS_DIR, declared_parameters
 
     source = NOTEBOOKS_DIR / f"{NOTEBOOK}.ipynb"
     declared = declared_parameters(source)
-    params = {"PRESET": "smoke"} if "PRESET" in declared else {"SMOKE": True}
-    params["INTERACTIVE"] = True
+    params = {"PRESET": "smoke", "INTERACTIVE": True}
     assert set(params) <= set(declared), f"{NOTEBOOK} no longer declares {sorted(set(params) - set(declared))}"
     nb = nbformat.read(source, as_version=4)
     first = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
