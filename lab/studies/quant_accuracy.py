@@ -76,15 +76,13 @@ class QuantAccuracyParams:
     SEED: int = 0
     # quick: every method at the 4-bit configuration on fewer calibration and evaluation tokens, no long
     # context (minutes instead of 84); smoke: the tests' seconds.
+    _FEWER = {"CONFIGS": ("w4g64",), "LONG_CONTEXT_CONFIGS": (), "LONG_CONTEXT_ITEMS": 0, "MISMATCH_CONFIG": "w4g64",
+              "MISMATCH_SAMPLES": 8, "N_PROMPTS": 2}
     PRESETS: ClassVar[dict] = {
-        "quick": {"CONFIGS": ("w4g64",), "LONG_CONTEXT_CONFIGS": (), "LONG_CONTEXT_ITEMS": 0,
-                  "GPTQ_CALIB": (16, 256), "AWQ_CALIB": (8, 256), "HELDOUT_SEQUENCES": 8, "HELDOUT_TOKENS": 256,
-                  "MAX_TOKENS": 32, "ITEMS_PER_CATEGORY": 6, "MISMATCH_CONFIG": "w4g64", "MISMATCH_SAMPLES": 8,
-                  "SUMMARIZATION_DOCS": 2, "N_PROMPTS": 2},
-        "smoke": {"CONFIGS": ("w4g64",), "LONG_CONTEXT_CONFIGS": (), "LONG_CONTEXT_ITEMS": 0,
-                  "GPTQ_CALIB": (4, 64), "AWQ_CALIB": (4, 64), "HELDOUT_SEQUENCES": 2, "HELDOUT_TOKENS": 64,
-                  "MAX_TOKENS": 12, "ITEMS_PER_CATEGORY": 2, "MISMATCH_CONFIG": "w4g64", "MISMATCH_SAMPLES": 8,
-                  "SUMMARIZATION_DOCS": 1, "N_PROMPTS": 2},
+        "quick": _FEWER | {"GPTQ_CALIB": (16, 256), "AWQ_CALIB": (8, 256), "HELDOUT_SEQUENCES": 8,
+                           "HELDOUT_TOKENS": 256, "MAX_TOKENS": 32, "ITEMS_PER_CATEGORY": 6, "SUMMARIZATION_DOCS": 2},
+        "smoke": _FEWER | {"GPTQ_CALIB": (4, 64), "AWQ_CALIB": (4, 64), "HELDOUT_SEQUENCES": 2, "HELDOUT_TOKENS": 64,
+                           "MAX_TOKENS": 12, "ITEMS_PER_CATEGORY": 2, "SUMMARIZATION_DOCS": 1},
     }
 
     def __post_init__(self):
