@@ -3,7 +3,10 @@ prefix caching, preemption by recompute; features plug in as extensions. Start a
 
 from .config import EngineConfig
 from .extension import EngineExtension
+from .grammar import StructuredOutputsParams
 from .llm import LLM
 from .request import RequestMetrics, RequestOutput, SamplingParams
+from .structured import StructuredOutputsConfig
 
-__all__ = ["LLM", "EngineConfig", "EngineExtension", "RequestMetrics", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "EngineConfig", "EngineExtension", "RequestMetrics", "RequestOutput", "SamplingParams",
+           "StructuredOutputsConfig", "StructuredOutputsParams"]

@@ -4,8 +4,8 @@
 `block_size`, `max_model_len`, `max_num_seqs`, `max_num_batched_tokens`, `enable_prefix_caching`,
 `enable_chunked_prefill`, `kv_cache_dtype`), so a vLLM user's keyword arguments mean the same here. Checks
 that need no model run in `__post_init__`; those that need the loaded model (its window, its rotary table) in
-`check_model`. Features (`speculative`, `replay`, `extensions`) are `lab.engine.extension.ExtensionConfig`s:
-the engine builds them and knows nothing else about them.
+`check_model`. Features (`speculative`, `replay`, `structured_outputs`, `extensions`) are
+`lab.engine.extension.ExtensionConfig`s: the engine builds them and knows nothing else about them.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import torch
 
 from lab.models.loader import DTYPES, parse_dtype
 from lab.quant.kv import KVCacheFormat, parse_kv_cache_dtype
+
+from .structured import StructuredOutputsConfig
 
 __all__ = ["ATTENTION_BACKENDS", "DTYPES", "EngineConfig", "parse_dtype"]
 
@@ -51,6 +53,8 @@ class EngineConfig:
     kv_scales: object = None
     speculative: object = None  # lab.spec.SpeculativeConfig
     replay: object = None  # lab.replay.ReplayConfig
+    # grammar-constrained decoding for requests that ask for it (SamplingParams.structured_outputs); always built
+    structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     extensions: list = field(default_factory=list)  # any further ExtensionConfigs, built in this order
 
     def __post_init__(self):
@@ -72,13 +76,15 @@ class EngineConfig:
                 f"without chunked prefill a whole prompt must fit one step: max_num_batched_tokens "
                 f"{self.max_num_batched_tokens} < max_model_len {self.max_model_len}"
             )
+        if not isinstance(self.structured_outputs, StructuredOutputsConfig):
+            raise ValueError(f"structured_outputs must be a StructuredOutputsConfig, got {self.structured_outputs!r}")
         for ext in self.extension_configs:
             if not callable(getattr(ext, "build", None)):
                 raise ValueError(f"{ext!r} is not an engine extension config (it has no build(engine) method)")
 
     @property
     def extension_configs(self) -> list:
-        return [e for e in (self.replay, self.speculative, *self.extensions) if e is not None]
+        return [e for e in (self.replay, self.speculative, self.structured_outputs, *self.extensions) if e is not None]
 
     def check_model(self, model) -> None:
         """The options against the loaded model."""

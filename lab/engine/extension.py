@@ -1,10 +1,15 @@
-"""Engine extensions: how a feature (speculative decoding, replay, ...) plugs into the step loop.
+"""Engine extensions: how a feature (speculative decoding, replay, structured output, ...) plugs into the step
+loop.
 
 The engine owns a small set of hooks and calls every extension at each of them; a feature is a module that
 implements them, never a branch in `LLM.step` (vLLM v1 keeps speculative decoding and structured output out
 of its core loop the same way; `transformers` applies each sampling-time feature as a `LogitsProcessor`).
 The engine imports no feature: an option such as `LLM(speculative=SpeculativeConfig(...))` is an
 `ExtensionConfig`, whose `build(engine)` returns the extension.
+
+Before any step, `check_request(seq)` runs as a request is validated (`LLM.make_sequence`, before it is queued;
+in a server, on the event loop's thread): a ValueError refuses the request alone; an extension may attach its
+per-request state to the sequence (structured output's grammar matcher).
 
 One step, in order (`lab.engine.llm.LLM.step`):
 
@@ -14,9 +19,14 @@ One step, in order (`lab.engine.llm.LLM.step`):
 3. `after_schedule(engine, scheduled) -> {request id: extra logit rows}`: undo what was not scheduled, and
    ask for the logits of more than the last row of a sequence (its drafts);
 4. the model runner runs the forward and returns the logits the step needs (`ModelOutput`);
-5. `process_logits(seq, logits) -> tokens | None`: an extension may take over a sequence whose step reached its
-   end (verification: accept drafts, roll back, return the tokens to emit); the engine samples the others;
-6. the engine appends the emitted tokens, hashes the full blocks, and finishes what stopped;
+5. `mask_logits(seq, logits)`: every extension may mask, in place, the rows of a sequence whose step reached
+   its end, before anything samples from them (structured output's grammar); with d drafts there are d + 1
+   rows, and row j predicts the token after draft j - 1 (row 0: after the last verified token);
+   `process_logits(seq, logits) -> tokens | None`: an extension may take over such a sequence
+   (verification: accept drafts, roll back, return the tokens to emit); the engine samples the others;
+6. the engine appends the emitted tokens, calling `on_token(seq, token) -> finish reason | None` after each (an
+   extension may end the request there: a grammar that is complete), hashes the full blocks, and finishes what
+   stopped;
 7. `on_finish(seq)`: for every request that finished *or was aborted* (the engine calls it from the one
    place that ends requests, so no extension can miss one);
 8. `after_step(engine)`: bookkeeping once the step's tokens are in.
@@ -43,14 +53,24 @@ class EngineExtension:
     name = "extension"
     rewinds = False  # moves num_computed_tokens backwards (see the module docstring)
 
+    def check_request(self, seq: Sequence) -> None:
+        """Validate a new request (ValueError refuses it) and attach per-request state; nothing is queued yet."""
+
     def before_schedule(self, engine: LLM) -> None:
         pass
 
     def after_schedule(self, engine: LLM, scheduled: list[tuple[Sequence, int]]) -> dict[int, int]:
         return {}
 
+    def mask_logits(self, seq: Sequence, logits: torch.Tensor) -> None:
+        """Change `logits` [1 + extra rows, vocab] in place before they are sampled or verified."""
+
     def process_logits(self, seq: Sequence, logits: torch.Tensor) -> list[int] | None:
         """`logits` [1 + extra rows, vocab] of the sequence's last positions this step."""
+        return None
+
+    def on_token(self, seq: Sequence, token: int) -> str | None:
+        """`token` was just appended to `seq`; a finish reason ends the request there."""
         return None
 
     def on_finish(self, seq: Sequence) -> None:

@@ -8,8 +8,8 @@ attention_backend="triton" `TritonPagedAttention.attend` (`lab.engine.triton_att
 `lab.kernels.paged_attention`) -> tokens are sampled (`lab.engine.request.sample`), appended, full blocks
 hashed for the prefix cache, finished sequences free their blocks.
 
-Features plug in through `lab.engine.extension` (speculative decoding, replay): `step` calls their hooks and
-has no branch of its own for any of them.
+Features plug in through `lab.engine.extension` (speculative decoding, replay, structured output): `step` calls
+their hooks and has no branch of its own for any of them.
 """
 
 from __future__ import annotations
@@ -136,7 +136,10 @@ class LLM:
         if need > self.block_manager.num_blocks:
             raise ValueError(f"the request needs {need} KV blocks ({len(ids)} + {params.max_tokens} tokens) but the "
                              f"whole pool has {self.block_manager.num_blocks} blocks of {c.block_size} tokens")
-        return Sequence(ids, params, salt)
+        seq = Sequence(ids, params, salt)
+        for ext in self.extensions.values():
+            ext.check_request(seq)  # a grammar is compiled here, so a bad one is refused at the door
+        return seq
 
     def abort(self, request_id: int) -> None:
         seq = self.sequences.pop(request_id, None)
@@ -211,6 +214,8 @@ class LLM:
             if rows is None:
                 continue
             for ext in self.extensions.values():
+                ext.mask_logits(seq, output.logits[rows])  # in place: a view of the step's logits
+            for ext in self.extensions.values():
                 if (tokens := ext.process_logits(seq, output.logits[rows])) is not None:
                     emitted[seq.request_id] = tokens
                     if seq.logprobs is not None:  # the j-th verified token was chosen at the j-th row
@@ -272,7 +277,9 @@ class LLM:
             ext.on_finish(seq)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        p = seq.params
+        p, ended = seq.params, [r for ext in self.extensions.values() if (r := ext.on_token(seq, token))]
+        if ended:
+            return ended[0]
         if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
             return "stop"
         if p.stop and (cut := self._stop_string_cut(seq)) is not None:

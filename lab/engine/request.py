@@ -5,7 +5,9 @@ token is drawn.
   (Holtzman et al., "The Curious Case of Neural Text Degeneration", 2020): keep the smallest set of most likely
   tokens whose probability reaches p. A request with a `seed` owns a `torch.Generator`, so its sampled tokens
   do not depend on what else is in the batch. `sample` draws a step's tokens; `probabilities` is the
-  distribution it draws from (speculative verification compares drafts against it).
+  distribution it draws from (speculative verification compares drafts against it). `structured_outputs`
+  constrains the output to a grammar (`lab.engine.grammar`), whose mask is applied before either
+  (`lab.engine.structured`).
 - `Sequence`: its tokens, how many have KV in the cache, its blocks. One number drives scheduling (the vLLM v1
   rule): `num_computed_tokens`. A sequence wants `len(token_ids) - num_computed_tokens` more tokens through the
   model; a prompt wants many (prefill, possibly in chunks), a decoding sequence wants one. Preemption by
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .grammar import StructuredOutputsParams
 
 SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it samples greedily
 
@@ -58,6 +61,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_tokens: int = 0
     speculate: bool = True  # on an engine with speculative decoding: draft for this request (False: plain)
+    # vLLM's structured outputs: the output must match a JSON schema, a regex, a grammar or a choice
+    # (lab.engine.grammar); the logits are masked by the grammar before sampling (lab.engine.structured).
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self):
         # Everything is checked here, at the door: a value that passed would otherwise fail inside a step,
@@ -89,6 +95,8 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids)
         for i, t in enumerate(self.stop_token_ids):
             _integer(f"stop_token_ids[{i}]", t, 0, None)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got {self.structured_outputs!r}")
 
     @property
     def penalized(self) -> bool:
@@ -272,6 +280,7 @@ class Sequence:
         self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
             [None] if params.prompt_logprobs is not None else None)
         self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        self.grammar = None  # its grammar's matcher, if params.structured_outputs (lab.engine.structured)
         self.metrics = RequestMetrics(arrival_time=time.perf_counter(), num_prompt_tokens=len(token_ids))
 
     def __len__(self) -> int:

@@ -5,8 +5,11 @@ The request and response shapes are OpenAI's (https://platform.openai.com/docs/a
 with vLLM's extensions where the lab needs them: `top_k`, `ignore_eos`, `return_token_ids`, and `prompt` as a
 list of token ids. Logprobs come in OpenAI's shapes (chat's `logprobs`/`top_logprobs`, the legacy completions'
 `logprobs: int`), `n` samples (sharing the prompt's blocks: `AsyncLLM.generate_samples`), penalties and vLLM's
-`min_tokens`/`repetition_penalty` as the engine's SamplingParams. A field the server does not know is refused
-with a 400 naming it rather than ignored. A client that disconnects mid-stream has its request aborted.
+`min_tokens`/`repetition_penalty` as the engine's SamplingParams. Structured output: OpenAI's `response_format`
+(`text`, `json_object`, `json_schema`) and vLLM's `guided_json`, `guided_regex`, `guided_grammar` and
+`guided_choice`, on both endpoints, become the engine's `StructuredOutputsParams` (`lab.engine.structured`); a
+schema, regex or grammar that does not compile is a 400 naming the problem. A field the server does not know is
+refused with a 400 naming it rather than ignored. A client that disconnects mid-stream has its request aborted.
 """
 
 from __future__ import annotations
@@ -23,10 +26,40 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from lab.engine import SamplingParams
+from lab.engine import SamplingParams, StructuredOutputsParams
 from lab.engine.chat import render
 
 from .async_engine import AsyncLLM
+
+
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's response_format.json_schema. `strict` is accepted and always in force: the grammar is exact."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema")  # None: any JSON object
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is given exactly when type is json_schema")
+        return self
+
+    def constraint(self) -> dict:
+        """As StructuredOutputsParams fields ({} for text)."""
+        if self.type == "text":
+            return {}
+        if self.type == "json_object" or self.json_schema.schema_ is None:
+            return {"json_object": True}
+        return {"json": self.json_schema.schema_}
 
 
 class _Sampling(BaseModel):
@@ -49,6 +82,11 @@ class _Sampling(BaseModel):
     repetition_penalty: float = Field(1.0, gt=0, le=2)  # vLLM's extension
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    response_format: ResponseFormat | None = None  # OpenAI's structured output
+    guided_json: dict | str | None = None  # vLLM's: a JSON schema (or its text)
+    guided_regex: str | None = None
+    guided_grammar: str | None = None  # EBNF (GBNF's dialect) with a root rule
+    guided_choice: list[str] | None = None  # the output is exactly one of these strings
 
     @field_validator("stream_options")
     @classmethod
@@ -63,7 +101,17 @@ class _Sampling(BaseModel):
                               stop=self.stop or None, stop_token_ids=self.stop_token_ids or [],
                               logprobs=self.top_logprob_count, presence_penalty=self.presence_penalty,
                               frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
-                              min_tokens=self.min_tokens, n=self.n)
+                              min_tokens=self.min_tokens, n=self.n, structured_outputs=self.structured_outputs())
+
+    def structured_outputs(self) -> StructuredOutputsParams | None:
+        """The one constraint among response_format and the guided_* fields (ValueError if several)."""
+        asked = {f"guided_{k}": {k: v} for k in ("json", "regex", "grammar", "choice")
+                 if (v := getattr(self, f"guided_{k}")) is not None}
+        if self.response_format is not None and self.response_format.type != "text":
+            asked["response_format"] = self.response_format.constraint()
+        if len(asked) > 1:
+            raise ValueError(f"send one structured-output constraint; got {', '.join(asked)}")
+        return StructuredOutputsParams(**next(iter(asked.values()))) if asked else None
 
     @property
     def top_logprob_count(self) -> int | None:
