@@ -49,15 +49,20 @@ def _fmt(value) -> str:
     return (lines[-1] if lines else "").replace("|", "\\|")
 
 
+def flat_metrics(metrics: dict, prefix: str = "") -> dict:
+    """The scalar metrics, a nested dict's as `outer.inner`; lists are left out (they are not a cell)."""
+    out = {}
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            out.update(flat_metrics(value, f"{prefix}{key}."))
+        elif not isinstance(value, list):
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _metric_lines(metrics: dict) -> list[str]:
     """`key: value` per scalar metric; a dict of scalars (e.g. a study's claims) as `key.sub: value`."""
-    out = []
-    for k, v in metrics.items():
-        if isinstance(v, dict):
-            out += [f"{k}.{sub}: {_fmt(x)}" for sub, x in v.items() if not isinstance(x, (list, dict))]
-        elif not isinstance(v, list):
-            out.append(f"{k}: {_fmt(v)}")
-    return out
+    return [f"{k}: {_fmt(v)}" for k, v in flat_metrics(metrics).items()]
 
 
 def write_index(root: Path) -> Path:

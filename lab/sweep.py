@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from .run_notebook import NOTEBOOKS_DIR, check_parameter_names, parse_value, resolve_notebook, run_notebook
+from .results_index import flat_metrics
 from .runs import results_root
 
 _BRACKETS = {"(": ")", "[": "]", "{": "}"}
@@ -144,17 +145,6 @@ class SweepOptions:
     force: bool = False  # rerun the points already done too
 
 
-def flatten(metrics: dict, prefix: str = "") -> dict:
-    """The scalar metrics, a nested dict's as `outer.inner`; lists are left out (they are not a cell)."""
-    out = {}
-    for key, value in metrics.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}."))
-        elif not isinstance(value, list):
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def run_point(notebook: str, params: dict, root: str) -> dict:
     """One point: a `lab run` into `root`; the body of a Ray task, so it returns its outcome, never raises.
 
@@ -167,7 +157,7 @@ def run_point(notebook: str, params: dict, root: str) -> dict:
                 "error": f"{type(e).__name__}: {e}"[-2000:], "seconds": time.perf_counter() - start}
     metrics_path = run_dir / "metrics.json"
     metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
-    return {"status": "done", "run_dir": str(run_dir.relative_to(root)), "metrics": flatten(metrics),
+    return {"status": "done", "run_dir": str(run_dir.relative_to(root)), "metrics": flat_metrics(metrics),
             "error": None, "seconds": time.perf_counter() - start}
 
 
