@@ -33,6 +33,7 @@ from typing import Literal
 import numpy as np
 from matplotlib.figure import Figure
 
+from lab import memory as mem
 from lab.hardware import Hardware
 
 Bound = Literal["memory", "compute"]
@@ -113,6 +114,15 @@ def attention_flops_per_context_token(n_layers: int, n_heads: int, head_dim: int
     head dimension, in every query head of every layer. Grouped-query attention shares K/V between
     heads, which saves bytes, not FLOPs, so query heads are what counts here."""
     return 2 * 2 * n_layers * n_heads * head_dim
+
+
+def model_cost(s: mem.ModelShape, weights: str, kv_dtype: str) -> ModelCost:
+    """The roofline's numbers for a `lab.memory.ModelShape` with weights and KV cache in these formats."""
+    heads_dim = (s.qk_nope_head_dim + s.qk_rope_head_dim) if s.is_mla else s.head_dim
+    return ModelCost(
+        weight_bytes=mem.weight_bytes(s, weights)["total"], active_params=mem.param_counts(s)["active"],
+        kv_bytes_per_token=mem.kv_bytes_per_token(s, kv_dtype),
+        attn_flops_per_ctx_token=attention_flops_per_context_token(s.num_layers, s.num_heads, heads_dim))
 
 
 def prefill_flops(model: ModelCost, n_tokens: int) -> float:

@@ -172,9 +172,9 @@ def _study_class(name: str):
     import re
 
     source = (NOTEBOOKS_DIR / f"{name}.py").read_text()
-    module = re.search(r"from lab\.studies import (\w+) as (\w+)", source)
     cls = re.search(r"params_from_namespace\((\w+)\.(\w+), globals\(\)\)", source)
-    assert module and cls and cls[1] == module[2], name
+    module = cls and re.search(rf"from lab\.studies import (\w+) as {cls[1]}\n", source)
+    assert module, name
     return getattr(importlib.import_module(f"lab.studies.{module[1]}"), cls[2])
 
 

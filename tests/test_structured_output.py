@@ -4,7 +4,9 @@ seeds, with penalties and n > 1; constrained and unconstrained requests in one b
 alone); preemption, prefix hits, chunked prefill and n-gram speculation leave greedy constrained output unchanged;
 a grammar that forces one string yields exactly it, even under ignore_eos; stop conditions still apply;
 malformed and empty-language constraints are refused at add_request while other requests run on; the HTTP API's
-response_format and guided_* fields; the compiled-grammar cache."""
+response_format and guided_* fields; the compiled-grammar cache. Jump-forward (a token the grammar allows alone is
+appended without a forward pass) keeps greedy output in fewer steps, under preemption, chunking and speculation
+too, keeps sampled output valid, and leaves requests with logprobs alone."""
 
 import json
 import re
@@ -13,7 +15,7 @@ import httpx
 import jsonschema
 import pytest
 
-from lab.engine import LLM, SamplingParams, StructuredOutputsParams
+from lab.engine import LLM, SamplingParams, StructuredOutputsConfig, StructuredOutputsParams
 from lab.engine.grammar import grammars_for
 from lab.serve import ServerThread
 from lab.spec.speculator import SpeculativeConfig
@@ -277,3 +279,108 @@ def test_verification_rows_get_the_state_after_the_preceding_drafts(smollm):
     assert state.mask(rows, [world, hello])  # the first draft is forbidden: the rows after it are never read
     assert world not in allowed(rows[0]) and len(allowed(rows[1])) == len(allowed(rows[2])) == 49152
     assert state.matcher.accept_token(hello)  # the tentative drafts were rolled back
+
+
+# ---- jump-forward (StructuredOutputsConfig(jump_forward=True)) ---------------------------------------------------
+JUMP = StructuredOutputsConfig(jump_forward=True)
+
+
+@pytest.fixture(scope="module")
+def jumping(smollm):
+    model, tok = smollm
+    return LLM(model, tokenizer=tok, num_kv_blocks=256, max_model_len=512, max_num_seqs=16, structured_outputs=JUMP)
+
+
+def jumped(engine) -> int:
+    return engine.stats()["structured_jump_forward_tokens"]
+
+
+def greedy_alone(engine, prompt, constraint, **kw):
+    """One greedy constrained request alone: its output, the engine steps it took and the tokens jumped forward."""
+    steps, before = engine.num_steps, jumped(engine)
+    out = engine.generate([prompt], SamplingParams(**{**GREEDY, **kw}, **constraint))[0]
+    return out, engine.num_steps - steps, jumped(engine) - before
+
+
+@pytest.mark.parametrize("name, constraint", [("person", constrained(json=PERSON)), ("order", constrained(json=ORDER)),
+                                              ("date", constrained(regex=DATE))], ids=["person", "order", "date"])
+def test_jump_forward_keeps_greedy_output_in_fewer_steps(llm, jumping, prompts, name, constraint):
+    plain, plain_steps, none = greedy_alone(llm, prompts[name], constraint)
+    out, steps, forced = greedy_alone(jumping, prompts[name], constraint)
+    assert none == 0 and plain_steps == len(plain.token_ids)  # off by default: one step a token
+    assert out.token_ids == plain.token_ids and out.finish_reason == plain.finish_reason == "stop"
+    assert forced > 0 and steps == plain_steps - forced  # each token jumped forward is a forward pass saved
+
+
+def test_jump_forward_sampled_outputs_stay_valid(jumping, prompts):
+    before = jumped(jumping)
+    outs = jumping.generate([prompts["person"]] * 3 + [prompts["order"]],
+                            [SamplingParams(**sampled(s), **constrained(json=PERSON)) for s in range(3)]
+                            + [SamplingParams(**sampled(3), n=3, **constrained(json=ORDER))])
+    assert jumped(jumping) > before
+    for o, schema in zip([*outs[:3], *outs[3].outputs], [PERSON] * 3 + [ORDER] * 3):
+        assert o.finish_reason == "stop", o.text
+        jsonschema.validate(json.loads(o.text), schema)
+
+
+def test_jump_forward_skips_logprobs_and_keeps_stop_conditions(jumping, prompts):
+    out, steps, forced = greedy_alone(jumping, prompts["person"], constrained(json=PERSON), logprobs=1)
+    assert forced == 0 and steps == len(out.token_ids) == len(out.logprobs)  # one forward (and entry) a token
+    assert all(t in entry for t, entry in zip(out.token_ids, out.logprobs))
+    jsonschema.validate(json.loads(out.text), PERSON)
+    # PERSON's second token ('"' after '{') is jumped forward: max_tokens still counts it
+    short, steps, forced = greedy_alone(jumping, prompts["person"], constrained(json=PERSON), max_tokens=2)
+    assert (short.finish_reason, short.text, steps, forced) == ("length", '{"', 1, 1)
+
+
+@pytest.fixture(scope="module")
+def jump_reference(jumping, prompts):
+    return [o.token_ids for o in jumping.generate(*batch(prompts))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", [dict(num_kv_blocks=14), dict(max_num_batched_tokens=3)],
+                         ids=["preempted-cached", "chunked"])
+def test_jump_forward_under_preemption_and_chunking(smollm, prompts, reference, jump_reference, options):
+    model, tok = smollm
+    engine = LLM(model, tokenizer=tok, max_model_len=512, structured_outputs=JUMP, **{"num_kv_blocks": 256, **options})
+    assert jump_reference[:4] == reference[:4]  # greedy: as without jump-forward; the seeded one draws less often
+    assert [o.token_ids for o in engine.generate(*batch(prompts))] == jump_reference
+    s = engine.stats()
+    assert s["structured_jump_forward_tokens"] > 0 and engine.block_manager.num_used_blocks == 0
+    if "num_kv_blocks" in options:
+        assert s["preemptions"] > 0 and s["prefix_cache_hit_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_jump_forward_with_speculation_keeps_greedy_output(smollm, prompts, reference):
+    model, tok = smollm
+    engine = LLM(model, tokenizer=tok, num_kv_blocks=256, max_model_len=512, speculative=SpeculativeConfig(k=4),
+                 structured_outputs=JUMP)
+    assert [o.token_ids for o in engine.generate(*batch(prompts, seeded=False))] == reference[:4]
+    s = engine.stats()
+    assert s["spec_rounds"] > 0 and s["structured_jump_forward_tokens"] > 0
+
+
+def test_the_jump_forward_state_finds_the_one_allowed_token_and_reuses_its_mask(smollm):
+    import torch
+
+    from lab.engine.structured import GrammarState
+
+    _, tok = smollm
+    state = GrammarState(grammars_for(tok, 49152, {2}).compile(StructuredOutputsParams(regex="hello world")), 49152)
+    assert state.forced() is None  # "hello world" can be spelt in more than one tokenization
+    for token in tok.encode("hello world", add_special_tokens=False):
+        assert state.accept(token)
+    assert state.forced() == 2 and state.filled  # only EOS is left; row 0 holds that state's mask
+    state.bitmask[0].fill_(-1)  # were row 0 filled again, this would be overwritten; reused, it allows everything
+    row = torch.zeros(1, 49152)
+    state.mask(row, [])
+    assert bool(torch.isfinite(row).all())
+    assert state.accept(2) and state.matcher.is_terminated() and state.forced() is None and not state.filled
+
+
+def test_the_config_refuses_a_jump_forward_that_is_not_a_bool():
+    for value in (1, "yes", None):
+        with pytest.raises(ValueError, match="jump_forward must be True or False"):
+            StructuredOutputsConfig(jump_forward=value)

@@ -25,8 +25,12 @@ One step, in order (`lab.engine.llm.LLM.step`):
    `process_logits(seq, logits) -> tokens | None`: an extension may take over such a sequence
    (verification: accept drafts, roll back, return the tokens to emit); the engine samples the others;
 6. the engine appends the emitted tokens, calling `on_token(seq, token) -> finish reason | None` after each (an
-   extension may end the request there: a grammar that is complete), hashes the full blocks, and finishes what
-   stopped;
+   extension may end the request there: a grammar that is complete); after the last one, if the request goes
+   on and has no `logprobs` (each entry comes from a forward's logits), `forced_token(seq) -> token | None`: a
+   token the request must emit next with certainty (structured output's jump-forward, where the grammar
+   allows one token only), which the engine appends without sampling it and without a forward pass for it,
+   through the same loop (`on_token`, stop conditions), asking again after it; its KV is computed in the next
+   step with the tokens after it, as a chunk. Then the engine hashes the full blocks and finishes what stopped;
 7. `on_finish(seq)`: for every request that finished *or was aborted* (the engine calls it from the one
    place that ends requests, so no extension can miss one);
 8. `after_step(engine)`: bookkeeping once the step's tokens are in.
@@ -71,6 +75,10 @@ class EngineExtension:
 
     def on_token(self, seq: Sequence, token: int) -> str | None:
         """`token` was just appended to `seq`; a finish reason ends the request there."""
+        return None
+
+    def forced_token(self, seq: Sequence) -> int | None:
+        """A token `seq` must emit next with certainty; the engine appends it without a forward pass for it."""
         return None
 
     def on_finish(self, seq: Sequence) -> None:

@@ -134,8 +134,12 @@ class Grammars:
                 self.cache.popitem(last=False)
         return compiled
 
+    def compile_uncached(self, spec: StructuredOutputsParams, any_whitespace: bool = True):
+        """Compile `spec` afresh, neither reading nor filling the cache: what a cache miss costs (notebook 07)."""
+        return self._compile(spec.kind, spec.text, any_whitespace)
+
     def _compile(self, kind: str, text: str, any_whitespace: bool):
-        c = self.compiler
+        c = self.compiler  # built with xgrammar's own cache off: a call always compiles
         if kind in ("json", "json_object"):
             # strict (no properties the schema does not name) for a schema, as vLLM; any object's keys are free
             return c.compile_json_schema(text, any_whitespace=any_whitespace, strict_mode=kind == "json")

@@ -249,11 +249,11 @@ class LLM:
                 have += 1
 
     def _append(self, seq: Sequence, tokens: list[int]) -> RequestOutput | None:
-        """Append a sequence's emitted tokens up to the first that finishes it, then hash its full blocks (over
-        the tokens it now holds: accepted drafts included) and finish it if it stopped."""
-        now, reason = time.perf_counter(), None
+        """Append a sequence's emitted tokens and those an extension forces after them (`forced_token`), up to the
+        first that finishes it; hash its full blocks (over the tokens it holds) and finish it if it stopped."""
+        now, reason, tokens = time.perf_counter(), None, list(tokens)
         logprobs = self._logprobs.pop(seq.request_id, None)
-        for j, token in enumerate(tokens):
+        for j, token in enumerate(tokens):  # a forced token appended to `tokens` is appended to `seq` in turn
             seq.token_ids.append(token)
             if logprobs is not None:
                 seq.logprobs.append(logprobs[j])
@@ -264,6 +264,8 @@ class LLM:
             if reason := self._finish_reason(seq, token):
                 m.finish_time = now
                 break
+            if j == len(tokens) - 1 and seq.logprobs is None:  # logprobs come from a forward: never forced
+                tokens += [t for ext in self.extensions.values() if (t := ext.forced_token(seq)) is not None][:1]
         self.block_manager.cache_full_blocks(seq)
         if reason is None:
             return None

@@ -18,6 +18,7 @@ from lab import memory as mem
 from lab import roofline
 from lab.claims import verdict
 from lab.hardware import GPUS, Hardware, get_gpu
+from lab.roofline import model_cost  # noqa: F401  notebook 01 calls it as study.model_cost
 from lab.runs import as_tuple, check_choice, check_range
 
 KV_DTYPES = ["bf16", "fp8", "int8", "int4", "int2"]
@@ -150,14 +151,6 @@ def plot_paging(df: pd.DataFrame, p: MemoryParams):
     ax.set_title(f"log-normal lengths P50/P90/P99 = {p.LENGTH_P50}/{p.LENGTH_P90}/{p.LENGTH_P99}")
     ax.legend()
     return fig
-
-
-def model_cost(s: mem.ModelShape, weights: str, kv_dtype: str) -> roofline.ModelCost:
-    heads_dim = (s.qk_nope_head_dim + s.qk_rope_head_dim) if s.is_mla else s.head_dim
-    return roofline.ModelCost(
-        weight_bytes=mem.weight_bytes(s, weights)["total"], active_params=mem.param_counts(s)["active"],
-        kv_bytes_per_token=mem.kv_bytes_per_token(s, kv_dtype),
-        attn_flops_per_ctx_token=roofline.attention_flops_per_context_token(s.num_layers, s.num_heads, heads_dim))
 
 
 def roofline_points(hw: Hardware, cost: roofline.ModelCost, context: int, prefill_tokens: int = 2048,

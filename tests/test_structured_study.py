@@ -1,0 +1,100 @@
+"""Notebook 07's logic without the model: intervals, the extraction task's items and scoring, the claims' shapes.
+(The notebook itself runs at the smoke preset in tests/test_notebooks.py.)"""
+
+import math
+
+import pandas as pd
+import pytest
+
+from lab.intervals import paired_difference, rate, wilson
+from lab.studies import structured_output as study
+from lab.studies import structured_output_task as task
+from lab.studies.structured_output_claims import projection
+
+
+def test_wilson_matches_published_values():
+    # Wilson (1927) / Newcombe (1998), Table I: 0 of 10 -> 0-0.2775; 10 of 10 -> 0.7225-1; 5 of 10 -> 0.2366-0.7634
+    for (k, n), (lo, hi) in {(0, 10): (0.0, 0.2775), (10, 10): (0.7225, 1.0), (5, 10): (0.2366, 0.7634)}.items():
+        got = wilson(k, n)
+        assert got[0] == pytest.approx(lo, abs=1e-4) and got[1] == pytest.approx(hi, abs=1e-4)
+    assert rate(40, 40) == "40/40 = 100% (91%-100%)"
+    with pytest.raises(ValueError, match="k=11, n=10"):
+        wilson(11, 10)
+
+
+def test_paired_difference_sees_a_shift_and_not_noise():
+    a = [1, 1, 1, 1, 0, 1, 1, 1, 1, 1] * 4
+    shifted = paired_difference(a, [0] * 40)
+    assert shifted["distinguishable"] and shifted["low"] > 0.7
+    same = paired_difference(a, a[1:] + a[:1])  # the same values, paired differently
+    assert not same["distinguishable"] and same["low"] <= 0 <= same["high"]
+    with pytest.raises(ValueError, match="3 and 2"):
+        paired_difference([1, 2, 3], [1, 2])
+
+
+def test_items_are_reproducible_and_answers_appear_in_the_text():
+    a, b = task.items(30, seed=1), task.items(30, seed=1)
+    assert a == b and a != task.items(30, seed=2)
+    assert len({it.answer["name"] for it in a}) == 30
+    for it in a:
+        for field in task.FIELDS:
+            assert str(it.answer[field]) in it.text, (field, it.text)
+    with pytest.raises(ValueError, match="n=0"):
+        task.items(0)
+
+
+def test_parse_and_score_are_lenient_with_format_only():
+    it = task.Item("x", {"name": "Ada Lovelace", "age": 36, "city": "London", "job": "mathematician"})
+    whole = '{"name": "Ada Lovelace", "age": 36, "city": "London", "job": "a mathematician"}'
+    row = task.score(it, whole)
+    assert row["whole_output_is_json"] and row["schema_valid"] and row["fields_right"] == 4
+    fenced = task.score(it, 'Here it is:\n```json\n{"name": "ada lovelace", "age": "36", "city": "Paris", "job": "x"}\n```')
+    assert not fenced["whole_output_is_json"] and fenced["json_object_found"] and not fenced["schema_valid"]
+    assert (fenced["name"], fenced["age"], fenced["city"]) == (True, True, False)
+    trailing = task.score(it, whole + "\n\nThe JSON object is: {")
+    assert not trailing["whole_output_is_json"] and trailing["json_object_found"] and trailing["fields_right"] == 4
+    broken = task.score(it, '{"name": "Ada Lovelace", "age": 36')
+    assert not broken["json_object_found"] and broken["fields_right"] == 0
+    assert task.score(it, '{"name": "Ada Lovelace", "age": true}')["age"] is False
+
+
+def test_validity_table_and_comparison():
+    rows = []
+    for i in range(10):
+        for on in (False, True):
+            right = 4 if on else (4 if i < 5 else 0)
+            rows.append({"item": i, "temperature": 0.0, "grammar": on, "tokens": 30, "finish_reason": "stop",
+                         "batch_s_per_item": 0.1, "whole_output_is_json": on or i < 5, "json_object_found": on or i < 5,
+                         "schema_valid": on or i < 5, "fields_right": right})
+    df = pd.DataFrame(rows)
+    v = task.validity_table(df).set_index("grammar")
+    assert v.loc["on", "schema_valid"] == 1.0 and v.loc["off", "schema_valid"] == 0.5
+    assert v.loc["off", "tokens per valid answer"] == 60 and v.loc["on", "tokens per valid answer"] == 30
+    assert v.loc["on", "schema_valid 95% low"] == pytest.approx(wilson(10, 10)[0])
+    c = task.accuracy_comparison(df).set_index("items")
+    assert c.loc["all items", "accuracy on - off"] == 0.5 and c.loc["all items", "distinguishable"]
+    assert c.loc["items both parsed", "n"] == 5 and c.loc["items both parsed", "accuracy on - off"] == 0
+
+
+def test_nested_instances_are_valid_and_params_are_checked():
+    import jsonschema
+
+    for depth in (1, 2, 5):
+        jsonschema.validate(study.nested_instance(depth), study.nested_schema(depth))
+    with pytest.raises(ValueError, match="JUMP_ITEMS=9 is more than ITEMS=3"):
+        study.StructuredParams(ITEMS=3, JUMP_ITEMS=9)
+    with pytest.raises(ValueError, match="unknown model 'llama-9'"):
+        study.StructuredParams(PROJECT_MODELS=("llama-9",))
+
+
+def test_projection_share_grows_with_batch_and_overlap_hides_it():
+    p = study.StructuredParams()
+    proj = projection(p, fill_s_per_row=1e-4, naive_s_per_row=0.03, vocab_here=49152, batches=(1, 8, 128),
+                      models=("llama-3-8b",))
+    serial = list(proj["share, serial"])
+    assert serial == sorted(serial) and serial[0] < 0.1 < serial[-1]
+    assert proj.iloc[0]["vocabulary"] == 128256
+    assert proj.iloc[0]["mask fill ms (serial)"] == pytest.approx(0.1 * 128256 / 49152)
+    first = proj.iloc[0]
+    assert first["share, overlapped"] == 0 and not math.isnan(first["step ms (roofline)"])
+    assert first["share, naive mask"] > 0.9
