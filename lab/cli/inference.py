@@ -9,7 +9,8 @@ import json
 def _generate(args) -> int:
     from lab.engine import LLM, SamplingParams
 
-    llm = LLM(args.model, max_model_len=args.max_model_len, dtype=args.dtype, enforce_eager=args.enforce_eager)
+    llm = LLM(args.model, max_model_len=args.max_model_len, dtype=args.dtype, enforce_eager=args.enforce_eager,
+              tensor_parallel_size=args.tensor_parallel_size, pipeline_parallel_size=args.pipeline_parallel_size)
     prompts = args.prompt
     if args.chat:
         if llm.tokenizer is None:
@@ -48,7 +49,8 @@ def _serve(args) -> int:
               max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
               enable_prefix_caching=not args.no_prefix_caching, enable_chunked_prefill=not args.no_chunked_prefill,
               kv_cache_dtype="auto" if kv_format is None else kv_format, speculative=speculative, dtype=args.dtype,
-              enforce_eager=args.enforce_eager)
+              enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
+              pipeline_parallel_size=args.pipeline_parallel_size)
     if args.warmup:
         from lab.engine import SamplingParams
         llm.generate([[1] * 16], SamplingParams(max_tokens=2, ignore_eos=True))  # first-step costs paid here
@@ -64,6 +66,10 @@ def _engine_arguments(parser) -> None:
                         help="auto: bfloat16 where the CPU has bf16 matrix instructions (or on CUDA), else float32")
     parser.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=True,
                         help="eager steps (the default); --no-enforce-eager compiles them with torch.compile")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                        help="split every layer over N processes (lab.parallel; gloo on the CPU, NCCL on CUDA)")
+    parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
+                        help="split the layers into N stages, one process each (lab.parallel.pipeline)")
 
 
 def add_generate(sub) -> None:

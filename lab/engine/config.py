@@ -10,11 +10,12 @@ that need no model run in `__post_init__`; those that need the loaded model (its
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
 
-from lab.models.loader import DTYPES, parse_dtype
+from lab.models.loader import DTYPES, default_device, parse_dtype
 from lab.quant.kv import KVCacheFormat, parse_kv_cache_dtype
 
 from .structured import StructuredOutputsConfig
@@ -56,6 +57,14 @@ class EngineConfig:
     # grammar-constrained decoding for requests that ask for it (SamplingParams.structured_outputs); always built
     structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     extensions: list = field(default_factory=list)  # any further ExtensionConfigs, built in this order
+    # N > 1: the model split over N ranks, this process and N - 1 workers (lab.parallel): tensor parallelism
+    # splits every layer (Megatron-style), pipeline parallelism the layers into stages, a step's batch flowing
+    # through them in micro-batches (None: one per stage). The timeout bounds every collective of a step (and,
+    # x5, the workers' start-up).
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    pipeline_micro_batches: int | None = None
+    parallel_timeout: float = 60.0
 
     def __post_init__(self):
         for name in ("block_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
@@ -78,6 +87,7 @@ class EngineConfig:
             )
         if not isinstance(self.structured_outputs, StructuredOutputsConfig):
             raise ValueError(f"structured_outputs must be a StructuredOutputsConfig, got {self.structured_outputs!r}")
+        self.check_parallel()
         for ext in self.extension_configs:
             if not callable(getattr(ext, "build", None)):
                 raise ValueError(f"{ext!r} is not an engine extension config (it has no build(engine) method)")
@@ -85,6 +95,48 @@ class EngineConfig:
     @property
     def extension_configs(self) -> list:
         return [e for e in (self.replay, self.speculative, self.structured_outputs, *self.extensions) if e is not None]
+
+    @property
+    def parallel(self) -> bool:
+        return self.tensor_parallel_size > 1 or self.pipeline_parallel_size > 1
+
+    def check_parallel(self) -> None:
+        """The options tensor and pipeline parallelism take (lab.parallel); what they do not support is refused
+        by name."""
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            n = getattr(self, name)
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"{name} must be a positive integer, got {n!r}")
+        m = self.pipeline_micro_batches
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise ValueError(f"pipeline_micro_batches must be a positive integer or None, got {m!r}")
+        if not self.parallel:
+            return
+        if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
+            raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} with pipeline_parallel_size "
+                             f"{self.pipeline_parallel_size}: the two are not combined yet; use one of them")
+        option = "tensor_parallel_size" if self.tensor_parallel_size > 1 else "pipeline_parallel_size"
+        n = getattr(self, option)
+        device = default_device() if self.device is None else torch.device(self.device)
+        devices = torch.cuda.device_count() if device.type == "cuda" else None
+        if devices is not None and n > devices:
+            raise ValueError(f"{option} {n} exceeds the {devices} CUDA devices")
+        if not isinstance(self.parallel_timeout, (int, float)) or not self.parallel_timeout > 0:
+            raise ValueError(f"parallel_timeout must be positive seconds, got {self.parallel_timeout!r}")
+        refused = {
+            "model": not isinstance(self.model, (str, os.PathLike)),  # each rank loads its part from the source
+            "kv_cache_dtype": self.kv_format is not None,
+            "attention_backend": self.attention_backend != "torch",
+            "enforce_eager": not self.enforce_eager,
+            "speculative": getattr(self.speculative, "method", "ngram") != "ngram",  # a drafter model is whole
+            "replay": getattr(self.replay, "source", "tokens") != "tokens",  # rebuilds K/V outside a forward
+        }
+        for name, bad in refused.items():
+            if bad:
+                value = f"a loaded {type(self.model).__name__}" if name == "model" else repr(getattr(self, name))
+                raise ValueError(f"{option} {n} does not support {name}={value} (supported across processes: a "
+                                 f"model name or path, kv_cache_dtype='auto', attention_backend='torch', "
+                                 f"enforce_eager=True, ngram speculation, token replay)")
 
     def check_model(self, model) -> None:
         """The options against the loaded model."""

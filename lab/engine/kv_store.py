@@ -41,10 +41,16 @@ log = logging.getLogger(__name__)
 KV_CACHE_MEMORY_FRACTION = 0.4
 
 
+def pool_dims(model) -> tuple[int, int]:
+    """(layers, KV heads) the pool holds: the model's, or a tensor-parallel shard's or a pipeline stage's own
+    (`lab.parallel`), whose config is the whole model's."""
+    return len(model.layers), model.layers[0].self_attn.n_kv
+
+
 def kv_cache_bytes_per_block(model, block_size: int, kv_format: KVCacheFormat | None) -> int:
     """Pool bytes of one block: `kv_format` None stores K/V in the model's dtype."""
-    c = model.config
-    shape = (c.num_hidden_layers, block_size, c.num_key_value_heads, c.head_dim)
+    layers, heads = pool_dims(model)
+    shape = (layers, block_size, heads, model.config.head_dim)
     if kv_format is None:
         return PlainKVStore.bytes_per_block(*shape, model.embed_tokens.weight.dtype)
     return QuantizedKVStore.bytes_per_block(*shape, kv_format)
@@ -55,7 +61,7 @@ def kv_staging_bytes(model, max_num_seqs: int, kv_format: KVCacheFormat | None) 
     if kv_format is None:
         return 0
     c = model.config
-    return QuantizedKVStore.staging_bytes_for(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, kv_format,
+    return QuantizedKVStore.staging_bytes_for(*pool_dims(model), c.head_dim, kv_format,
                                              max_num_seqs, model.embed_tokens.weight.dtype)
 
 
@@ -66,14 +72,15 @@ def available_memory(device: torch.device) -> int:
 
 
 def default_num_blocks(model, block_size: int, max_model_len: int, max_num_seqs: int,
-                       kv_format: KVCacheFormat | None) -> int:
+                       kv_format: KVCacheFormat | None, sharers: int = 1) -> int:
     """Enough blocks for max_num_seqs sequences of max_model_len, within a share of free memory (less the
-    staging area of a quantized cache's exact windows)."""
+    staging area of a quantized cache's exact windows). `sharers`: pools of this size that the same memory
+    holds (the ranks of a parallel group on one CPU)."""
     per_block = kv_cache_bytes_per_block(model, block_size, kv_format)
     staging = kv_staging_bytes(model, max_num_seqs, kv_format)
     per_seq = -(-max_model_len // block_size)
     device = model.embed_tokens.weight.device
-    affordable = max(int(available_memory(device) * KV_CACHE_MEMORY_FRACTION) - staging, 0) // per_block
+    affordable = max(int(available_memory(device) * KV_CACHE_MEMORY_FRACTION / sharers) - staging, 0) // per_block
     num = min(max_num_seqs * per_seq, affordable)
     if num < per_seq:
         raise ValueError(f"the KV pool that fits in memory ({num} blocks of {block_size} tokens) cannot hold "
@@ -84,8 +91,9 @@ def default_num_blocks(model, block_size: int, max_model_len: int, max_num_seqs:
 def build_kv_store(model, num_blocks: int, block_size: int, kv_format: KVCacheFormat | None = None,
                    kv_scales=None, max_num_seqs: int = 1):
     """The pool for `model`: plain in its dtype, or quantized (with `max_num_seqs` staging lanes if it stages)."""
-    c, w = model.config, model.embed_tokens.weight
-    shape = (c.num_hidden_layers, num_blocks, block_size, c.num_key_value_heads, c.head_dim)
+    c, w = model.config, model.layers[0].input_layernorm.weight  # a pipeline stage may hold no embedding
+    layers, heads = pool_dims(model)
+    shape = (layers, num_blocks, block_size, heads, c.head_dim)
     if kv_format is None:
         return PlainKVStore(*shape, w.dtype, w.device)
     if kv_format.static and kv_format.is_fp8 and kv_scales is None:

@@ -21,15 +21,15 @@ from itertools import repeat
 
 import torch
 
-from lab.models import LlamaModel, default_device, default_dtype, load_model, prepack
+from lab.models import LlamaModel, prepack
+from lab.parallel.group import RankFailure
 
 from .block_manager import BlockManager
 from .chat import render
 from .config import EngineConfig
 from .extension import EngineExtension
 from .fanout import FanOut, sibling_params
-from .kv_store import build_kv_store, default_num_blocks
-from .model_runner import ModelOutput, ModelRunner
+from .model_runner import ModelOutput, build_runner
 from .request import RequestOutput, SamplingParams, Sequence, Status, penalize, sample, token_logprobs
 from .scheduler import Scheduler
 
@@ -44,30 +44,23 @@ class LLM:
 
         `speculative=lab.spec.SpeculativeConfig(...)`: requests (whose SamplingParams.speculate) decode k drafted
         tokens a round, verified losslessly. `replay=lab.replay.ReplayConfig(...)`: sequences about to decode may
-        drop the KV of their last tokens and recompute it. Both are engine extensions (`extensions`)."""
+        drop the KV of their last tokens and recompute it. Both are engine extensions (`extensions`).
+        `tensor_parallel_size=N` or `pipeline_parallel_size=N`: the model split over this process and N - 1
+        workers (`lab.parallel`)."""
         self.config = c = EngineConfig(model=model, **options)
-        if isinstance(model, LlamaModel):
-            self.model, self.tokenizer = model, c.tokenizer
-        else:
-            device = default_device() if c.device is None else c.device
-            self.model, self.tokenizer = load_model(model, dtype=c.torch_dtype or default_dtype(device), device=device,
-                                                    max_positions=c.max_model_len,
-                                                    prepack_weights=c.prepack_weights and c.enforce_eager)
-        c.check_model(self.model)
+        self.model, self.tokenizer, self.runner, num_blocks, runner_extensions = build_runner(c)
         self.device = self.model.embed_tokens.weight.device
-        num_blocks = c.num_kv_blocks or default_num_blocks(self.model, c.block_size, c.max_model_len,
-                                                           c.max_num_seqs, c.kv_format)
-        kv = build_kv_store(self.model, num_blocks, c.block_size, c.kv_format, c.kv_scales, c.max_num_seqs)
         self.block_manager = BlockManager(num_blocks, c.block_size, c.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, c.max_num_seqs, c.max_num_batched_tokens,
                                    c.enable_chunked_prefill)
-        self.runner = ModelRunner(self.model, kv, c.block_size, c.attention_backend, c.enforce_eager)
         self.eos_token_ids = set(self.model.config.eos_token_ids)
         self.sequences: dict[int, Sequence] = {}
         self.num_prefill_tokens = self.num_decode_tokens = self.num_steps = 0
         self.last_schedule = None
         self._logprobs: dict[int, list] = {}  # a step's logprobs by request, until _append keeps them
         self.extensions: dict[str, EngineExtension] = {}
+        for ext in runner_extensions:  # a parallel group's stats and close
+            self._add_extension(ext)
         for ext_config in c.extension_configs:
             self._add_extension(ext_config.build(self))
 
@@ -170,6 +163,8 @@ class LLM:
         try:
             emitted = self._next_tokens(out.scheduled, self.runner.execute(out.scheduled, extra_rows))
             failed = []
+        except RankFailure:  # a parallel rank is gone: every retry would fail too, and the caller must know
+            raise
         except Exception:  # noqa: BLE001  one request's failure must not fail the others (see _isolate)
             for (seq, _), n in zip(out.scheduled, computed):
                 seq.num_computed_tokens = n

@@ -5,7 +5,8 @@ those positions; their KV goes to slot block_table[p // block_size] * block_size
 Only sequences whose step reaches their last token produce logits (their last row, plus as many rows
 before it as the engine asks for: a speculative round's drafts), so the LM head, the largest matrix of a
 small model, runs on a handful of rows rather than every prompt token. Sampling and verification happen
-in the engine, on the returned `ModelOutput`.
+in the engine, on the returned `ModelOutput`. `build_runner` makes the model, its KV pool and the runner for an
+`EngineConfig`: in this process, or as rank 0 of a tensor- or pipeline-parallel group (`lab.engine.parallel`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from dataclasses import dataclass
 
 import torch
 
-from lab.models.llama import LlamaModel
+from lab.models import LlamaModel, default_device, default_dtype, load_model
 
 from .attention import PagedAttentionMetadata, TorchPagedAttention
+from .kv_store import build_kv_store, default_num_blocks
+from .parallel import start_group
 from .request import Sequence
 
 
@@ -38,11 +41,14 @@ class ModelOutput:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv, block_size: int, attention_backend: str = "torch",
-                 enforce_eager: bool = True):
+                 enforce_eager: bool = True, step=None):
         """`kv`: the pool (`lab.engine.kv_store.build_kv_store`); `enforce_eager=False` runs the forward and the
-        LM head as one compiled graph (`lab.engine.compiled`)."""
+        LM head as one compiled graph (`lab.engine.compiled`); `step`, a forward in `eager_step`'s signature that
+        replaces both (a tensor- or pipeline-parallel group's, `lab.parallel`)."""
         self.model, self.kv, self.block_size = model, kv, block_size
-        if enforce_eager:
+        if step is not None:
+            self.step = step
+        elif enforce_eager:
             self.step = eager_step
         else:
             from .compiled import CompiledStep
@@ -156,3 +162,25 @@ class ModelRunner:
             w = attn.qkv_proj.weight[attn.q_size:]  # the K rows, then the V rows
             b = None if attn.qkv_proj.bias is None else attn.qkv_proj.bias[attn.q_size:]
             replay(inputs(i), w, b, pos, rope.cos, rope.sin, cache, slots)
+
+
+def build_runner(c) -> tuple[LlamaModel, object, ModelRunner, int, list]:
+    """For an `EngineConfig`: (the model, its tokenizer, the runner on its KV pool, the pool's blocks, extensions
+    the runner brings). The model is loaded here unless one was passed; with tensor or pipeline parallelism it is
+    rank 0's part and the other ranks are running (`lab.engine.parallel`)."""
+    if isinstance(c.model, LlamaModel):
+        model, tokenizer = c.model, c.tokenizer
+    else:
+        device = default_device() if c.device is None else c.device
+        model, tokenizer = load_model(c.model, dtype=c.torch_dtype or default_dtype(device), device=device,
+                                      max_positions=c.max_model_len,
+                                      prepack_weights=c.prepack_weights and c.enforce_eager
+                                      and not c.parallel)  # shards and stages are cut from plain weights
+    c.check_model(model)
+    if c.parallel:
+        model, kv, num_blocks, ext = start_group(model, c)
+        return model, tokenizer, ModelRunner(model, kv, c.block_size, step=ext.group.step), num_blocks, [ext]
+    num_blocks = c.num_kv_blocks or default_num_blocks(model, c.block_size, c.max_model_len, c.max_num_seqs,
+                                                       c.kv_format)
+    kv = build_kv_store(model, num_blocks, c.block_size, c.kv_format, c.kv_scales, c.max_num_seqs)
+    return model, tokenizer, ModelRunner(model, kv, c.block_size, c.attention_backend, c.enforce_eager), num_blocks, []
