@@ -71,5 +71,6 @@ def test_measure_collectives_on_two_processes():
     assert (df["median_s"] > 0).all() and (df["min_s"] <= df["median_s"]).all()
     fitted = comm_bench.fit(df, 2)
     assert set(fitted["op"]) == {"ping-pong", "all-reduce"} and (fitted["bandwidth_GBps"] > 0).all()
+    assert set(fitted["statistic"]) == {"median", "mean"} and (df["mean_s"] >= df["min_s"]).all()
     with pytest.raises(ValueError, match="world=1"):
         comm_bench.measure(1)

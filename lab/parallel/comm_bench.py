@@ -4,7 +4,9 @@ processes of one torch.distributed group (gloo on a CPU, NCCL on CUDA), and the 
 
 Every rank runs one intra-op thread, as a tensor-parallel rank of the engine does on a CPU. Each size is timed
 `repeats` times after a warm-up, ranks aligned by a barrier before each call; rank 0's times are reported (its
-ping-pong time is a round trip, halved). The group is started with `torch.multiprocessing` (spawn) on a file
+ping-pong time is a round trip, halved), as median, mean, min and max: on a shared CPU the mean can be several
+times the median (a few calls wait for a process to be scheduled), and a step that makes dozens of collectives
+pays the mean. The group is started with `torch.multiprocessing` (spawn) on a file
 rendezvous in a temporary directory, with a timeout, so a stuck collective fails instead of hanging.
 """
 
@@ -70,7 +72,7 @@ def _worker(rank: int, world: int, rendezvous: str, sizes: list[int], repeats: i
             for op, fn, scale in (("ping-pong", ping_pong, 0.5), ("all-reduce", all_reduce, 1.0)):
                 times = [t * scale for t in _time(fn, repeats)]
                 rows.append({"op": op, "bytes": buf.numel() * 4, "median_s": statistics.median(times),
-                             "min_s": min(times), "max_s": max(times)})
+                             "mean_s": statistics.fmean(times), "min_s": min(times), "max_s": max(times)})
         if rank == 0:
             Path(out).write_text(json.dumps(rows))
     finally:
@@ -90,12 +92,14 @@ def measure(world: int = 2, sizes=DEFAULT_SIZES, repeats: int = 20, device: str 
 
 
 def fit(df: pd.DataFrame, world: int) -> pd.DataFrame:
-    """Alpha (s) and bus bandwidth (bytes/s) of each op, fitted to the median times (an all-reduce's traffic
-    factor 2(p - 1)/p, a send's 1)."""
+    """Alpha (s) and bus bandwidth (bytes/s) of each op, fitted to the median and to the mean times (an
+    all-reduce's traffic factor 2(p - 1)/p, a send's 1). The mean is what a step of many collectives pays: on a
+    busy 2-core machine a few calls wait milliseconds for a process to be scheduled, which the median hides."""
     rows = []
     for op, g in df.groupby("op"):
         factor = 2 * (world - 1) / world if op == "all-reduce" else 1.0
-        alpha, bandwidth = fit_alpha_beta(g["bytes"], g["median_s"], factor)
-        rows.append({"op": op, "alpha_us": 1e6 * alpha, "bandwidth_GBps": bandwidth / 1e9,
-                     "smallest_message_us": 1e6 * g.sort_values("bytes")["median_s"].iloc[0]})
+        for stat in ("median", "mean"):
+            alpha, bandwidth = fit_alpha_beta(g["bytes"], g[f"{stat}_s"], factor)
+            rows.append({"op": op, "statistic": stat, "alpha_us": 1e6 * alpha, "bandwidth_GBps": bandwidth / 1e9,
+                         "smallest_message_us": 1e6 * g.sort_values("bytes")[f"{stat}_s"].iloc[0]})
     return pd.DataFrame(rows)
