@@ -63,11 +63,13 @@ shape = ModelShape.preset(params.MODEL.removeprefix("random:"))
 
 # %% [markdown]
 # ## 1. This machine's links
-# Two processes of one `torch.distributed` group (gloo, one thread each, as the engine's TP ranks): a ping-pong
-# and an all-reduce over message sizes, COMM_REPEATS calls each after a barrier, and the alpha-beta fit of each
-# to the median and to the mean times (`lab.parallel.comm_bench`; weighted by 1 / time so the small messages
-# set alpha). On these 2 shared cores the mean is several times the median: a few calls wait milliseconds for a
-# process to be scheduled. A step of 64 collectives pays the mean, so the model below uses the mean fit.
+# Two processes of one `torch.distributed` group (gloo, one thread each, as the engine's TP ranks), over message
+# sizes, COMM_REPEATS calls each: a ping-pong and an all-reduce, each call after a barrier, and an all-reduce
+# after a small matmul on every rank with no barrier, as the collectives inside a step meet. Each is fitted by
+# the alpha-beta model to the median and to the mean times (`lab.parallel.comm_bench`; weighted by 1 / time so
+# the small messages set alpha). On these 2 virtual cores the mean is several times the median: some calls wait
+# milliseconds for the other process to be scheduled. A step of 64 collectives pays the mean, so the model of
+# section 2 uses the mean fit of the all-reduce between matmuls.
 
 # %%
 sweep, fitted = study.links(params)
@@ -174,8 +176,9 @@ if INTERACTIVE:
 
 # %%
 decode1 = tp[tp["phase"] == "decode"].sort_values("tokens").iloc[0]
+in_step = fitted.query("op == 'all-reduce between matmuls' and statistic == 'mean'").iloc[0]
 nvlink1 = proj[(proj["link"] == "nvlink-h100x8")].sort_values("batch").iloc[0]
-run.save_metrics(allreduce_alpha_us=float(fitted.query("op == 'all-reduce' and statistic == 'mean'")["alpha_us"].iloc[0]),
+run.save_metrics(allreduce_alpha_us=float(in_step["alpha_us"]),
                  tp2_decode_speedup_batch1=float(decode1["speedup"]),
                  tp2_decode_comm_share_batch1=float(decode1["comm share (measured)"]),
                  tp2_comm_model_over_measured=float(decode1["model / measured"]),

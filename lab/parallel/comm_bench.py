@@ -4,7 +4,8 @@ processes of one torch.distributed group (gloo on a CPU, NCCL on CUDA), and the 
 
 Every rank runs one intra-op thread, as a tensor-parallel rank of the engine does on a CPU. Each size is timed
 `repeats` times after a warm-up, ranks aligned by a barrier before each call; rank 0's times are reported (its
-ping-pong time is a round trip, halved), as median, mean, min and max: on a shared CPU the mean can be several
+ping-pong time is a round trip, halved), as median, mean, min and max; "all-reduce between matmuls" runs a small
+matmul on every rank before each call and no barrier, as the collectives inside a step meet: on a shared CPU the mean can be several
 times the median (a few calls wait for a process to be scheduled), and a step that makes dozens of collectives
 pays the mean. The group is started with `torch.multiprocessing` (spawn) on a file
 rendezvous in a temporary directory, with a timeout, so a stuck collective fails instead of hanging.
@@ -42,6 +43,19 @@ def _time(fn, repeats: int) -> list[float]:
     return times
 
 
+def _time_between(fn, repeats: int, compute) -> list[float]:
+    """`fn`'s times when each call follows `compute()` on every rank and no barrier aligns the ranks: what a
+    collective costs inside a step, where the ranks arrive when their own work and the OS scheduler let them."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        compute()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def _worker(rank: int, world: int, rendezvous: str, sizes: list[int], repeats: int, out: str, device: str) -> None:
     torch.set_num_threads(1)
     backend = "nccl" if device == "cuda" else "gloo"
@@ -69,8 +83,10 @@ def _worker(rank: int, world: int, rendezvous: str, sizes: list[int], repeats: i
                 if device == "cuda":
                     torch.cuda.synchronize()
 
-            for op, fn, scale in (("ping-pong", ping_pong, 0.5), ("all-reduce", all_reduce, 1.0)):
-                times = [t * scale for t in _time(fn, repeats)]
+            x, w = torch.randn(8, 576, device=device), torch.randn(576, 1536, device=device)  # ~0.1 ms on a CPU core
+            for op, times in (("ping-pong", [t / 2 for t in _time(ping_pong, repeats)]),
+                              ("all-reduce", _time(all_reduce, repeats)),
+                              ("all-reduce between matmuls", _time_between(all_reduce, repeats, lambda: x @ w))):
                 rows.append({"op": op, "bytes": buf.numel() * 4, "median_s": statistics.median(times),
                              "mean_s": statistics.fmean(times), "min_s": min(times), "max_s": max(times)})
         if rank == 0:
@@ -97,7 +113,7 @@ def fit(df: pd.DataFrame, world: int) -> pd.DataFrame:
     busy 2-core machine a few calls wait milliseconds for a process to be scheduled, which the median hides."""
     rows = []
     for op, g in df.groupby("op"):
-        factor = 2 * (world - 1) / world if op == "all-reduce" else 1.0
+        factor = 2 * (world - 1) / world if op.startswith("all-reduce") else 1.0
         for stat in ("median", "mean"):
             alpha, bandwidth = fit_alpha_beta(g["bytes"], g[f"{stat}_s"], factor)
             rows.append({"op": op, "statistic": stat, "alpha_us": 1e6 * alpha, "bandwidth_GBps": bandwidth / 1e9,

@@ -214,13 +214,13 @@ def tp_steps(p: ParallelParams, tp: int, context: int = 256) -> pd.DataFrame:
 def tp_summary(steps: pd.DataFrame, fitted: pd.DataFrame, shape: ModelShape, dtype_bytes: int) -> pd.DataFrame:
     """Per phase and tokens: median step at TP=1 and TP=2, the speedup, the measured communication share at TP=2
     (rank 0's seconds in collectives / its step) and the alpha-beta model's prediction of those seconds from
-    this machine's fitted links (2 L + 1 all-reduces and one gather of the logits on the tensor group, two
-    broadcasts of the batch on the control group)."""
+    this machine's fitted links (2 L + 1 all-reduces and one gather of the logits on the tensor group at the mean
+    cost of an all-reduce between matmuls, two broadcasts of the batch on the control group at a send's)."""
     from lab.parallel.comm_model import send_seconds, tp_comm_seconds
 
     f = fitted[fitted["statistic"] == "mean"].set_index("op")  # a step of 2 L + 2 collectives pays their mean
-    ar = Link("this machine, all-reduce", f.loc["all-reduce", "alpha_us"] * 1e-6,
-              f.loc["all-reduce", "bandwidth_GBps"] * 1e9)
+    ar = Link("this machine, all-reduce in a step", f.loc["all-reduce between matmuls", "alpha_us"] * 1e-6,
+              f.loc["all-reduce between matmuls", "bandwidth_GBps"] * 1e9)
     p2p = Link("this machine, send", f.loc["ping-pong", "alpha_us"] * 1e-6, f.loc["ping-pong", "bandwidth_GBps"] * 1e9)
     rows = []
     for (phase, tokens), g in steps.groupby(["phase", "tokens"]):
