@@ -10,6 +10,8 @@ import signal
 import pytest
 import torch
 
+from parallel_helpers import gone, tokens
+
 from lab.engine import LLM, SamplingParams
 from lab.engine.attention import PagedAttentionMetadata
 from lab.parallel.group import RankFailure
@@ -24,18 +26,6 @@ def pp_engine(**kw):
                                   "pipeline_parallel_size": 2, **kw})
 
 
-def tokens(outputs):
-    return [o.token_ids for o in outputs]
-
-
-def gone(pids) -> bool:
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-            return False
-        except ProcessLookupError:
-            pass
-    return True
 
 
 @pytest.fixture(scope="module")

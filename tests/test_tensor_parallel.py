@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+from parallel_helpers import gone, tokens
+
 from lab.engine import LLM, SamplingParams
 from lab.parallel.group import RankFailure
 from lab.memory import ModelShape, kv_bytes_per_token, weight_bytes
@@ -31,19 +33,6 @@ def tp_engine(**kw):
     return LLM("smollm2-135m", **{**TP_OPTIONS, **kw})
 
 
-def tokens(outputs):
-    return [o.token_ids for o in outputs]
-
-
-def gone(pids) -> bool:
-    """Every pid is reaped (no process, not even a zombie, is left)."""
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-            return False
-        except ProcessLookupError:
-            pass
-    return True
 
 
 @pytest.fixture(scope="module")
