@@ -1,0 +1,36 @@
+"""The claims ledger (issue 23, item 1): every numeric or testable claim of the three source articles, in one place.
+
+Each claim (`record.Claim`: seed, section, the claim in a sentence, the article's number) is either linked to
+the row of a notebook's claims table that checks it (`record.Link`) or says why no notebook does ("not
+checkable here", "not yet checked"). `gather` finds each linked row in the notebook's latest reference run and
+judges it by the rules written once in `rules` (tolerances, rounding, ranges, intervals); `report` writes
+`results/CLAIMS.md` and `results/CLAIMS.csv`. The registry is one module per seed (`seed000`, `seed002`,
+`seed003`). `lab claims` runs it; docs/claims.md explains it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lab.ledger.gather import Entry, gather
+from lab.ledger.record import Claim
+from lab.ledger.report import write_csv, write_markdown
+from lab.ledger.rules import MISSING
+from lab.ledger.seed000 import CLAIMS as SEED_000
+from lab.ledger.seed002 import CLAIMS as SEED_002
+from lab.ledger.seed003 import CLAIMS as SEED_003
+
+CLAIMS: list[Claim] = [*SEED_000, *SEED_002, *SEED_003]
+
+
+def write_ledger(root: Path, out_dir: Path, claims: list[Claim] = CLAIMS) -> tuple[list[Entry], list[Path]]:
+    """Gather `claims` from the reference runs under `root` and write CLAIMS.md and CLAIMS.csv into `out_dir`."""
+    entries = gather(claims, Path(root))
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return entries, [write_markdown(entries, out_dir), write_csv(entries, out_dir)]
+
+
+def missing(entries: list[Entry]) -> list[Entry]:
+    """The claims whose evidence row is absent from their notebook's latest reference run."""
+    return [e for e in entries if e.verdict == MISSING]

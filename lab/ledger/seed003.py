@@ -1,0 +1,159 @@
+"""Every numeric or testable claim of seeds/003 (LLM deployment: memory, quantization, scheduling), by section.
+
+Checked by notebook 01 (memory accounting and INT4 decode), 03 (KV-cache quantization, its verdicts.csv), 05
+(speculative decoding), 07 (structured output) and 08 (parallelism). Notebooks 02 and 06 measure several of its
+claims but write no claims table yet; those rows say so.
+"""
+
+from __future__ import annotations
+
+from lab.ledger.record import Claim, Link
+from lab.ledger.rules import NOT_CHECKABLE, NOT_YET, Number, Range
+
+MEM, KV, SPEC, STRUCT, PAR = ("01_memory_accounting", "03_kv_quantization", "05_speculative_acceptance",
+                              "07_structured_output", "08_parallelism")
+SETTING = "a recommended setting, not a statement with a truth value"
+NO_ROW_02 = "notebook 02 measures it but writes no claims table (its verdicts.txt has no interval; issue 23 items 3-4)"
+NO_ROW_06 = "notebook 06 measures it but writes no claims table"
+SECTION_6_2 = ("§6.2's worked example gives a 70B model 32 layers; a real 70B has 80 (KV 80 GiB, 119 GiB in all, per "
+               "issue 23), which lab.memory would check; no notebook row recomputes the example that way")
+
+
+def c(n: int, section: str, claim: str, article: str, **kw) -> Claim:
+    return Claim(f"003-{n:02d}", "003", section, claim, article, **kw)
+
+
+def kv(claim: str) -> Link:
+    return Link(KV, claim, table="verdicts.csv")
+
+
+CLAIMS = [
+    c(1, "§1.1", "A 70B model stored in FP16 takes 140 GB and does not fit one 80 GB card.", "140 GB",
+      link=Link(PAR, "a 70B model in FP16 takes 140 GB", lab_pattern=r"(?P<v>\d+(?:\.\d+)?) GB"),
+      rule=Number("140", exact=False)),
+    c(2, "§1.1", "In INT4 with group scales and zero points a 70B model takes 38-42 GB.", "38-42 GB",
+      link=Link(MEM, "70B in INT4 with group scales"), rule=Range("38", "42")),
+    c(3, "§1.1", "KV per token for 32 layers, 8 KV heads, head_dim 128 in FP16 is 131,072 B (128 KB).", "131072 B",
+      link=Link(MEM, "KV per token, 32 layers x 8 KV heads"), rule=Number("131072")),
+    c(4, "§1.1", "One 8K-token request of that model holds 1 GB of KV.", "1 GB",
+      link=Link(MEM, "same model, one request of 8K tokens"), rule=Number("1")),
+    c(5, "§1.1", "Thirty-two such requests hold 32 GB of KV (repeated in §6.2).", "32 GB",
+      link=Link(MEM, "KV of 8K x 32 requests"), rule=Number("32")),
+    c(6, "§1.1", "With MHA (32 KV heads) an 8K-token request holds 4 GB of KV.", "4 GB",
+      link=Link(MEM, "MHA (32 KV heads)"), rule=Number("4")),
+    c(7, "§1.1", "Activations need a 2-4 GB margin.", "2-4 GB", verdict=NOT_CHECKABLE,
+      why="a safety margin that depends on the batch's token budget, not one number"),
+    c(8, "§1.2", "Decode reads 40 GB of INT4 weights at 2 TB/s in 20 ms: at most 50 tokens/s per request.", "20 ms",
+      link=Link(MEM, "decode lower bound for 40 GB"), rule=Number("20")),
+    c(9, "§1.2", "Real kernels reach 60-70% of that bound: about 30 tokens/s per request.", "about 30 tokens/s",
+      verdict=NOT_CHECKABLE, why="needs a 2 TB/s GPU and a 70B INT4 model (notebook 01 measures the CPU engine at "
+                                 "3.2x its own bound)"),
+    c(10, "§1.2", "Prefill of 4096 tokens on a 70B model is about 5.7e14 FLOPs (573 TFLOPs).", "5.7e14",
+      link=Link(MEM, "prefill FLOPs of a 70B model on 4096 tokens"), rule=Number("5.73e14")),
+    c(11, "§1.2", "At 300+ TFLOP/s and 40% utilisation that prefill takes 4+ seconds.", "4+ s", verdict=NOT_YET,
+      why="arithmetic on the row above (lab.roofline's prefill time at 40% of an A100's 312 TFLOP/s); no row "
+          "computes it"),
+    c(12, "§1.3", "A 50 ms TPOT is 20 tokens/s per request; 32 concurrent requests make 640 tokens/s.", "640 tokens/s",
+      verdict=NOT_YET, why="arithmetic no notebook row states (1000/50 x 32 = 640)"),
+    c(13, "§2", "INT4 quantization often doubles throughput on the same card.", "2x", verdict=NOT_YET,
+      why="notebook 01's int4_decode table measures INT4 against bf16 at batch 1 and 32 but has no row for "
+          "throughput"),
+    c(14, "§2.1", "FP8 weights are nearly lossless and need no calibration.", "nearly lossless", verdict=NOT_YET,
+      why="notebook 02 quantizes weights to int8, int4 and int3, not fp8"),
+    c(15, "§2.1", "AWQ is steadier on instruction and chat tasks; GPTQ is slightly better in perplexity; the gap is "
+                  "small.", "GPTQ <= AWQ in perplexity", verdict=NOT_YET,
+      why=f"{NO_ROW_02}: at w4g64 AWQ 9.58 against GPTQ 10.31, the opposite order, without intervals"),
+    c(16, "§2.1", "INT4 decode is 2-2.5x faster than FP16 (batch 1).", "2-2.5x",
+      link=Link(MEM, "INT4 decode is 2-2.5x faster than FP16 (batch 1)"), rule=Range("2", "2.5")),
+    c(17, "§2.1", "INT4 decode is 2-2.5x faster than FP16 (batch 32).", "2-2.5x",
+      link=Link(MEM, "INT4 decode is 2-2.5x faster than FP16 (batch 32)"), rule=Range("2", "2.5")),
+    c(18, "§2.2", "Calibrate on 256-512 samples of real traffic; a short-QA calibration set degrades long-document "
+                  "summaries.", "256-512 samples", verdict=NOT_YET,
+      why=f"{NO_ROW_02}: summarization KL 1.36x higher with short-QA calibration"),
+    c(19, "§2.2", "Perplexity barely moves under quantization while task metrics drop.", "perplexity +0.x",
+      verdict=NOT_YET, why=f"{NO_ROW_02} (its sensitive_vs_perplexity table)"),
+    c(20, "§2.3", "An FP8 KV cache is usually safe.", "safe", link=kv("FP8 (e4m3, calibrated per-tensor scale)")),
+    c(21, "§2.3", "An INT8 KV cache needs care.", "needs care", link=kv("INT8 needs care")),
+    c(22, "§2.3", "An INT4 KV cache is not for online serving.", "not safe", link=kv("INT4 is not safe")),
+    c(23, "§2.3", "Keys are more sensitive to quantization than values.", "K > V",
+      link=kv("keys are more sensitive than values (int4/per-token)")),
+    c(24, "§2.3", "Keys want finer (per-channel) scales.", "per-channel K", link=kv("keys want per-channel scales")),
+    c(25, "§2.3", "Per-token dynamic scales beat a per-tensor static scale on long context.", "per-token",
+      link=kv("per-token dynamic beats per-tensor static on long context (int8)")),
+    c(26, "§2.3", "KV quantization error grows with context, so short prompts hide it.", "grows",
+      link=kv("the error grows with context")),
+    c(27, "§3.1", "Reserving 4096 tokens for a 500-token request wastes about 80%.", "about 80%", verdict=NOT_YET,
+      why="notebook 01's paging_waste table computes waste per allocation policy but has no claims row "
+          "(1 - 500/4096 is 88%)"),
+    c(28, "§3.1", "Paging cuts KV waste from over 60% to single digits.", "> 60% -> < 10%", verdict=NOT_YET,
+      why="notebook 01's paging_waste table, no claims row"),
+    c(29, "§3.2", "Set max_num_seqs to about 80% of what memory allows; max batched tokens 2048-8192.", "80%",
+      verdict=NOT_CHECKABLE, why=SETTING),
+    c(30, "§3.3", "Prefix caching cuts TTFT substantially with a long fixed system prompt.", "substantially",
+      verdict=NOT_YET, why=f"{NO_ROW_06}: TTFT P50 2.6x lower with a 512-token shared prompt"),
+    c(31, "§4.1", "Tiled attention with an online softmax keeps the scores on chip, so attention memory grows linearly "
+                  "rather than quadratically with context.", "quadratic -> linear", verdict=NOT_YET,
+      why="the lab's Triton paged attention kernels (kernels/paged_attention.py) are of that kind and their traffic "
+          "is checked against formulas, but no notebook row measures memory against context"),
+    c(32, "§4.2", "Kernel launches take about 20% of decode time; CUDA graphs remove it.", "about 20%",
+      verdict=NOT_CHECKABLE, why="needs a GPU (CUDA graphs)"),
+    c(33, "§4.3", "TP without fast links: communication eats the gain, even slower than one card.", "slower",
+      link=Link(PAR, "TP without fast links")),
+    c(34, "§4.3", "In PP, micro-batches at least 4x the stages fill most of the bubble.", "m >= 4p",
+      link=Link(PAR, "PP: micro-batches at least 4x")),
+    c(35, "§4.3", "TP inside a node of at most 8 cards; PP across nodes.", "TP <= 8",
+      link=Link(PAR, "TP inside a node of at most 8 cards")),
+    c(36, "§5.1", "A small draft model costs c = 0.03-0.1 of the target (the n-gram drafter).", "0.03-0.1",
+      link=Link(SPEC, "draft cost ratio c is typically 0.03-0.1 (ngram)"), rule=Range("0.03", "0.1"),
+      why="c = 0.001 is far below the range: the range does not describe this drafter (the notebook's check was "
+          "only c <= 0.1)"),
+    c(37, "§5.1", "c = 0.03-0.1 (the lab's layer-skip drafter).", "0.03-0.1",
+      link=Link(SPEC, "draft cost ratio c is typically 0.03-0.1 (layerskip)"), rule=Range("0.03", "0.1")),
+    c(38, "§5.1", "c = 0.03-0.1 (a weight-quantized copy as draft).", "0.03-0.1",
+      link=Link(SPEC, "draft cost ratio c is typically 0.03-0.1 (quantized)"), rule=Range("0.03", "0.1")),
+    c(39, "§5.1", "a = 0.7, k = 4, c = 0.05 give 2.77 tokens a round and about 2.3x.", "2.3x",
+      link=Link(SPEC, "a=0.7, k=4, c=0.05", lab_pattern=r"speedup = (?P<v>[\d.]+)"), rule=Number("2.3")),
+    c(40, "§5.1", "At a = 0.5 the round yields 1.94 tokens and about 1.6x.", "1.6x",
+      link=Link(SPEC, "a=0.5: E = 1.94", lab_pattern=r"speedup = (?P<v>[\d.]+)"), rule=Number("1.6")),
+    c(41, "§5.1", "Below a = 0.4 speculation is hardly worth it.", "a < 0.4", link=Link(SPEC, "a below 0.4")),
+    c(42, "§5.1", "Verifying k drafts costs one target step (a round costs 1 + k c).", "1 + k c",
+      link=Link(SPEC, "verifying k drafts costs one target step")),
+    c(43, "§5.1", "Acceptance decides everything.", "a decides", link=Link(SPEC, "acceptance decides everything")),
+    c(44, "§5.1", "Code, rewriting, translation and summarization reach a >= 0.7; open-ended writing falls under 0.5 "
+                  "(n-gram drafter).", "a >= 0.7 / < 0.5",
+      link=Link(SPEC, "open-ended writing a < 0.5 (ngram)")),
+    c(45, "§5.1", "The same, for the layer-skip drafter.", "a >= 0.7 / < 0.5",
+      link=Link(SPEC, "open-ended writing a < 0.5 (layerskip)")),
+    c(46, "§5.1", "The same, for a quantized copy as drafter.", "a >= 0.7 / < 0.5",
+      link=Link(SPEC, "open-ended writing a < 0.5 (quantized)")),
+    c(47, "§5.2", "N-gram drafts work wonders for rewriting and RAG at almost zero cost.", "near-zero cost",
+      link=Link(SPEC, "n-gram drafts work wonders")),
+    c(48, "§5.2", "A same-family small model drafts best.", "same family", link=Link(SPEC, "same-family small model")),
+    c(49, "§5.3", "Constrained decoding makes the format absolutely correct.", "100% valid",
+      link=Link(STRUCT, "makes the format absolutely correct")),
+    c(50, "§5.3", "... and faster, through fewer retries.", "faster", link=Link(STRUCT, "and faster: a smaller")),
+    c(51, "§5.3", "Masking a 100k+ vocabulary takes 20-30% of a step at small batch (batch 1).", "20-30%",
+      link=Link(STRUCT, "at small batch (batch 1)", lab_pattern=r"(?P<v>[\d.]+)% of a"), rule=Range("20", "30")),
+    c(52, "§5.3", "The same at batch 64.", "20-30%",
+      link=Link(STRUCT, "at small batch (batch 64)", lab_pattern=r"(?P<v>[\d.]+)% of a"), rule=Range("20", "30")),
+    c(53, "§5.3", "The same, projected to a GPU with a 128K vocabulary.", "20-30%",
+      link=Link(STRUCT, "(the same, projected)")),
+    c(54, "§5.3", "Precompiling the state transitions reduces masking to a lookup and a bitwise AND.", "lookup",
+      link=Link(STRUCT, "precompiling the state transitions")),
+    c(55, "§5.3", "Deeply nested schemas make the state machine explode.", "explodes",
+      link=Link(STRUCT, "deeply nested schemas")),
+    c(56, "§5.3", "Vocabularies run to a hundred thousand tokens or more.", "100k+",
+      link=Link(STRUCT, "vocabularies run to a hundred thousand")),
+    c(57, "§6.2", "Fixed-length load tests seriously overestimate performance.", "overestimate", verdict=NOT_YET,
+      why=f"{NO_ROW_06}: fixed lengths at the P50 report 1.46x the log-normal's goodput"),
+    c(58, "§6.2", "Run production at about 70% of the throughput knee.", "70%", verdict=NOT_CHECKABLE,
+      why=f"{SETTING} (notebook 06 applies it: knee 8, operating point 6)"),
+    c(59, "§6.2", "The sizing example's weights: 70B at 0.55 bytes/param are 35.8 GB.", "35.8 GB",
+      link=Link(MEM, "weights of 70B at 0.55 bytes/param"), rule=Number("35.8"),
+      why="70e9 x 0.55 B = 35.86 GiB, which prints as 35.9 (the article's own code prints 35.9): a rounding slip, "
+          "not a wrong figure; the notebook held this one row to 0.05% and called it wrong"),
+    c(60, "§6.2", "Weights 35.8 + KV 32 + 3 GB reserve make about 71 GB, just fitting an 80 GB card.", "70+ GB",
+      verdict=NOT_YET, why=SECTION_6_2),
+    c(61, "§6.2", "Dropping to 24 requests or an FP8 KV cache both make the example fit.", "both fit",
+      verdict=NOT_YET, why=SECTION_6_2),
+]
