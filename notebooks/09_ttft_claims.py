@@ -1,0 +1,152 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 09 · Seed 002's first-token claims: the KV cache, INT8, the prefix-cache hit rate and the cold start
+#
+# The TTFT-on-Kubernetes article (seeds/002) says the KV cache cuts the first token's compute from O(L^2) to
+# O(L) (2.5x at 512 tokens for a 70B model), that INT8 weights save 30% of memory (section 5.2) or about 50%
+# (section 6.2), that a prefix-cache hit rate under 60% raises TTFT by 40-70% (section 5.3), and that preloading
+# and a warm-up take a cold start from 15 s to 4 s and a first-request TTFT from 3 s to 300 ms. This notebook
+# counts (a) prefill FLOPs with and without a cached prefix and measures TTFT for a miss and a hit, (b) the INT8
+# weight bytes, (c) TTFT against the share of the prompt in the prefix cache, and (d) a cold start by part on the
+# lab's engine, then sets each claim against the numbers (e). The logic lives in `lab.studies.ttft_claims` and
+# `ttft_claims_table`. Timings are medians with min-max over repeats.
+
+# %% tags=["parameters"]
+PRESET = "quick"  # quick (about a minute), reference (the committed runs) or smoke (tests); values set below win
+INTERACTIVE = False  # show the widget cells
+MODEL = "smollm2-135m"  # the engine model
+DTYPE = "auto"  # the serving dtype, or "float32"
+SHAPES = ("smollm2-135m", "llama-3-8b", "llama-3-70b")  # model shapes counted, not run
+PROMPT_TOKENS = 512  # the first-token compute claim
+CACHED_TOKENS = 448  # a cached prefix of that prompt
+SWEEP_TOKENS = 1024  # the hit-rate sweep prompt
+HIT_RATES = (0, 20, 40, 60, 80, 100)  # percent of the sweep prompt cached
+HIGH_HIT = 80  # the high hit rate the others are compared with
+REPEATS = 7  # TTFT repeats per point
+COLD_REPEATS = 3  # fresh processes per cold-start case
+COLD_PROMPT = 128  # the cold-start request prompt tokens
+KV_TOKENS = 32768  # bf16 KV tokens beside the weights in the total-memory saving
+
+# %%
+import pandas as pd
+
+from lab.models import load_model
+from lab.runs import params_from_namespace, start_run
+from lab.studies import ttft_claims as study
+from lab.studies import ttft_claims_table as table
+
+params = params_from_namespace(study.TTFTParams, globals())  # validates every value before heavy work
+run = start_run("09_ttft_claims", params)
+
+# %% [markdown]
+# ## (a) What the KV cache does for the first token
+# Prefill FLOPs of a PROMPT_TOKENS prompt with no cached prefix and with CACHED_TOKENS of it cached:
+# `2 P (L - c)` in the linears plus `a (L(L+1)/2 - c(c+1)/2)` in attention (`lab.roofline`'s per-token costs).
+# With no shared prefix there is nothing to reuse: the first token needs the whole prompt's forward either way.
+
+# %%
+flops = study.flops_table(params)
+run.save_table("prefill_flops", flops)
+flops.round(3).T
+
+# %% [markdown]
+# The same on the engine: TTFT of a fresh prompt (a miss), of one whose first CACHED_TOKENS are in the prefix
+# cache, and of a prompt seen before (every full block but the last reused).
+
+# %%
+model, tok = load_model(params.MODEL, dtype=params.torch_dtype, prepack_weights=True)
+llm = study.make_engine(model, tok, max(params.PROMPT_TOKENS, params.SWEEP_TOKENS))
+first = study.first_token_points(params, llm)
+run.save_table("first_token_ttft", first)
+first.round(4)
+
+# %% [markdown]
+# ## (b) INT8 weight memory
+# `lab.memory.weight_bytes` in int8 (one bf16 scale per output channel) against bf16. Serving stacks leave the
+# embedding, the LM head and the norms in 16 bits; a second row puts the embeddings in int8 too, a third adds a
+# bf16 KV cache of KV_TOKENS tokens to both sides.
+
+# %%
+int8 = study.int8_table(params)
+run.save_table("int8_memory", int8)
+int8.round(3)
+
+# %% [markdown]
+# ## (c) TTFT against the prefix-cache hit rate
+# SWEEP_TOKENS-token prompts whose first h% is put in the cache by an earlier request with the same prefix and
+# another suffix (rounded down to whole blocks; the engine always computes the last block). Relative to HIGH_HIT,
+# with a worst-case interval (this point min over the reference max, and the other way round).
+
+# %%
+sweep = study.hit_sweep(params, llm)
+run.save_table("hit_rate_sweep", sweep)
+sweep.round(3)
+
+# %% [markdown]
+# ## (d) Cold start, by part
+# Fresh processes: `python -c pass`; then import the engine, load the weights (the cached safetensors evicted from
+# the page cache with `posix_fadvise`, or warm), build the engine and time the first request, with or without an
+# 8-token warm-up request before it. `resident_before` is the share of the weights file in the page cache at the
+# start (mincore).
+
+# %%
+cold_raw, cold_info = study.cold_start(params)
+run.save_table("cold_start_raw", cold_raw)
+cold = study.cold_summary(cold_raw)
+run.save_table("cold_start", cold)
+run.save_figure("ttft_claims", table.plot(sweep, first, cold, params.HIGH_HIT))
+cold.round(3)
+
+# %% [markdown]
+# ## (e) The article's claims
+
+# %%
+claims = table.claims_table(params, flops, first, int8, sweep, cold, cold_info["weights_bytes"])
+run.save_table("claims", claims)
+with pd.option_context("display.max_colwidth", 200):
+    display(claims)  # noqa: F821
+
+# %% [markdown]
+# ## Explore (INTERACTIVE)
+# Prefill FLOPs with a cached prefix for another model shape, prompt length and cached share.
+
+# %%
+if INTERACTIVE:
+    import ipywidgets as widgets
+
+    from lab.memory import PRESETS_DIR
+    from lab.widgets import panel
+
+    def show(shape, tokens, cached_pct):
+        p = study.TTFTParams(SHAPES=(shape,), PROMPT_TOKENS=tokens, CACHED_TOKENS=min(tokens * cached_pct // 100, tokens - 1))
+        display(study.flops_table(p).round(3).T)  # noqa: F821
+
+    display(panel(show, {"shape": widgets.Dropdown(options=sorted(f.stem for f in PRESETS_DIR.glob("*.json"))),  # noqa: F821
+                         "tokens": widgets.IntSlider(value=512, min=64, max=8192, step=64),
+                         "cached_pct": widgets.IntSlider(value=50, min=0, max=99)},
+                  "prefill FLOPs with a cached prefix"))
+
+# %%
+sw = sweep.set_index("hit rate %")
+run.save_metrics(first_token_flops_ratio_no_prefix=1.0,
+                 flops_ratio_cached=float(flops["no cache / cached prefix"].iloc[-1]),
+                 cached_share_for_2_5x=float(flops["cached share for 2.5x"].iloc[-1]),
+                 ttft_miss_s=float(first["ttft median s"].iloc[0]), ttft_hit_s=float(first["ttft median s"].iloc[-1]),
+                 int8_saving=float(int8.query("what == 'weights, embeddings in bf16'")["saving"].iloc[-1]),
+                 **{f"ttft_vs_{params.HIGH_HIT}_at_{h}": float(sw.loc[h, f"vs {params.HIGH_HIT}% (median)"]) for h in sw.index},
+                 weights_bytes=cold_info["weights_bytes"], wrong_claims=int((claims["holds"] == False).sum()))  # noqa: E712
+run.finish()

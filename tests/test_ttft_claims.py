@@ -1,0 +1,99 @@
+"""Notebook 09's counting logic: prefill FLOPs with a cached prefix and the INT8 weight saving, checked against
+sums written out by hand, so a wrong formula fails here rather than in a verdict."""
+
+import os
+
+import pytest
+
+from lab import memory as mem
+from lab import roofline as rl
+from lab.studies import ttft_claims as study
+
+COST = rl.ModelCost(weight_bytes=0.0, active_params=1000.0, kv_bytes_per_token=0.0, attn_flops_per_ctx_token=10.0)
+
+
+def brute_force(cost, n, cached):
+    """Token by token: each computed token i (1-based) runs the linears and attends to i context tokens."""
+    return sum(2 * cost.active_params + cost.attn_flops_per_ctx_token * i for i in range(cached + 1, n + 1))
+
+
+@pytest.mark.parametrize("n, cached", [(1, 0), (7, 0), (512, 0), (512, 448), (512, 511), (100, 37)])
+def test_cached_prefill_flops_are_the_sum_over_computed_tokens(n, cached):
+    got = study.prefill_flops_cached(COST, n, cached)
+    assert got["total"] == pytest.approx(brute_force(COST, n, cached))
+    assert got["linear"] == pytest.approx(2 * COST.active_params * (n - cached))
+
+
+def test_no_cached_prefix_is_the_rooflines_prefill():
+    cost = rl.model_cost(mem.ModelShape.preset("llama-3-8b"), "bf16", "bf16")
+    assert study.prefill_flops_cached(cost, 512)["total"] == pytest.approx(rl.prefill_flops(cost, 512))
+
+
+def test_first_token_compute_is_nearly_linear_at_512_tokens():
+    """The article's O(L^2): at 512 tokens attention is a small share of Llama-3-8B's prefill, so doubling the
+    prompt roughly doubles the FLOPs (not x4)."""
+    cost = rl.model_cost(mem.ModelShape.preset("llama-3-8b"), "bf16", "bf16")
+    full = study.prefill_flops_cached(cost, 512)
+    assert full["attention"] / full["total"] < 0.02
+    assert 2.0 < rl.prefill_flops(cost, 1024) / rl.prefill_flops(cost, 512) < 2.05
+
+
+def test_the_share_cached_for_a_speedup():
+    # linear-only model: cost is proportional to computed tokens, so 2.5x needs 60% cached
+    linear = rl.ModelCost(0.0, 1000.0, 0.0, 0.0)
+    assert study.cached_share_for_speedup(linear, 100, 2.5) == pytest.approx(0.60)
+    assert study.cached_share_for_speedup(linear, 100, 1.0) == 0.0
+    # attention makes later tokens dearer, so a little more must be cached
+    assert study.cached_share_for_speedup(COST, 100, 2.5) > 0.60
+
+
+def test_int8_saving_by_hand_for_a_small_shape():
+    s = mem.ModelShape.preset("smollm2-135m")
+    counts = mem.param_counts(s)
+    linear_params = sum(n * o * i for part in mem.linear_shapes(s).values() for n, o, i in part)
+    rows = sum(n * o for part in mem.linear_shapes(s).values() for n, o, _ in part)
+    b16 = 2 * counts["total"]  # every parameter in 2 bytes (tied embeddings counted once)
+    i8 = b16 - 2 * linear_params + linear_params + 2 * rows  # linears at 1 byte plus a bf16 scale per row
+    got = study.int8_saving(s)
+    assert got["bf16 bytes"] == pytest.approx(mem.weight_bytes(s, "bf16")["total"])
+    assert got["int8 bytes"] == pytest.approx(i8)
+    assert got["saving"] == pytest.approx(1 - i8 / b16)
+
+
+def test_int8_saving_stays_below_half_and_nears_it_for_large_models():
+    small = study.int8_saving(mem.ModelShape.preset("smollm2-135m"))["saving"]
+    big = study.int8_saving(mem.ModelShape.preset("llama-3-70b"))["saving"]
+    assert small < big < 0.5 and big > 0.45
+    assert study.int8_saving(mem.ModelShape.preset("llama-3-70b"), embeddings_int8=True)["saving"] > big
+    with_kv = study.int8_saving(mem.ModelShape.preset("llama-3-8b"), kv_tokens=32768)["saving"]
+    assert with_kv < study.int8_saving(mem.ModelShape.preset("llama-3-8b"))["saving"]
+
+
+def test_params_reject_a_cached_prefix_as_long_as_the_prompt_and_a_missing_reference():
+    with pytest.raises(ValueError, match="CACHED_TOKENS"):
+        study.TTFTParams(PROMPT_TOKENS=64, CACHED_TOKENS=64)
+    with pytest.raises(ValueError, match="HIGH_HIT"):
+        study.TTFTParams(HIT_RATES=(0, 50), HIGH_HIT=80)
+
+
+def test_resident_share_sees_an_eviction(tmp_path):
+    f = tmp_path / "w.bin"
+    with f.open("wb") as out:
+        out.write(b"x" * (1 << 20))
+        out.flush()
+        os.fsync(out.fileno())  # dirty pages would stay cached
+    f.read_bytes()
+    assert study.resident_share(f) > 0.9
+    study.evict(tmp_path)
+    assert study.resident_share(f) < 0.5
+
+
+def test_the_pending_ledger_links_replace_not_yet_checked_claims_only():
+    from lab.ledger.rules import NOT_YET
+    from lab.ledger.seed002 import CLAIMS, NB09, NB09_LINKS, switch_to_nb09
+
+    by_id = {c.id: c for c in CLAIMS}
+    assert set(NB09_LINKS) <= set(by_id) and all(by_id[i].verdict == NOT_YET for i in NB09_LINKS)
+    switched = {c.id: c for c in switch_to_nb09(CLAIMS)}  # Claim.__post_init__ validates each
+    assert all(switched[i].link.notebook == NB09 and switched[i].verdict is None for i in NB09_LINKS)
+    assert all(switched[i] == by_id[i] for i in by_id if i not in NB09_LINKS)
