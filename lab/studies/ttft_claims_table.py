@@ -67,9 +67,9 @@ def claims_table(p: TTFTParams, flops: pd.DataFrame, first: pd.DataFrame, int8: 
         s = w.loc[(p.SHAPES[-1], "weights, embeddings in bf16"), "saving"]
         ok = abs(100 * s - claim_pct) <= 5
         add(source, claim, f"weight bytes saved, int8 per-channel vs bf16, embeddings and norms in bf16: {parts}",
-            ("holds" if ok else "wrong") + f" for the weights of {p.SHAPES[-1]} ({100 * s:.0f}% vs {claim_pct}%, "
-            f"within 5 points or not): int8 halves every linear, the 16-bit embeddings and a bf16 KV cache pull it "
-            f"below 50%", ok)
+            ("holds" if ok else "wrong") + f" for the weights of {p.SHAPES[-1]} ({100 * s:.0f}% vs {claim_pct}%; "
+            f"the rule: within 5 points): int8 halves every linear, the 16-bit embeddings and a bf16 KV cache pull "
+            f"it below 50%", ok)
     sw = sweep.set_index("hit rate %")
     under = [h for h in sw.index if h < 60]
     low = max(under) if under else min(sw.index)
