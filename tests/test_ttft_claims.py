@@ -88,12 +88,9 @@ def test_resident_share_sees_an_eviction(tmp_path):
     assert study.resident_share(f) < 0.5
 
 
-def test_the_pending_ledger_links_replace_not_yet_checked_claims_only():
-    from lab.ledger.rules import NOT_YET
-    from lab.ledger.seed002 import CLAIMS, NB09, NB09_LINKS, switch_to_nb09
+def test_the_ledger_reads_seed_002s_claims_from_notebook_09():
+    from lab.ledger.seed002 import CLAIMS, NB09
 
-    by_id = {c.id: c for c in CLAIMS}
-    assert set(NB09_LINKS) <= set(by_id) and all(by_id[i].verdict == NOT_YET for i in NB09_LINKS)
-    switched = {c.id: c for c in switch_to_nb09(CLAIMS)}  # Claim.__post_init__ validates each
-    assert all(switched[i].link.notebook == NB09 and switched[i].verdict is None for i in NB09_LINKS)
-    assert all(switched[i] == by_id[i] for i in by_id if i not in NB09_LINKS)
+    linked = {c.id for c in CLAIMS if c.link is not None and c.link.notebook == NB09}
+    assert linked == {"002-02", "002-12", "002-17", "002-18", "002-20", "002-22", "002-23", "002-27", "002-31",
+                      "002-35"}

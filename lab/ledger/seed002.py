@@ -1,20 +1,18 @@
 """Every numeric or testable claim of seeds/002 (first-token latency on Kubernetes/ACK), by section.
 
-No notebook has a claims table for this article yet: notebook 08 checks its memory-per-GPU figures, and the rest
-are either beyond a CPU machine (cluster scheduling, 70B models on A100s) or wait for issue 23 item 2 (prefill
-FLOPs with and without a cached prefix, the INT8 memory saving, a cold-start decomposition with a readiness
-route, TTFT against the prefix-cache hit rate). Sections follow the article's headings: §1.2 is 一.2, §2.3 is
-二.3.
+Notebook 09 (`lab.studies.ttft_claims`) checks its first-token compute, INT8 memory, prefix-cache hit-rate and
+cold-start claims; notebook 08 its memory-per-GPU figures. The rest are beyond a CPU machine (cluster scheduling,
+70B models on A100s) or not yet checked (with what would check them). Sections follow the article's headings:
+§1.2 is 一.2, §2.3 is 二.3.
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 from lab.ledger.record import Claim, Link
 from lab.ledger.rules import NOT_CHECKABLE, NOT_YET, Number, Range
 
 PAR = "08_parallelism"
+NB09 = "09_ttft_claims"
 CLUSTER = "needs a Kubernetes cluster with GPU nodes"
 GPUS_70B = "needs a 70B checkpoint on A100/H100 GPUs"
 SETTING = "a recommended setting or procedure, not a statement with a truth value"
@@ -22,8 +20,6 @@ ITEM2 = "issue 23 item 2"
 COLD = f"{ITEM2}: the cold-start decomposition (process start, imports, weight load from a cold and a warm file, " \
        "first request with and without warm-up)"
 HIT_RATE = f"{ITEM2}: TTFT against the prefix-cache hit rate swept from 0 to 100%"
-PREFILL = f"{ITEM2}: prefill FLOPs with and without a cached prefix, measured and counted"
-INT8_MEM = f"{ITEM2}: the INT8 memory saving from lab.memory and the engine's allocation"
 PREFIX_06 = "notebook 06's prefix_caching table measures TTFT with a shared 512-token prompt (P50 2.6x lower at an " \
             "83% hit rate) but has no claims row"
 
@@ -36,8 +32,8 @@ CLAIMS = [
     c(1, "§0", "Under high concurrency TTFT climbs from hundreds of milliseconds to seconds while GPU utilisation "
                "stays under 30%.", "< 30%", verdict=NOT_CHECKABLE, why=CLUSTER),
     c(2, "§1.1", "Loading a 70B model on a cold start can take over 10 s.", "> 10 s",
-      verdict=NOT_YET, why=f"{COLD}; the 70B figure itself {GPUS_70B}, but load time against bytes and disk "
-                           "bandwidth can be measured here"),
+      link=Link(NB09, "70B model on a cold start can take over 10 s"),
+      why="a projection: a 70B's bf16 bytes over this machine's measured cold-read rate"),
     c(3, "§1.1", "A P99 TTFT of 500 ms is the common SLA line.", "500 ms", verdict=NOT_CHECKABLE,
       why="a convention, not a measurable claim"),
     c(4, "§1.2", "Dynamic KV management such as PagedAttention lowers TTFT by 30-50%.", "30-50%",
@@ -61,7 +57,8 @@ CLAIMS = [
     c(11, "§2.3", "A new node takes 40 s to 2 min to come up.", "40 s - 2 min", verdict=NOT_CHECKABLE,
       why="needs a cloud provider's node pool"),
     c(12, "§2.3", "A warm pool of 2-3 loaded idle pods cuts cold-start TTFT anomalies from 3 s to under 300 ms.",
-      "3 s -> < 300 ms", verdict=NOT_YET, why=f"{COLD}, and a readiness route that reports ready only after warm-up"),
+      "3 s -> < 300 ms", link=Link(NB09, "warm pool of loaded idle pods"),
+      why="in kind: a request meeting a cold process against a warm one; the 3 s and 300 ms are the deployment's"),
     c(13, "§2.3", "8-card TP across nodes adds 10-15% to TTFT.", "10-15%", link=Link(PAR, "8-card TP across nodes")),
     c(14, "§3", "Sharded loading on 8 A100s cuts initialisation to about 1/8 of a single-card load.", "1/8",
       verdict=NOT_CHECKABLE, why="needs 8 GPUs (and a load bound by one disk's bandwidth would not shrink 8x)"),
@@ -73,23 +70,21 @@ CLAIMS = [
       verdict=NOT_YET, why="notebook 08's alpha-beta projection of Llama-3-70B could compare TP=4 with TP=8 on "
                            "NVLink; it projects TP=8 only"),
     c(17, "§3.2", "Caching weights in /dev/shm or tmpfs brings disk I/O from seconds to milliseconds.",
-      "seconds -> milliseconds", verdict=NOT_YET,
-      why=f"{ITEM2}: weight load from a cold file (evicted with posix_fadvise) and from a warm one"),
+      "seconds -> milliseconds", link=Link(NB09, "/dev/shm or tmpfs")),
     c(18, "§3.2", "An 8-token warm-up request at start lowers real requests' TTFT by 30-50%.", "30-50%",
-      verdict=NOT_YET, why="notebook 06's cold_start table measures the first request's TTFT with and without a "
-                           "warm-up (within 6-11% of the second's on CPU) but has no claims row; " + COLD),
+      link=Link(NB09, "8-token warm-up request", lab_pattern=r"(?P<v>-?\d+(?:\.\d+)?)% lower"), rule=Range("30", "50"),
+      why="on a CPU; a GPU's first request also pays kernel loading and graph capture"),
     c(19, "§3.2", "A warm-up far shorter than typical inputs (64 vs 1024 tokens) leaves KV pre-allocation short "
                   "and raises latency.", "64 vs 1024 tokens", verdict=NOT_CHECKABLE,
       why="about a framework's pre-allocation; the lab's engine allocates KV blocks on demand"),
     c(20, "§4", "On a cache hit a token's compute shrinks to the attention scores alone.", "attention only",
-      verdict=NOT_YET, why=PREFILL),
+      link=Link(NB09, "compute shrinks to the attention scores alone")),
     c(21, "§4", "KV cache reuse lowers TTFT by 30-50% under high concurrency, more for prompts over 1024 tokens.",
       "30-50%", verdict=NOT_YET, why=f"{PREFIX_06}; {HIT_RATE}"),
     c(22, "§4.1", "The KV cache cuts the first token's compute from O(L^2) to O(L) in the input length L.",
-      "O(L^2) -> O(L)", verdict=NOT_YET,
-      why=f"{PREFILL} (the first token has no cache to read unless a prefix is shared)"),
+      "O(L^2) -> O(L)", link=Link(NB09, "from O(L^2) to O(L)")),
     c(23, "§4.1", "For a 70B model at 512 input tokens, the first token takes about 2.5x longer without the cache.",
-      "2.5x", verdict=NOT_YET, why=PREFILL),
+      "2.5x", link=Link(NB09, "2.5x longer without the cache")),
     c(24, "§4.2", "Tuning vLLM's --max-num-seqs serves 2-3x more requests per node without hurting the hit rate.",
       "2-3x", verdict=NOT_CHECKABLE, why="depends on the starting value and the deployment; not a number to check"),
     c(25, "§5.1", "Past the optimum a batch step raises TTFT over 20% while throughput gains under 10%.",
@@ -97,8 +92,9 @@ CLAIMS = [
       why=f"{SETTING} (notebook 06's batch_sweep applies it: it stops at 16 and keeps 8)"),
     c(26, "§5.1", "A 70B on an A100 80GB balances at batch 8-16, and at 16-32 with INT8.", "8-16, 16-32",
       verdict=NOT_CHECKABLE, why=GPUS_70B),
-    c(27, "§5.2", "INT8 cuts memory use by about 30% against FP16.", "about 30%", verdict=NOT_YET,
-      why=f"{INT8_MEM}; on its face int8 halves the weights, and §6.2 says 50%"),
+    c(27, "§5.2", "INT8 cuts memory use by about 30% against FP16.", "about 30%",
+      link=Link(NB09, "INT8 cuts memory use by about 30%"),
+      why="weights only, embeddings in bf16; weights plus a bf16 KV cache come nearer 30% for an 8B"),
     c(28, "§5.2", "INT8 cuts matrix time by about 20% and TTFT by 15-25%.", "20%, 15-25%", verdict=NOT_CHECKABLE,
       why="needs a GPU with int8 tensor cores (the lab's CPU int8 kernels measure something else)"),
     c(29, "§5.2", "Beyond 8K tokens an INT8 KV cache loses enough precision to hurt output quality.", "8K+",
@@ -109,50 +105,18 @@ CLAIMS = [
       why="a version-history fact, not a measurement; issue 23 notes no vLLM 2.5 exists (vLLM's releases were 0.x "
           "when FP8 KV arrived)"),
     c(31, "§5.3", "With a KV-cache hit rate under 60%, TTFT is 40-70% higher than at a high hit rate.", "40-70%",
-      verdict=NOT_YET, why=HIT_RATE),
+      link=Link(NB09, "hit rate under 60% raises TTFT",
+                lab_pattern=r"\+(?P<v>-?\d+)% \((?P<lo>-?\d+) to (?P<hi>-?\d+)%\)"), rule=Range("40", "70")),
     c(32, "§5.3", "Alert at P99 TTFT > 500 ms for 1 min (scale out) and > 1 s (page an operator).", "500 ms, 1 s",
       verdict=NOT_CHECKABLE, why=SETTING),
     c(33, "§6.1", "TP=8 with parallel initialisation brings cold-start loading from 10+ s to 3-4 s.", "10+ -> 3-4 s",
       verdict=NOT_YET, why=f"{COLD}; the TP=8 figure itself {GPUS_70B}"),
     c(34, "§6.2", "Scheduling alone lowers P99 TTFT fluctuation by 40-60% under high concurrency.", "40-60%",
       verdict=NOT_CHECKABLE, why=CLUSTER),
-    c(35, "§6.2", "Preloading plus INT8 cuts memory by about 50% against FP16.", "about 50%", verdict=NOT_YET,
-      why=f"{INT8_MEM} (§5.2 says 30%)"),
+    c(35, "§6.2", "Preloading plus INT8 cuts memory by about 50% against FP16.", "about 50%",
+      link=Link(NB09, "INT8 cuts memory by about 50%")),
     c(36, "§6.2", "Preloading plus INT8 cuts model load time by about 60% and TTFT by 30-45%.", "60%, 30-45%",
       verdict=NOT_YET, why=f"{COLD} (load time against checkpoint bytes); the TTFT part needs a GPU"),
     c(37, "§6.2", "KV reuse with a fixed system prompt lowers TTFT a further 30-50%; with random inputs 10-20%.",
       "30-50%, 10-20%", verdict=NOT_YET, why=f"{PREFIX_06}; {HIT_RATE}"),
 ]
-
-# ---- Notebook 09's rows (issue 23 item 2), not yet switched on --------------------------------------------------
-# Notebook 09 (`lab.studies.ttft_claims_table`) checks the claims below. The ledger's test requires every linked
-# row to exist in the committed latest reference run, and 09 has none yet: once `lab run 09_ttft_claims` at the
-# reference preset is committed, `CLAIMS = switch_to_nb09(CLAIMS)` (or fold each link into its `c(...)` above,
-# dropping its `verdict=NOT_YET` and `why`) makes these claims read their rows. Each match is a substring of
-# exactly one row's claim cell; the two rules read the interval the row prints.
-NB09 = "09_ttft_claims"
-NB09_LINKS: dict[str, tuple[Link, object]] = {
-    "002-02": (Link(NB09, "70B model on a cold start can take over 10 s"), None),
-    "002-12": (Link(NB09, "warm pool of loaded idle pods"), None),
-    "002-17": (Link(NB09, "/dev/shm or tmpfs"), None),
-    "002-18": (Link(NB09, "8-token warm-up request", lab_pattern=r"(?P<v>-?\d+(?:\.\d+)?)% lower"), Range("30", "50")),
-    "002-20": (Link(NB09, "compute shrinks to the attention scores alone"), None),
-    "002-22": (Link(NB09, "from O(L^2) to O(L)"), None),
-    "002-23": (Link(NB09, "2.5x longer without the cache"), None),
-    "002-27": (Link(NB09, "INT8 cuts memory use by about 30%"), None),
-    "002-31": (Link(NB09, "hit rate under 60% raises TTFT",
-                    lab_pattern=r"\+(?P<v>-?\d+)% \((?P<lo>-?\d+) to (?P<hi>-?\d+)%\)"), Range("40", "70")),
-    "002-35": (Link(NB09, "INT8 cuts memory by about 50%"), None),
-}
-NB09_WHY = {
-    "002-02": "a projection: a 70B's bf16 bytes over this machine's measured cold-read rate",
-    "002-12": "in kind: a request meeting a cold process against a warm one; the 3 s and 300 ms are the deployment's",
-    "002-18": "on a CPU; a GPU's first request also pays kernel loading and graph capture",
-    "002-27": "weights only, embeddings in bf16; weights plus a bf16 KV cache come nearer 30% for an 8B",
-}
-
-
-def switch_to_nb09(claims: list[Claim]) -> list[Claim]:
-    """`claims` with those notebook 09 checks linked to its rows instead of "not yet checked"."""
-    return [replace(cl, link=NB09_LINKS[cl.id][0], rule=NB09_LINKS[cl.id][1], verdict=None,
-                    why=NB09_WHY.get(cl.id, "")) if cl.id in NB09_LINKS else cl for cl in claims]
