@@ -125,9 +125,11 @@ def model_cost(s: mem.ModelShape, weights: str, kv_dtype: str) -> ModelCost:
         attn_flops_per_ctx_token=attention_flops_per_context_token(s.num_layers, s.num_heads, heads_dim))
 
 
-def prefill_flops(model: ModelCost, n_tokens: int) -> float:
-    """Matmul FLOPs of a prompt plus causal attention (token i attends to i tokens)."""
-    return 2.0 * model.active_params * n_tokens + model.attn_flops_per_ctx_token * n_tokens * (n_tokens + 1) / 2
+def prefill_flops(model: ModelCost, n_tokens: int, cached: int = 0) -> float:
+    """Matmul FLOPs of a prompt plus causal attention (token i attends to i tokens). With the first `cached`
+    tokens' KV already there (a prefix-cache hit), only the others pass through the linears and attend."""
+    linear = 2.0 * model.active_params * (n_tokens - cached)
+    return linear + model.attn_flops_per_ctx_token * (n_tokens * (n_tokens + 1) - cached * (cached + 1)) / 2
 
 
 def prefill_bytes(model: ModelCost, n_tokens: int) -> float:

@@ -41,6 +41,7 @@ from lab.memory import ModelShape
 from lab.models.loader import default_dtype, parse_dtype
 from lab.runs import as_tuple, check_choice, check_dtype, check_range
 from lab.studies import structured_output_task as task
+from lab.timing import median_seconds
 
 EMAIL, DATE = r"[a-z]{1,10}\.[a-z]{1,10}@[a-z]{2,8}\.(com|org|net)", r"\d{4}-\d{2}-\d{2}"
 ARITHMETIC = ('root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= factor (("*" | "/") factor)*\n'
@@ -247,35 +248,26 @@ def _naive(state: GrammarState, rng, sample: int, vocab: int) -> dict:
 
 
 # ---- (b) compile times ---------------------------------------------------------------------------------------
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 def compile_times(p: StructuredParams, tok, vocab: int, stop_ids) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(each grammar of `grammar_suite` cold and cached, plus the tokenizer info built once per model;
-    compile and fill time against nesting depth)."""
+    compile and fill time against nesting depth). Medians after a warm-up call (`lab.timing.median_seconds`):
+    a cold compile bypasses the cache, so its warm-up leaves it cold; the cached one's fills the cache."""
     import xgrammar as xgr
 
     from lab.engine.grammar import Grammars
 
-    info_s = _median_time(lambda: xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab,
-                                                                      stop_token_ids=sorted(stop_ids)), p.COMPILE_REPEATS)
+    info_s = median_seconds(lambda: xgr.TokenizerInfo.from_huggingface(
+        tok, vocab_size=vocab, stop_token_ids=sorted(stop_ids)), p.COMPILE_REPEATS)
     g = Grammars(tok, vocab, list(stop_ids))
     rows = [{"grammar": "tokenizer info (once per model)", "cold ms": 1e3 * info_s, "cached ms": float("nan")}]
     for name, spec in tqdm(grammar_suite(p.LIST_ITEMS).items(), desc="compile: grammars"):
-        cold = _median_time(lambda: g.compile_uncached(spec, any_whitespace=False), p.COMPILE_REPEATS)
-        g.compile(spec, any_whitespace=False)
-        cached = _median_time(lambda: g.compile(spec, any_whitespace=False), p.COMPILE_REPEATS)
+        cold = median_seconds(lambda: g.compile_uncached(spec, any_whitespace=False), p.COMPILE_REPEATS)
+        cached = median_seconds(lambda: g.compile(spec, any_whitespace=False), p.COMPILE_REPEATS)
         rows.append({"grammar": name, "cold ms": 1e3 * cold, "cached ms": 1e3 * cached})
     depth_rows = []
     for depth in tqdm(p.NESTING_DEPTHS, desc="compile: nesting depth"):
         spec = StructuredOutputsParams(json=nested_schema(depth))
-        cold = _median_time(lambda: g.compile_uncached(spec, any_whitespace=False), p.COMPILE_REPEATS)
+        cold = median_seconds(lambda: g.compile_uncached(spec, any_whitespace=False), p.COMPILE_REPEATS)
         fills = _walk_fills(g.compile(spec, any_whitespace=False), tok, nested_instance(depth), vocab)
         depth_rows.append({"depth": depth, "compile ms": 1e3 * cold, "fill us median": 1e6 * np.median(fills),
                            "fill us max": 1e6 * np.max(fills), "tokens walked": len(fills)})

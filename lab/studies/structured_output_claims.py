@@ -54,10 +54,6 @@ def projection(p: StructuredParams, fill_s_per_row: float, naive_s_per_row: floa
     return pd.DataFrame(rows)
 
 
-def _share_verdict(share: float) -> str:
-    return "correct" if 0.2 * 0.98 <= share <= 0.3 * 1.02 else verdict((0.2, 0.3), share)
-
-
 def claims_table(p: StructuredParams, validity: pd.DataFrame, summary: pd.DataFrame, components: pd.DataFrame,
                  depth: pd.DataFrame, compile_df: pd.DataFrame, proj: pd.DataFrame, vocab_here: int) -> pd.DataFrame:
     """One row per claim of seeds/003 section 5.3: the claim, what the lab measured, and the verdict."""
@@ -92,7 +88,7 @@ def claims_table(p: StructuredParams, validity: pd.DataFrame, summary: pd.DataFr
             f"{r['step with grammar ms']:.1f} ms step; step with / without the grammar {r['with / without']:.3f}x "
             f"({r['ratio 95% low']:.3f}-{r['ratio 95% high']:.3f}"
             f"{'' if r['distinguishable'] else ', not distinguishable from 1'})",
-            _share_verdict(share), bool(0.2 <= share <= 0.3))
+            verdict((0.2, 0.3), share), bool(0.2 <= share <= 0.3))
     small = proj[proj["batch"] == proj["batch"].min()].iloc[0]
     big = proj[proj["batch"] == proj["batch"].max()].iloc[0]
     add("(the same, projected) a 100k+ vocabulary on a GPU",

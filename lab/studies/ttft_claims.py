@@ -84,12 +84,11 @@ class TTFTParams:
 
 # ---- (a) first-token compute ------------------------------------------------------------------------------------
 def prefill_flops_cached(cost: rl.ModelCost, n_tokens: int, cached: int = 0) -> dict[str, float]:
-    """FLOPs of a prefill whose first `cached` tokens' KV is already there: only the other tokens pass through
-    the linears (2 P each), and token i (1-based) attends to i context tokens, cached ones included."""
-    new = n_tokens - cached
-    linear = 2.0 * cost.active_params * new
-    attention = cost.attn_flops_per_ctx_token * (n_tokens * (n_tokens + 1) - cached * (cached + 1)) / 2
-    return {"linear": linear, "attention": attention, "total": linear + attention}
+    """FLOPs of a prefill whose first `cached` tokens' KV is already there (`lab.roofline.prefill_flops`), split
+    into the linears (2 P a computed token) and the attention (token i attends to i tokens, cached ones too)."""
+    total = rl.prefill_flops(cost, n_tokens, cached)
+    linear = 2.0 * cost.active_params * (n_tokens - cached)
+    return {"linear": linear, "attention": total - linear, "total": total}
 
 
 def cached_share_for_speedup(cost: rl.ModelCost, n_tokens: int, speedup: float) -> float:
