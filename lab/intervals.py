@@ -60,6 +60,7 @@ def bootstrap(stat: Callable[..., np.ndarray], *columns, confidence: float = 0.9
     of shape (resamples, items) and reduces the last axis, returning one value per resample; the point value
     is `stat` of the columns as drawn (shape (1, items)). Example, perplexity over sequences:
     `bootstrap(lambda nll, n: np.exp(nll.sum(-1) / n.sum(-1)), nll_per_sequence, tokens_per_sequence)`.
+    A single item gives the value with a NaN interval, which `significance` calls not distinguishable.
     """
     cols = [np.asarray(c, dtype=float) for c in columns]
     if not cols or cols[0].ndim != 1 or cols[0].size == 0 or any(c.shape != cols[0].shape for c in cols):
@@ -68,6 +69,8 @@ def bootstrap(stat: Callable[..., np.ndarray], *columns, confidence: float = 0.9
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     value = float(np.asarray(stat(*(c[None, :] for c in cols))).reshape(-1)[0])
+    if cols[0].size == 1:  # one item says nothing about its spread: no interval, and no comparison decided by it
+        return Interval(value, float("nan"), float("nan"))
     idx = np.random.default_rng(seed).integers(0, cols[0].size, (resamples, cols[0].size))
     draws = np.asarray(stat(*(c[idx] for c in cols)), dtype=float)
     if draws.shape != (resamples,):

@@ -35,7 +35,8 @@ METHODS = ("rtn", "gptq", "awq")
 CONFIGS = ("w4g32", "w4g64", "w3g64", "w8")  # w<bits>g<group>, and w8 has one scale per output channel
 GPTQ_CALIB = (64, 512)  # calibration (blocks, tokens per block); `lab bench quant` times 128 x 512
 AWQ_CALIB = (16, 512)  # `lab bench quant` times 32 x 512
-HELDOUT_SEQUENCES = 16
+DOMAINS = ("code", "prose")  # held-out text for perplexity and KL: stdlib code and package READMEs
+HELDOUT_SEQUENCES = 16  # per domain
 HELDOUT_TOKENS = 512
 MAX_TOKENS = 64  # greedy tokens per sensitive item
 ITEMS_PER_CATEGORY = 0  # sensitive items per category (long context aside); 0: all
@@ -50,6 +51,7 @@ N_PROMPTS = 6
 SEED = 0
 
 # %%
+import pandas as pd
 import torch
 
 from lab.eval.harness import bad_cases
@@ -57,6 +59,8 @@ from lab.models import load_model
 from lab.models.loader import cache_dir
 from lab.runs import params_from_namespace, start_run
 from lab.studies import quant_accuracy as study
+from lab.studies import quant_accuracy_plots as plots
+from lab.studies import quant_accuracy_stats as stats
 
 params = params_from_namespace(study.QuantAccuracyParams, globals())  # validates every value before heavy work
 run = start_run("02_quantization_accuracy", params)
@@ -66,35 +70,47 @@ print(f"{params.MODEL}: {sum(p.numel() for p in reference.parameters()) / 1e6:.1
 
 # %% [markdown]
 # ## 1. The grid: every method at every configuration
-# Perplexity on held-out standard-library code (files no calibration set reads), KL(unquantized ||
-# quantized) and top-1 agreement per token, and the sensitive set (`calibration_data/sensitive/`) with
-# greedy decoding: pass rate per category, items *lost* (passed unquantized, failed quantized) and the
-# share of outputs that changed at all. `pass_all` leaves long context out (only the configurations in
-# `LONG_CONTEXT_CONFIGS` run it). Quantization time is wall time on this machine.
+# Perplexity, KL(unquantized || quantized) and top-1 agreement per token on two held-out domains that no
+# calibration set reads: **code** (standard-library files after the calibration cut) and **prose** (the READMEs of
+# the installed Python packages), each with a 95% bootstrap interval over the `HELDOUT_SEQUENCES` sequences. The
+# sensitive set (`calibration_data/sensitive/`) with greedy decoding: pass rate per category with its Wilson
+# interval, items *lost* (passed unquantized, failed quantized) and the share of outputs that changed. `pass_all`
+# leaves long context out (only `LONG_CONTEXT_CONFIGS` run it). Beside each GPTQ/AWQ row, what its calibration
+# set is made of (`calib_<domain>_share`: code, prose = Python docs, chat = chat and Spec-Bench prompts).
+# Quantization time is wall time on this machine.
 
 # %%
-grid, kept, outputs = study.run_grid(params, reference, tok)
+res = study.run_grid(params, reference, tok)
+grid = res.table
 run.save_table("grid", grid)
-cols = ["method", "config", "weight_MB_fp16_rest", "quant_s", "perplexity", "kl_mean", "top1_agreement"] + \
-    [c for c in grid.columns if c.startswith("pass_")]
+run.save_table("sequence_scores", res.scores)
+cols = ["model", "weight_MB_fp16_rest", "quant_s"] + [c for c in grid.columns if c.startswith("calib_")] + \
+    [f"{d}_{m}" for d in params.DOMAINS for m in ("perplexity", "kl_mean", "top1_agreement")] + ["pass_all"]
 grid[cols].round(3)
 
 # %%
-run.save_figure("grid", study.plot_grid(grid))
-run.save_figure("pass_rates", study.plot_pass_rates(grid))
-
-# %% [markdown]
-# ## 2. Does GPTQ/AWQ recover RTN's loss, and does perplexity tell the whole story?
-# Recovered share = 1 - (method - unquantized) / (RTN - unquantized), for perplexity and KL. Then, per
-# model, the perplexity rise beside the sensitive categories' pass-rate change and changed outputs.
+interval_cols = ["model"] + [c for c in grid.columns if c.endswith(("_low", "_high")) and not c.startswith("pass_")]
+grid[interval_cols].round(3)
 
 # %%
-recovery = study.recovery_table(grid)
+run.save_figure("grid", plots.plot_grid(grid, params.DOMAINS))
+run.save_figure("pass_rates", plots.plot_pass_rates(grid))
+
+# %% [markdown]
+# ## 2. Does GPTQ/AWQ recover RTN's loss, per domain, and is the difference distinguishable?
+# Each method against RTN at the same configuration on the same sequences: perplexity as a ratio and KL as a
+# difference (paired bootstrap over sequences), the recovered share 1 - (method - unquantized) / (RTN -
+# unquantized) with its interval, and the sensitive pass rate minus RTN's (paired over items). `*_vs_rtn` says
+# whether the interval excludes no difference. Then each model against the unquantized one: the perplexity rise
+# per domain beside the sensitive categories' pass-rate change (paired over items) and outputs changed.
+
+# %%
+recovery = stats.recovery_table(grid, res.scores, res.outputs)
 run.save_table("recovery", recovery)
 recovery.round(3)
 
 # %%
-sens = study.sensitive_vs_perplexity(grid)
+sens = stats.sensitive_vs_perplexity(grid, res.scores, res.outputs)
 run.save_table("sensitive_vs_perplexity", sens)
 sens.round(1)
 
@@ -102,6 +118,7 @@ sens.round(1)
 # ## 3. Bad cases: items the unquantized model passes and a quantized one fails
 
 # %%
+outputs = res.outputs
 worst = max((k for k in outputs if k != "unquantized"),
             key=lambda k: len(bad_cases(outputs["unquantized"], outputs[k], k=None)))
 bad = bad_cases(outputs["unquantized"], outputs[worst], k=10)
@@ -111,13 +128,17 @@ bad
 
 # %% [markdown]
 # ## 4. Calibration mismatch: short Q&A only versus the stratified mix
-# The same method and configuration calibrated on each set at its natural lengths, evaluated on long
-# Spec-Bench summarization prompts that neither set contains (KL and top-1 over the prompt, and whether the
-# greedy summary matches the unquantized model's) and on the sensitive set.
+# The same method and configuration calibrated on each set at its natural lengths (each row says what its set is
+# made of, by domain), evaluated on long Spec-Bench summarization prompts that neither set contains (KL and top-1
+# over the prompt with intervals over prompts, and whether the greedy summary matches the unquantized model's,
+# with a Wilson interval) and on the sensitive set. The two sides are compared on the same prompts.
 
 # %%
-mismatch = study.run_mismatch(params, reference, tok, outputs["unquantized"])
+mismatch, mismatch_scores = study.run_mismatch(params, reference, tok, outputs["unquantized"])
 run.save_table("calibration_mismatch", mismatch)
+run.save_table("mismatch_sequence_scores", mismatch_scores)
+mismatch_ratio = stats.mismatch_comparison(mismatch, mismatch_scores) if len(mismatch) == 2 else None
+print("summarization KL, short-Q&A over stratified:", mismatch_ratio)
 mismatch.round(3).T
 
 # %% [markdown]
@@ -129,37 +150,30 @@ mismatch.round(3).T
 
 # %%
 prompts = study.checkpoint_prompts(tok, params.N_PROMPTS)
-ckpt_out, ckpt_sizes = study.checkpoint_outputs(kept, reference, tok, prompts, params.MAX_TOKENS,
+ckpt_out, ckpt_sizes = study.checkpoint_outputs(res.kept, reference, tok, prompts, params.MAX_TOKENS,
                                                 cache_dir() / "checkpoints" / run.dir.name, params.MODEL)
 run.save_table("checkpoint_outputs", ckpt_out)
 run.save_table("checkpoint_sizes", ckpt_sizes)
 ckpt_sizes.round(3)
 
 # %%
-import pandas as pd
-
 with pd.option_context("display.max_colwidth", 120):
     display(ckpt_out.sort_values(["prompt", "model"]))  # noqa: F821 (IPython)
 
 # %% [markdown]
-# ## 6. Verdicts, computed from the tables above
+# ## 6. Claims and verdicts, computed from the tables above
+# The deployment article's quantization claims (seeds/003 section 2) judged from the paired intervals: holds when
+# the whole interval agrees, wrong when none of it does, not distinguishable when it straddles. `lab claims`
+# gathers this table into the ledger (`results/CLAIMS.md`).
 
 # %%
-base = grid.iloc[0]
-lines = []
-for _, r in recovery.iterrows():
-    lines.append(f"{r['method']} {r['config']}: recovers {100 * r['perplexity_recovered']:.0f}% of RTN's perplexity "
-                 f"loss and {100 * r['kl_mean_recovered']:.0f}% of its KL")
-for _, r in grid.iloc[1:].iterrows():
-    changed = 100 * (1 - r["same_output_all"])
-    lines.append(f"{r['method']} {r['config']}: perplexity {100 * (r['perplexity'] / base['perplexity'] - 1):+.1f}%, "
-                 f"sensitive pass {100 * (r['pass_all'] - base['pass_all']):+.1f} pts, {changed:.0f}% of outputs changed")
-if len(mismatch) == 2 and "summ_kl_mean" in mismatch:
-    a, b = mismatch.set_index("calibration").loc[["short_qa", "stratified"], "summ_kl_mean"]
-    lines.append(f"summarization KL: short_qa calibration {a:.3f} vs stratified {b:.3f} ({a / b:.2f}x)")
-verdicts = "\n".join(lines)
+claims = stats.claims_table(sens, recovery, grid, pd.concat([res.scores, mismatch_scores]), outputs,
+                            params.CHECKPOINT_CONFIG, mismatch)
+run.save_table("claims", claims)
+verdicts = "\n".join(stats.verdict_lines(recovery, sens, mismatch_ratio))
 (run.dir / "verdicts.txt").write_text(verdicts + "\n")
 print(verdicts)
+claims
 
 # %% [markdown]
 # ## 7. Explore (INTERACTIVE)
@@ -187,7 +201,10 @@ if INTERACTIVE:
 # %%
 key = params.CHECKPOINT_CONFIG
 at_key = grid[grid["config"] == key].set_index("method")
-run.save_metrics(reference_perplexity=float(base["perplexity"]),
-                 **{f"{m}_{key}_perplexity": float(at_key.loc[m, "perplexity"]) for m in at_key.index},
-                 **{f"{m}_{key}_pass_all": float(at_key.loc[m, "pass_all"]) for m in at_key.index})
+run.save_metrics(**{f"reference_{d}_perplexity": float(grid.iloc[0][f"{d}_perplexity"]) for d in params.DOMAINS},
+                 **{f"{m}_{key}_{d}_perplexity": float(at_key.loc[m, f"{d}_perplexity"])
+                    for m in at_key.index for d in params.DOMAINS},
+                 **{f"{m}_{key}_pass_all": float(at_key.loc[m, "pass_all"]) for m in at_key.index},
+                 wrong_claims=int((claims["verdict"] == "wrong").sum()),
+                 not_distinguishable_claims=int((claims["verdict"] == "not distinguishable").sum()))
 run.finish()

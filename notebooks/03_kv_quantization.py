@@ -24,7 +24,13 @@
 # (Hooper et al., 2024, arXiv:2401.18079: keys quantized before RoPE); the production anchor is vLLM's FP8
 # KV cache with per-tensor `k_scale`/`v_scale`, whose documentation warns that the default scale of 1.0 can
 # degrade quality. This notebook tests each claim on SmolLM2-135M-Instruct with the formats of
-# `lab.quant.kv`, served by the lab engine's paged cache. The logic lives in `lab.studies.kv_quantization`.
+# `lab.quant.kv`, served by the lab engine's paged cache. The logic lives in `lab.studies.kv_quantization`,
+# the intervals and verdicts in `lab.studies.kv_quantization_claims`.
+#
+# Every figure carries a 95% interval (`_low`, `_high` columns): on the one long text a block bootstrap over
+# contiguous blocks of `BLOCK_TOKENS` positions, end to end a bootstrap over held-out sequences, and Wilson
+# intervals for pass rates. A comparison of two formats resamples the same blocks or sequences for both
+# (paired) and says whether its interval excludes no difference ("distinguishable") or not.
 #
 # Format names: `dtype/granularity[/groupN][/windowR][/pre-rope][/k-only|/v-only][/unit-scale]`.
 # Static granularities (per-tensor, per-head) use scales calibrated on the stratified calibration set,
@@ -38,6 +44,7 @@ MODEL = "smollm2-135m"
 CONTEXT = 8192  # tokens of held-out text for the position study (SmolLM2's context limit)
 FIRST_BUCKET = 256  # position buckets 0-256, 256-512, 512-1K, ... up to CONTEXT
 ATTENTION_STRIDE = 8  # attention error at every 8th query position (KL at every position)
+BLOCK_TOKENS = 32  # positions per block that the intervals resample on the long text
 # Formats whose attention error and KL are measured by position; K-only / V-only variants; end-to-end formats.
 GROWTH_FORMATS = ("fp8_e4m3/per-tensor", "fp8_e4m3/per-tensor/unit-scale", "fp8_e5m2/per-tensor", "fp8_e4m3/per-token", "int8/per-tensor", "int8/per-token", "int4/per-tensor", "int4/per-token", "int4/per-channel/group16", "int2/per-token", "int2/per-channel/group16/window128")
 ROLE_FORMATS = ("int4/per-token/k-only", "int4/per-token/v-only", "int2/per-token/k-only", "int2/per-token/v-only", "int4/per-channel/group16/k-only")
@@ -64,6 +71,7 @@ from lab.quant.calibration import build_calibration_set
 from lab.quant.kv_calibration import calibrate_kv_absmax
 from lab.runs import params_from_namespace, start_run
 from lab.studies import kv_quantization as study
+from lab.studies import kv_quantization_claims as claims
 
 params = params_from_namespace(study.KVStudyParams, globals())  # validates every value before heavy work
 run = start_run("03_kv_quantization", params)
@@ -104,26 +112,31 @@ concurrency.round(2)
 # through the format against the exact one, on the exact model's own q, k, v (the cache's error alone);
 # (b) next-token KL(exact || quantized cache) with the model run on the quantized cache (errors compound
 # through layers). A window and a per-channel key group still filling are read exactly per query, as at
-# decode time (the engine's rule). Bucketed by position.
+# decode time (the engine's rule). Kept per block of `BLOCK_TOKENS` positions, bucketed by position with
+# block-bootstrap intervals (shaded); the growth per doubling of context is fitted on each resample.
 
 # %%
 text = study.long_text(tok, params.CONTEXT, params.SEED)
 print(f"{len(text.ids)} tokens from {len(text.sources)} held-out files")
-growth = study.error_growth(model, text.ids, list(params.GROWTH_FORMATS + params.ROLE_FORMATS), scales,
-                            params.FIRST_BUCKET, params.ATTENTION_STRIDE)
+blocks = study.error_growth(model, text.ids, list(params.GROWTH_FORMATS + params.ROLE_FORMATS), scales,
+                            params.FIRST_BUCKET, params.ATTENTION_STRIDE, params.BLOCK_TOKENS)
+run.save_table("error_by_block", blocks)
+growth = claims.bucket_table(blocks)
 run.save_table("error_by_position", growth)
 is_role = growth["format"].str.endswith(("k-only", "v-only"))
 run.save_figure("error_growth", study.plot_growth(growth[~is_role], "K and V quantized"))
-slopes = study.growth_slope(growth[~is_role], "next_token_kl")
+is_role_block = blocks["format"].str.endswith(("k-only", "v-only"))
+slopes = claims.growth_slope(blocks[~is_role_block], "next_token_kl")
 run.save_table("growth_slopes", slopes)
 slopes.round(4)
 
 # %% [markdown]
 # ## 4. Keys or values: which is the sensitive one?
-# The same bits on keys only and on values only; mean over all positions.
+# The same bits on keys only and on values only; the mean over position buckets, and K / V paired over
+# the same blocks.
 
 # %%
-roles = study.role_table(growth[is_role])
+roles = claims.role_table(blocks[is_role_block])
 run.save_table("k_vs_v", roles)
 run.save_figure("k_vs_v", study.plot_roles(roles))
 run.save_figure("k_vs_v_growth", study.plot_growth(growth[is_role], "keys only or values only quantized"))
@@ -133,21 +146,27 @@ roles.round(5)
 # ## 5. End to end: perplexity, the sensitive set, greedy agreement
 # Perplexity, KL and top-1 on held-out code with the quantized cache (the contiguous reference cache), and
 # the sensitive set through the engine's paged quantized cache (long-context items included): pass rates,
-# items lost against the exact cache, and the share of greedy outputs that changed at all.
+# items lost against the exact cache, and the share of greedy outputs that changed at all. Intervals over
+# held-out sequences (perplexity, KL, top-1, and the perplexity change against the exact cache, paired) and
+# Wilson intervals over items; `pass_change` is the pass rate against the exact cache, paired over items.
 
 # %%
 e2e, outputs = study.end_to_end(params, model, tok, scales)
 run.save_table("end_to_end", e2e)
 run.save_figure("end_to_end", study.plot_end_to_end(e2e, concurrency))
-cols = ["format", "perplexity", "kl_mean", "top1_agreement", "pass_all", "lost_all", "same_output_all"] + \
-    [c for c in e2e.columns if c.endswith("long_context")]
+shown = ["perplexity", "perplexity_change_pct", "kl_mean", "top1_agreement", "pass_all", "pass_change",
+         "lost_all", "same_output_all"]
+cols = ["format"] + [c + s for c in shown for s in ("", "_low", "_high")] + \
+    ["perplexity_change_significance", "pass_change_significance"] + [c for c in e2e.columns if c.endswith("long_context")]
 e2e[cols].round(4)
 
 # %% [markdown]
 # ## 6. Verdicts, computed from the tables above
+# Each verdict rests on an interval (`value`, `value_low`, `value_high`) compared with the claim's boundary
+# (`null`): yes or no when the interval lies on one side, "not distinguishable" when it holds the boundary.
 
 # %%
-verdicts = pd.DataFrame(study.verdicts(params, growth, roles, e2e))
+verdicts = pd.DataFrame(claims.verdicts(params, blocks, roles, e2e))
 run.save_table("verdicts", verdicts)
 with pd.option_context("display.max_colwidth", 200):
     display(verdicts)  # noqa: F821 (IPython)

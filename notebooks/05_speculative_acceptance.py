@@ -88,14 +88,34 @@ cost_rows.round(3)
 # with the measured verification (its forward plus the engine's per-step work); `predicted_by_position` also
 # replaces the single a with the measured acceptance at each draft position. `measured_speedup` is the plain
 # run's decode time over the speculative run's for the same prompts, in the same process.
+#
+# Every measured figure has a 95% interval over the category's prompts (`_low`, `_high`: a percentile bootstrap
+# that resamples prompts and recomputes the pooled ratio of sums; the speedup is paired, the same prompts for
+# both runs). `speedup_vs_plain` says whether the speedup's interval excludes 1; `error_measured_costs_vs_10pct`
+# whether the measured speedup is within 10% of the prediction ("not distinguishable" where its interval
+# straddles the 10% line). With few prompts a category (the quick preset has 2) the intervals are wide.
 
 # %%
 run.save_table("by_category", main)
 run.save_table("requests", requests.drop(columns=["output"]))
-main[["drafter", "category", "lossless", "identical_outputs", "agreeing_tokens", "a", "accepted/drafted (vLLM)",
-      "mean_accepted_tokens_per_step",
-      "c_effective", "v(k)", "predicted_article", "predicted_measured_costs", "predicted_by_position",
-      "measured_speedup", "error_measured_costs"]].round(3)
+main[["drafter", "category", "lossless", "identical_outputs", "agreeing_tokens", "a", "a_low", "a_high",
+      "accepted/drafted (vLLM)", "mean_accepted_tokens_per_step", "mean_accepted_tokens_per_step_low",
+      "mean_accepted_tokens_per_step_high", "c_effective", "c_effective_low", "c_effective_high", "v(k)",
+      "predicted_article", "predicted_measured_costs", "predicted_by_position", "measured_speedup",
+      "measured_speedup_low", "measured_speedup_high", "speedup_vs_plain", "error_measured_costs",
+      "error_measured_costs_vs_10pct"]].round(3)
+
+# %% [markdown]
+# Drafter against drafter on the same prompts (over all categories): the difference in a and the ratio of the
+# speedups, each with its paired 95% interval and whether it excludes no difference.
+
+# %%
+versus = study.drafter_comparison(requests)
+run.save_table("drafter_comparison", versus)
+versus.round(3)
+
+# %% [markdown]
+# The error bars are the 95% intervals over prompts.
 
 # %%
 run.save_figure("acceptance_by_position", study.plot_acceptance_by_position(main))
@@ -118,10 +138,11 @@ best.round(3)
 # %% [markdown]
 # ## 4. The acceptance-threshold policy
 # Per category (the article's switch): speculate where the measured a reaches THRESHOLD, plain decoding
-# elsewhere; "switch right" says whether that matched the measured speedup. Per request (the engine's adaptive
-# switch, `SpeculativeConfig(min_acceptance=...)`): a request whose a over its last 4 rounds falls below the
-# threshold decodes plainly for 16 tokens, then probes again, pausing twice as long after each failed probe;
-# shown on the drafter with the lowest a.
+# elsewhere; "switch right" says whether that matched the measured speedup, and `speedup_vs_plain` whether
+# that speedup is distinguishable from 1 at all (where it is not, neither choice is shown wrong). Per request
+# (the engine's adaptive switch, `SpeculativeConfig(min_acceptance=...)`): a request whose a over its last 4
+# rounds falls below the threshold decodes plainly for 16 tokens, then probes again, pausing twice as long after
+# each failed probe; shown on the drafter with the lowest a.
 
 # %%
 policy = study.policy_table(main, params.THRESHOLD)
@@ -131,7 +152,8 @@ plain_rows = requests[requests["drafter"] == "plain"].reset_index(drop=True)
 adaptive = study.adaptive_policy(params, model, tok, prompts, lowest, drafts, plain_rows)
 run.save_table("policy_adaptive", adaptive)
 pd.concat([main[(main["drafter"] == lowest)], adaptive])[["drafter", "category", "a", "rounds", "plain_steps",
-                                                          "measured_speedup"]].round(3)
+                                                          "measured_speedup", "measured_speedup_low",
+                                                          "measured_speedup_high", "speedup_vs_plain"]].round(3)
 
 # %%
 policy.round(3)
@@ -145,14 +167,18 @@ policy.round(3)
 if study.spec_bench_available(params):
     bench, _, _ = study.spec_bench(params, model, tok, drafts)
     run.save_table("spec_bench", bench)
-    display(bench[["drafter", "category", "lossless", "a", "mean_accepted_tokens_per_step",  # noqa: F821
-                   "c_effective", "predicted_measured_costs", "measured_speedup"]].round(3))
+    display(bench[["drafter", "category", "lossless", "a", "a_low", "a_high",  # noqa: F821
+                   "mean_accepted_tokens_per_step", "c_effective", "predicted_measured_costs", "measured_speedup",
+                   "measured_speedup_low", "measured_speedup_high", "speedup_vs_plain"]].round(3))
 else:
     bench = None
     print("Spec-Bench's question.jsonl is not at ../shared/data/spec_bench/: section skipped")
 
 # %% [markdown]
 # ## 6. The article's numbers, recomputed or measured
+# A measured figure is printed as "value [low, high]" (95% over prompts). A claim holds when the whole interval
+# satisfies it, is wrong when the whole interval refutes it, and is "not distinguishable" when the interval
+# holds values of both kinds (the ledger's rules, `lab.ledger.rules`).
 
 # %%
 claims = study.claims_table(main, costs, params, model)
@@ -192,10 +218,18 @@ run.save_metrics(lossless=bool(main["lossless"].all() and (bench is None or benc
                  identical_outputs=float(main.loc[main["category"] == "all", "identical_outputs"].mean()),
                  agreeing_tokens=float(main.loc[main["category"] == "all", "agreeing_tokens"].mean()),
                  **{f"a_{d}": float(overall.loc[d, "a"]) for d in overall.index},
+                 **{f"a_{d}_{end}": float(overall.loc[d, f"a_{end}"]) for d in overall.index
+                    for end in ("low", "high")},
                  **{f"speedup_{d}": float(overall.loc[d, "measured_speedup"]) for d in overall.index},
+                 **{f"speedup_{d}_{end}": float(overall.loc[d, f"measured_speedup_{end}"]) for d in overall.index
+                    for end in ("low", "high")},
+                 speedups_distinguishable_from_1=int((main["category"].ne("all") &
+                                                      main["speedup_vs_plain"].eq("distinguishable")).sum()),
                  categories_within_10pct=int((main["category"].ne("all") &
                                               main["error_measured_costs"].abs().le(0.10)).sum()),
                  categories=int(main["category"].ne("all").sum()),
                  article_within_10pct=int((main["category"].ne("all") & main["error_article"].abs().le(0.10)).sum()),
+                 categories_not_distinguishable_from_10pct=int((main["category"].ne("all") & main[
+                     "error_measured_costs_vs_10pct"].eq("not distinguishable")).sum()),
                  claims_that_fail=int(claims["holds"].eq(False).sum()))
 run.finish()

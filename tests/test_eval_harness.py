@@ -150,3 +150,47 @@ def test_evaluate_with_a_quantized_kv_cache(smollm, heldout):
     assert 0 < k_only["ppl"]["logits_vs_reference"]["kl_mean"]
     with pytest.raises(ValueError, match="K-only or V-only"):
         evaluate(model, tok, suite="sensitive", items=_items()[:1], kv=(fmt, None, "k"))
+
+
+def test_sequence_scores_pool_to_the_harness_figures_with_intervals(smollm, heldout, rtn_w3):
+    from lab.eval.scores import SequenceScores, paired, recovered, score_sequences
+
+    model, _ = smollm
+    q = score_sequences(model, rtn_w3, heldout)
+    logits = compare_logits(model, rtn_w3, heldout)
+    assert q.perplexity().value == pytest.approx(perplexity(rtn_w3, heldout), rel=1e-9)
+    assert q.kl_mean().value == pytest.approx(logits["kl_mean"], rel=1e-9)
+    assert q.top1_agreement().value == pytest.approx(logits["top1_agreement"])
+    for name in ("perplexity", "kl_mean", "top1_agreement"):
+        i = getattr(q, name)()
+        assert i.low <= i.value <= i.high
+    base = score_sequences(model, model, heldout)
+    assert base.kl_mean().value == pytest.approx(0, abs=1e-9) and base.top1_agreement().value == 1.0
+    ratio = paired(q, base, "perplexity")
+    assert ratio.low > 1  # RTN w3 is worse than the model on every resample of these sequences
+    assert paired(base, base, "perplexity").value == 1.0
+    assert recovered(q, q, base, "perplexity").value == pytest.approx(0)
+    assert recovered(base, q, base, "kl_mean").value == pytest.approx(1)
+    again = SequenceScores.from_rows(pd.DataFrame(q.rows(model="rtn", domain="code")))
+    assert again.perplexity() == q.perplexity()
+    with pytest.raises(ValueError, match="two or more tokens"):
+        score_sequences(model, model, [[1]])
+
+
+def test_readme_source_is_prose_no_calibration_set_reads(smollm):
+    _, tok = smollm
+    seqs, labels = heldout_texts(tok, n=3, max_tokens=64, seed=0, source="readme", return_sources=True)
+    assert len(seqs) == 3 and all(label.startswith("readme:") for label in labels)
+    assert not any("inference-lab" in label for label in labels)
+    with pytest.raises(ValueError, match="source must be one of"):
+        heldout_texts(tok, n=1, source="wiki")
+
+
+def test_sensitive_metrics_carry_wilson_intervals():
+    from lab.eval.harness import sensitive_metrics
+
+    df = pd.DataFrame({"category": ["numbers"] * 4 + ["code"] * 2, "id": list("abcdef"),
+                       "passed": [True, True, False, False, True, True], "output": list("abcdef")})
+    m = sensitive_metrics(df, df)
+    assert m["pass_all"] == pytest.approx(4 / 6) and m["pass_all_low"] < 4 / 6 < m["pass_all_high"]
+    assert m["pass_numbers"] == 0.5 and m["pass_numbers_high"] > 0.5 and m["lost_all"] == 0

@@ -52,3 +52,9 @@ def test_bootstrap_refuses_empty_or_ragged_columns(columns):
 def test_bootstrap_refuses_a_stat_that_does_not_reduce_items():
     with pytest.raises(ValueError, match="one value per resample"):
         bootstrap(lambda v: v, [1.0, 2.0, 3.0])
+
+
+def test_one_item_has_no_interval_and_decides_no_comparison():
+    one = mean_interval([2.5])
+    assert one.value == 2.5 and np.isnan(one.low) and np.isnan(one.high)
+    assert significance(one) == "not distinguishable"

@@ -6,8 +6,10 @@ import torch
 
 from lab.quant.kv_calibration import calibrate_kv_absmax
 from lab.quant.kv import parse_format
-from lab.studies.kv_quantization import (attention_error_by_position, error_growth,
-                                         growth_slope, kl_by_position, position_buckets, record)
+from lab.intervals import NOT_DISTINGUISHABLE, Interval
+from lab.studies.kv_quantization import (attention_error_by_position, error_growth, kl_by_position,
+                                         position_buckets, record)
+from lab.studies.kv_quantization_claims import bucket_table, decide, growth_slope, item_intervals, role_table
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -69,11 +71,56 @@ def test_errors_by_position(tiny):
 def test_error_growth_table(tiny):
     model, ids = tiny
     scales = calibrate_kv_absmax(model, [ids[:40]])
-    df = error_growth(model, ids, ["int4/per-token", "fp8_e4m3/per-tensor"], scales, first_bucket=16, log=lambda *_: None)
-    assert set(df["metric"]) == {"attention_rel_error", "next_token_kl"}
-    assert len(df) == 2 * 2 * len(position_buckets(len(ids), 16))
-    slope = growth_slope(df, "next_token_kl")
+    names = ["int4/per-token", "fp8_e4m3/per-tensor", "int4/per-token/k-only", "int4/per-token/v-only"]
+    blocks = error_growth(model, ids, names, scales, first_bucket=16, stride=2, block=4, log=lambda *_: None)
+    assert set(blocks["metric"]) == {"attention_rel_error", "next_token_kl"}
+    assert len(blocks) == 4 * 2 * len(ids) // 4
+    assert (blocks.loc[blocks["metric"] == "attention_rel_error", "measured"] == 2).all()
+    df = bucket_table(blocks)
+    assert len(df) == 4 * 2 * len(position_buckets(len(ids), 16))
+    # The pooled blocks give the bucket's mean over positions, inside its interval.
+    rec = record(model, ids)
+    kl = kl_by_position(model, ids, rec.hidden, parse_format("int4/per-token")[0])
+    got = df[(df["format"] == "int4/per-token") & (df["metric"] == "next_token_kl")]
+    assert got["value"].iloc[0] == pytest.approx(float(kl[:16].mean()), rel=1e-5)
+    assert (df["value_low"] <= df["value"]).all() and (df["value"] <= df["value_high"]).all()
+    assert (df["value_low"] < df["value_high"]).any()
+    slope = growth_slope(blocks[~blocks["format"].str.contains("only")], "next_token_kl")
     assert list(slope["format"]) == ["int4/per-token", "fp8_e4m3/per-tensor"] and (slope["x_per_doubling"] > 0).all()
+    for col in ("x_per_doubling", "first_bucket", "last_over_first"):
+        assert (slope[f"{col}_low"] <= slope[col]).all() and (slope[col] <= slope[f"{col}_high"]).all()
+    assert set(slope["growth"]) <= {"distinguishable", NOT_DISTINGUISHABLE}
+    roles = role_table(blocks)
+    r = roles.iloc[0]
+    assert r["format"] == "int4/per-token" and r["next_token_kl_k_over_v_low"] <= r["next_token_kl_k_over_v"] <= \
+        r["next_token_kl_k_over_v_high"]
+    assert r["next_token_kl_k_over_v"] == pytest.approx(r["next_token_kl_k_only"] / r["next_token_kl_v_only"])
+
+
+def test_a_verdict_is_not_distinguishable_when_its_interval_holds_the_boundary():
+    assert decide(Interval(1.3, 0.9, 1.8), 1.0, True) == (NOT_DISTINGUISHABLE, NOT_DISTINGUISHABLE)
+    assert decide(Interval(1.3, 1.1, 1.8), 1.0, True) == ("yes", "distinguishable")
+    assert decide(Interval(1.3, 1.1, 1.8), 1.0, False) == ("no", "distinguishable")
+    assert decide(Interval(0.5, 0.4, 0.6), 1.0, False) == ("yes", "distinguishable")
+
+
+def test_growth_slope_interval_brackets_a_known_slope():
+    """Blocks whose error doubles per doubling of position, with noise: x per doubling near 2 and its interval
+    excluding 1; flat blocks: an interval holding 1, "not distinguishable"."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for name, growth in (("grows", 2.0), ("flat", 1.0)):
+        for a, b in position_buckets(512, 64):
+            for s in range(a, b, 16):
+                rows += [{"format": name, "metric": "next_token_kl", "positions": f"{a}-{b}", "position_end": b,
+                          "block_start": s, "measured": 16, "value": growth ** np.log2(b) * rng.uniform(0.5, 1.5)}]
+    slope = growth_slope(pd.DataFrame(rows), "next_token_kl").set_index("format")
+    assert slope.loc["grows", "x_per_doubling_low"] > 1.5 and slope.loc["grows", "growth"] == "distinguishable"
+    assert slope.loc["flat", "x_per_doubling_low"] < 1 < slope.loc["flat", "x_per_doubling_high"]
+    assert slope.loc["flat", "growth"] == NOT_DISTINGUISHABLE
 
 
 def test_attention_error_sampled_positions_equal_the_full_measure(tiny):
@@ -117,3 +164,37 @@ def test_engine_concurrency_is_what_the_memory_account_predicts(smollm):
     assert (df["bytes_per_token"] == df["bytes_per_token_account"]).all(), df
     assert list(df["measured_sequences"]) == sorted(df["measured_sequences"]) and df["measured_sequences"].iloc[0] > 0
     assert df["staging_MiB"].iloc[-1] > 0 and (df["staging_MiB"].iloc[:-1] == 0).all()
+
+
+def test_perplexity_change_is_paired_over_sequences(tiny):
+    """The change against the exact cache brackets the pooled perplexities' ratio; the exact cache against
+    itself changes nothing, "not distinguishable"."""
+    from lab.eval.harness import perplexity
+    from lab.eval.scores import score_sequences
+    from lab.studies.kv_quantization_claims import perplexity_change
+
+    model, ids = tiny
+    seqs = [ids[i:i + 24] for i in range(0, 96, 24)]
+    kv = (parse_format("int2/per-token")[0], None)
+    exact, quant = score_sequences(model, model, seqs), score_sequences(model, model, seqs, kv)
+    got = perplexity_change(quant, exact)
+    want = 100 * (perplexity(model, seqs, kv) / perplexity(model, seqs) - 1)
+    assert got["perplexity_change_pct"] == pytest.approx(want, rel=1e-9)
+    assert got["perplexity_change_pct_low"] <= want <= got["perplexity_change_pct_high"]
+    same = perplexity_change(exact, exact)
+    assert same["perplexity_change_pct_low"] == same["perplexity_change_pct_high"] == 0
+    assert same["perplexity_change_significance"] == NOT_DISTINGUISHABLE
+
+
+def test_item_intervals_are_wilson_and_the_pass_change_is_paired():
+    import pandas as pd
+
+    ref = pd.DataFrame({"id": range(8), "category": ["code"] * 8, "passed": [True] * 4 + [False] * 4,
+                        "output": list("abcdefgh")})
+    q = ref.assign(passed=[True] * 3 + [False] * 4 + [True], output=list("abcdXfgY"))
+    got = item_intervals(q, ref, ("code",))
+    assert (got["items_lost"], got["items_gained"], got["pass_change"]) == (1, 1, 0.0)
+    assert got["pass_change_low"] < 0 < got["pass_change_high"]
+    assert got["pass_change_significance"] == NOT_DISTINGUISHABLE
+    assert 0 < got["lost_all_low"] < 1 < got["lost_all_high"]
+    assert got["same_output_all_low"] < 0.75 < got["same_output_all_high"] <= 1

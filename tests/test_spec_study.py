@@ -11,7 +11,10 @@ from lab.quant.calibration import SPEC_BENCH_PATH
 from lab.spec.measure import StepCosts
 from lab.spec.prompts import LAB_PROMPTS, MULTI_TURN, load_prompts
 from lab.spec.theory import expected_tokens_by_position, expected_tokens_per_round, predicted_run_speedup
+from lab.intervals import Interval
 from lab.studies.spec_acceptance import SpecParams, policy_table, summarize
+from lab.studies.spec_acceptance_claims import claims_table, range_verdict
+from lab.studies.spec_acceptance_intervals import drafter_comparison
 
 
 def test_lab_prompt_set_covers_the_articles_categories():
@@ -126,6 +129,67 @@ def test_summary_of_a_synthetic_run():
     assert not summarize("ngram", 2, bad, plain, costs).iloc[0]["lossless"]
     policy = policy_table(summarize("ngram", 2, spec, plain, costs), threshold=0.65)
     assert not policy.iloc[0]["speculate (a >= threshold)"] and policy.iloc[0]["speedup with the switch"] == 1.0
+
+
+def _varied_run():
+    """Three prompts whose acceptance and times differ, so the intervals over prompts have width."""
+    out = [list(range(10)), list(range(10, 20)), list(range(20, 30))]
+    plain = _run(out, [0.9, 0.9, 1.0], [[]] * 3, [[]] * 3)
+    spec = _run(out, [0.5, 0.6, 0.4], [[2, 2, 2], [2, 2, 2], [2, 2]], [[2, 0, 1], [0, 0, 1], [2, 2]], draft_s=0.06)
+    return plain, spec, StepCosts(context=10, target_step_s=0.1, verify_s={1: 0.1, 2: 0.15}, draft_step_s=None)
+
+
+def test_every_measured_figure_has_an_interval_over_prompts_that_brackets_it():
+    plain, spec, costs = _varied_run()
+    row = summarize("ngram", 2, spec, plain, costs).iloc[0]
+    for name in ("a", "accepted/drafted (vLLM)", "mean_accepted_tokens_per_step", "c_effective", "measured_speedup",
+                 "error_article", "error_measured_costs"):
+        assert row[f"{name}_low"] <= row[name] <= row[f"{name}_high"], name
+        assert row[f"{name}_low"] < row[f"{name}_high"], name  # three different prompts: a real interval
+    for v, lo, hi in zip(row["acceptance_by_position"], row["acceptance_by_position_low"],
+                         row["acceptance_by_position_high"]):
+        assert lo <= v <= hi
+    # every prompt ran faster (1.5x to 2.5x): the paired speedup's interval excludes 1
+    assert row["measured_speedup_low"] >= 1.5 and row["speedup_vs_plain"] == "distinguishable"
+    assert row["error_measured_costs_vs_10pct"] == "outside 10%"  # predicted 1.1x against 1.5-2.5x
+    one = summarize("ngram", 2, spec.iloc[:1], plain.iloc[:1], costs).iloc[0]  # no spread to resample
+    assert one["a_low"] != one["a_low"] and one["speedup_vs_plain"] == "single prompt"
+
+
+def test_a_range_check_refuses_a_value_far_below_and_an_interval_across_an_end_is_not_distinguishable():
+    assert range_verdict(Interval(0.001, 0.0008, 0.0012), 0.03, 0.1) == "below"  # was "within": only c <= 0.1
+    assert range_verdict(Interval(0.05, 0.04, 0.06), 0.03, 0.1) == "inside"
+    assert range_verdict(Interval(0.09, 0.07, 0.12), 0.03, 0.1) == "not distinguishable"
+    assert range_verdict(Interval(0.75, 0.6, 0.9), 0.7, None) == "not distinguishable"
+    assert range_verdict(Interval(1.3, 1.2, 1.4), None, 0.5) == "above"
+
+
+def test_the_claims_table_says_wrong_for_c_far_below_the_range_and_not_distinguishable_across_it():
+    plain, spec, costs = _varied_run()
+    spec["draft_s"] = [0.0002, 0.0002, 0.0002]
+    c_row = _c_claim(summarize("ngram", 2, spec, plain, costs), costs)
+    assert c_row["holds"] is False and c_row["verdict"].startswith("wrong: far below")
+    assert c_row["recomputed or measured"].startswith("c_effective = 0.000")  # "v [low, high]" for the ledger
+    spec["draft_s"] = [0.01, 0.08, 0.005]  # per-token c from 0.01 to 0.4: straddles 0.1
+    c_row = _c_claim(summarize("ngram", 2, spec, plain, costs), costs)
+    assert c_row["holds"] is None and c_row["verdict"].startswith("not distinguishable")
+
+
+def _c_claim(main, costs):
+    claims = claims_table(main, {"ngram": costs}, SpecParams(), model=None)
+    return claims[claims.iloc[:, 0].str.startswith("draft cost ratio c")].iloc[0]
+
+
+def test_drafters_are_compared_on_the_same_prompts():
+    plain, spec, costs = _varied_run()
+    slower = spec.assign(decode_s=spec["decode_s"] * 2, accepted_per_round=[[0, 0, 0], [0, 0, 0], [0, 0]])
+    requests = pd.concat([plain.assign(drafter="plain"), spec.assign(drafter="ngram"),
+                          slower.assign(drafter="layerskip")], ignore_index=True)
+    row = drafter_comparison(requests).iloc[0]
+    assert (row["drafter"], row["against"], row["prompts"]) == ("ngram", "layerskip", 3)
+    assert row["speedup_ratio"] == pytest.approx(2.0) and row["speedup_ratio_low"] == pytest.approx(2.0)
+    assert row["speedup_ratio_vs_1"] == "distinguishable"
+    assert row["a_difference_low"] <= row["a_difference"] <= row["a_difference_high"]
 
 
 def test_study_parameters_are_checked():

@@ -23,7 +23,11 @@ Held-out text and the calibration set. `lab.quant.calibration` draws its "code" 
 takes only files *after* that cut in the same order, so no held-out file can be in any calibration set,
 whatever its seed or mix (the short_qa mix uses no stdlib files at all). The calibration "docs" pool holds
 every `pydoc_data.topics` entry, so `source="docs"` needs the calibration `datasets.Dataset` actually used
-and keeps only topics whose source label does not occur in it.
+and keeps only topics whose source label does not occur in it. `source="readme"` is prose: the READMEs of
+the installed Python distributions, which no calibration set reads.
+
+Uncertainty: `evaluate_model` scores per sequence (`lab.eval.scores`) and reports perplexity, KL and top-1
+with 95% bootstrap intervals over sequences, and the sensitive pass rate with its Wilson interval.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from lab.eval.sensitive import CATEGORIES, Item, build_prompt, check, load_items
-from lab.models.reference import forward_logits
+from lab.eval.scores import log_probs, score_sequences
+from lab.intervals import proportion
 
 if TYPE_CHECKING:  # pandas is imported where a table is built, not on every import of the harness
     import pandas as pd
@@ -68,6 +73,23 @@ def _heldout_docs(calibration) -> list[tuple[str, str]]:
             if (label := f"pydoc_data.topics[{key!r}]") not in used]
 
 
+def _readme_docs() -> list[tuple[str, str]]:
+    """The long descriptions (READMEs) of the installed Python distributions, this project's own left out:
+    English prose with some markup and code, read from package metadata. No calibration set reads them."""
+    from importlib.metadata import distributions
+
+    docs = {}
+    for dist in distributions():
+        meta = dist.metadata
+        name = meta["Name"]
+        if name and name.lower() != "inference-lab":
+            docs.setdefault(f"readme:{name}=={meta['Version']}", meta.get_payload() or meta.get("Description") or "")
+    return sorted(docs.items())
+
+
+SOURCES = ("stdlib", "docs", "readme")
+
+
 def heldout_texts(tokenizer, n: int = 8, max_tokens: int = 256, seed: int = 0, source: str = "stdlib",
                   calibration=None, min_tokens: int = 32, return_sources: bool = False):
     """`n` token-id sequences of up to `max_tokens` tokens of local text disjoint from the calibration set.
@@ -79,8 +101,10 @@ def heldout_texts(tokenizer, n: int = 8, max_tokens: int = 256, seed: int = 0, s
         docs = heldout_stdlib_files()
     elif source == "docs":
         docs = _heldout_docs(calibration)
+    elif source == "readme":
+        docs = _readme_docs()
     else:
-        raise ValueError(f"source must be 'stdlib' or 'docs', not {source!r}")
+        raise ValueError(f"source must be one of {SOURCES}, not {source!r}")
     rng = random.Random(seed)
     rng.shuffle(docs)
     seqs, labels = [], []
@@ -126,25 +150,15 @@ def long_text(tokenizer, n_tokens: int, seed: int = 0) -> LongText:
 # ---- perplexity and logit agreement -------------------------------------------------------------------
 
 
-def _log_probs(model, ids: list[int], kv=None) -> torch.Tensor:
-    """`kv`: None, or (KVCacheFormat, KVScales or None) to run with the K/V cache stored through that format."""
-    cache = None
-    if kv is not None:
-        from lab.quant.kv_calibration import QuantizedContiguousKVCache
-
-        cache = QuantizedContiguousKVCache(model, *kv)
-    return forward_logits(model, ids, cache).double().log_softmax(-1)
-
-
 @torch.inference_mode()
 def perplexity(model, token_sequences: list[list[int]], kv=None) -> float:
     """exp(mean next-token NLL), the mean taken over all predicted tokens of all sequences; `kv` as in
-    `_log_probs` (a quantized KV cache)."""
+    `lab.eval.scores.log_probs` (a quantized KV cache)."""
     nll, count = 0.0, 0
     for ids in token_sequences:
         if len(ids) < 2:
             continue
-        logp = _log_probs(model, ids, kv)[:-1]
+        logp = log_probs(model, ids, kv)[:-1]
         target = torch.tensor(ids[1:], device=logp.device)
         nll -= float(logp.gather(-1, target[:, None]).sum())
         count += len(ids) - 1
@@ -159,8 +173,8 @@ def compare_logits(reference_model, quantized_model, token_sequences: list[list[
     `kv` quantizes the KV cache of the quantized side."""
     kl_sum, agree, count, kl_max = 0.0, 0, 0, 0.0
     for ids in token_sequences:
-        ref = _log_probs(reference_model, ids)
-        out = _log_probs(quantized_model, ids, kv)
+        ref = log_probs(reference_model, ids)
+        out = log_probs(quantized_model, ids, kv)
         kl = (ref.exp() * (ref - out)).sum(-1).clamp_min(0)
         kl_sum += float(kl.sum())
         kl_max = max(kl_max, float(kl.max()))
@@ -325,27 +339,35 @@ def evaluate(model, tokenizer, suite: str = "all", reference=None, *, heldout: l
     return result
 
 
-def evaluate_model(model, tokenizer, reference, heldout, items, ref_sensitive, max_tokens: int,
-                   df: pd.DataFrame | None = None, kv=None) -> tuple[dict, pd.DataFrame]:
-    """Perplexity, KL and top-1 against `reference`, and the sensitive items with flips against the
-    reference's outputs `ref_sensitive` (a superset of the items). `df`: the model's sensitive outputs,
-    when already run. `kv`: (KVCacheFormat, KVScales or None) stores `model`'s KV cache through that format
-    (as in `evaluate`). Returns (metrics, per-item rows)."""
-    metrics = {"perplexity": perplexity(model, heldout, kv)}
-    logits = compare_logits(reference, model, heldout, kv)
-    metrics.update(kl_mean=logits["kl_mean"], top1_agreement=logits["top1_agreement"])
-    engine = None if kv is None else {"kv_cache_dtype": kv[0], "kv_scales": kv[1]}
-    df = run_sensitive(model, tokenizer, items, max_tokens, engine) if df is None else df
+def sensitive_metrics(df, ref_sensitive) -> dict:
+    """Per category and "all" (long context left out): pass rate with its Wilson interval (pass_<c>_low and
+    _high), items lost and share of outputs unchanged against `ref_sensitive` (a superset of the items)."""
     ref = ref_sensitive[ref_sensitive["id"].isin(df["id"])]
     rates, moved = pass_rates(df), flips(ref, df)
     # "all" leaves long context out: not every model runs it, and totals must compare across rows.
     short = df["category"] != "long_context"
     rates["all"] = pass_rates(df[short])["all"]
     moved["all"] = flips(ref[ref["category"] != "long_context"], df[short])["all"]
+    metrics = {}
     for category in CATEGORIES + ("all",):
         # A category this model did not run (long context, which the weight-quantization study runs only for
         # LONG_CONTEXT_CONFIGS) is NaN, not 0.
         metrics[f"pass_{category}"] = rates[category]["rate"] if category in rates else float("nan")
+        if category in rates and rates[category]["total"]:
+            metrics.update(proportion(rates[category]["passed"], rates[category]["total"]).columns(f"pass_{category}"))
         metrics[f"lost_{category}"] = moved[category]["lost"] if category in moved else float("nan")
         metrics[f"same_output_{category}"] = moved[category]["same_output"] if category in moved else float("nan")
+    return metrics
+
+
+def evaluate_model(model, tokenizer, reference, heldout, items, ref_sensitive, max_tokens: int,
+                   df: pd.DataFrame | None = None, kv=None) -> tuple[dict, pd.DataFrame]:
+    """Perplexity, KL and top-1 against `reference` with their intervals over the `heldout` sequences, and
+    `sensitive_metrics` of the items against the reference's outputs `ref_sensitive`. `df`: the model's
+    sensitive outputs, when already run. `kv`: (KVCacheFormat, KVScales or None) stores `model`'s KV cache
+    through that format (as in `evaluate`). Returns (metrics, per-item rows)."""
+    metrics = score_sequences(reference, model, heldout, kv).summary()
+    engine = None if kv is None else {"kv_cache_dtype": kv[0], "kv_scales": kv[1]}
+    df = run_sensitive(model, tokenizer, items, max_tokens, engine) if df is None else df
+    metrics.update(sensitive_metrics(df, ref_sensitive))
     return metrics, df

@@ -68,13 +68,34 @@ def _rtn_codes(model, spec: QuantSpec) -> dict:
     return codes
 
 
-def calibration_token_ids(tokenizer, job: QuantJob) -> list[list[int]]:
-    from .calibration import PACK_POOL_SAMPLES, build_calibration_set, pack_blocks
+def _calibration_set(tokenizer, job: QuantJob):
+    from .calibration import PACK_POOL_SAMPLES, build_calibration_set
 
     n = PACK_POOL_SAMPLES if job.calib_packed else job.calib_samples
-    ds = build_calibration_set(tokenizer, n_samples=n, max_tokens=job.calib_tokens, mix=job.calib_mix, seed=job.seed)
-    ids = [list(x) for x in ds["input_ids"]]
+    return build_calibration_set(tokenizer, n_samples=n, max_tokens=job.calib_tokens, mix=job.calib_mix, seed=job.seed)
+
+
+def calibration_token_ids(tokenizer, job: QuantJob) -> list[list[int]]:
+    from .calibration import pack_blocks
+
+    ids = [list(x) for x in _calibration_set(tokenizer, job)["input_ids"]]
     return pack_blocks(ids, job.calib_samples, job.calib_tokens) if job.calib_packed else ids
+
+
+def calibration_composition(tokenizer, job: QuantJob) -> dict[str, int]:
+    """Tokens per task ("code", "docs", "chat", "spec_bench/<category>", ...) in what `job` calibrates on:
+    the samples, or for packed blocks the samples' tokens up to the blocks' length, in packing order."""
+    ds = _calibration_set(tokenizer, job)
+    left = job.calib_samples * job.calib_tokens if job.calib_packed else None
+    tokens: dict[str, int] = {}
+    for task, n in zip(ds["task"], ds["n_tokens"]):
+        take = n if left is None else min(n, left)
+        tokens[task] = tokens.get(task, 0) + take
+        if left is not None:
+            left -= take
+            if not left:
+                break
+    return tokens
 
 
 @torch.no_grad()

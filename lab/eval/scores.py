@@ -1,0 +1,129 @@
+"""Per-sequence scores of a model against a reference, the units every accuracy interval resamples.
+
+Perplexity, KL and top-1 agreement are pooled over tokens, but tokens of one sequence are not independent
+(one hard file raises all of its tokens' loss), so their uncertainty is estimated by resampling *sequences*
+(Efron & Tibshirani, 1993; the same choice as lm-evaluation-harness's bootstrap of per-document scores).
+`score_sequences` runs the reference and the model once per sequence and keeps the sums per sequence:
+
+- `nll`, `predicted`: summed next-token negative log-likelihood and the tokens it was summed over
+  (perplexity = exp(sum nll / sum predicted), resampled as a ratio of sums);
+- `kl`, `top1`, `positions`: summed KL(reference || model) over positions, positions whose top-1 token
+  agrees, and the positions.
+
+A comparison of two models on the same sequences (GPTQ against RTN) resamples the same sequences for
+both (`paired`), which removes the sequences' own difficulty from the difference: two perplexities whose
+separate intervals overlap can still differ distinguishably.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from lab.intervals import Interval, bootstrap, ratio_interval
+from lab.models.reference import forward_logits
+
+
+def log_probs(model, ids: list[int], kv=None) -> torch.Tensor:
+    """Log-probabilities at every position; `kv`: None, or (KVCacheFormat, KVScales or None) to run with the
+    K/V cache stored through that format."""
+    cache = None
+    if kv is not None:
+        from lab.quant.kv_calibration import QuantizedContiguousKVCache
+
+        cache = QuantizedContiguousKVCache(model, *kv)
+    return forward_logits(model, ids, cache).double().log_softmax(-1)
+
+
+@dataclass(frozen=True)
+class SequenceScores:
+    """Per-sequence sums (one entry per sequence), see the module docstring."""
+    nll: np.ndarray
+    predicted: np.ndarray
+    kl: np.ndarray
+    top1: np.ndarray
+    positions: np.ndarray
+
+    def perplexity(self) -> Interval:
+        return bootstrap(_perplexity, self.nll, self.predicted)
+
+    def kl_mean(self) -> Interval:
+        return ratio_interval(self.kl, self.positions)
+
+    def top1_agreement(self) -> Interval:
+        return ratio_interval(self.top1, self.positions)
+
+    def summary(self, prefix: str = "") -> dict:
+        """Table columns: perplexity, kl_mean and top1_agreement, each with _low and _high, and n_sequences."""
+        out = {f"{prefix}n_sequences": len(self.nll)}
+        for name in ("perplexity", "kl_mean", "top1_agreement"):
+            out.update(getattr(self, name)().columns(prefix + name))
+        return out
+
+    def rows(self, **labels) -> list[dict]:
+        """One dict per sequence with `labels` (model, domain), to save as a table and rebuild with `from_rows`."""
+        return [{**labels, "sequence": i, **{f.name: float(getattr(self, f.name)[i]) for f in fields(self)}}
+                for i in range(len(self.nll))]
+
+    @classmethod
+    def from_rows(cls, frame) -> SequenceScores:
+        frame = frame.sort_values("sequence")
+        return cls(**{f.name: frame[f.name].to_numpy(dtype=float) for f in fields(cls)})
+
+
+def _perplexity(nll, predicted):
+    return np.exp(nll.sum(-1) / predicted.sum(-1))
+
+
+@torch.inference_mode()
+def score_sequences(reference, model, token_sequences: list[list[int]], kv=None) -> SequenceScores:
+    """`model` scored against `reference` on each sequence (two or more tokens each); `kv` quantizes the
+    model's KV cache as in `log_probs`. `model is reference` (and no `kv`) runs one forward per sequence."""
+    if not token_sequences or any(len(ids) < 2 for ids in token_sequences):
+        raise ValueError(f"score_sequences needs sequences of two or more tokens, got lengths "
+                         f"{[len(ids) for ids in token_sequences]}")
+    cols = {f.name: [] for f in fields(SequenceScores)}
+    for ids in token_sequences:
+        ref = log_probs(reference, ids)
+        out = ref if model is reference and kv is None else log_probs(model, ids, kv)
+        target = torch.tensor(ids[1:], device=out.device)
+        cols["nll"].append(-float(out[:-1].gather(-1, target[:, None]).sum()))
+        cols["predicted"].append(len(ids) - 1)
+        cols["kl"].append(float((ref.exp() * (ref - out)).sum(-1).clamp_min(0).sum()))
+        cols["top1"].append(int((ref.argmax(-1) == out.argmax(-1)).sum()))
+        cols["positions"].append(len(ids))
+    return SequenceScores(**{k: np.asarray(v, dtype=float) for k, v in cols.items()})
+
+
+def paired(a: SequenceScores, b: SequenceScores, metric: str) -> Interval:
+    """a's metric over b's on the same sequences: a ratio for perplexity (null 1), a difference for kl_mean
+    and top1_agreement (null 0); both sides resampled with the same sequences."""
+    if len(a.nll) != len(b.nll):
+        raise ValueError(f"paired scores need the same sequences, got {len(a.nll)} and {len(b.nll)}")
+    if metric == "perplexity":
+        return bootstrap(lambda n1, p, n2: _perplexity(n1, p) / _perplexity(n2, p), a.nll, a.predicted, b.nll)
+    if metric in ("kl_mean", "top1_agreement"):
+        col = "kl" if metric == "kl_mean" else "top1"
+        return bootstrap(lambda x, y, n: (x.sum(-1) - y.sum(-1)) / n.sum(-1),
+                         getattr(a, col), getattr(b, col), a.positions)
+    raise ValueError(f"metric must be perplexity, kl_mean or top1_agreement, not {metric!r}")
+
+
+def recovered(method: SequenceScores, rtn: SequenceScores, base: SequenceScores, metric: str) -> Interval:
+    """The share of RTN's loss a method recovers, 1 - (method - base) / (RTN - base), for perplexity or
+    kl_mean, with one resample of sequences shared by the three models. NaN draws (RTN no worse than the
+    base in a resample) are left out of the interval."""
+    if metric == "perplexity":
+        def stat(m, r, b, p):
+            u = _perplexity(b, p)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return 1 - (_perplexity(m, p) - u) / np.where(_perplexity(r, p) > u, _perplexity(r, p) - u, np.nan)
+        return bootstrap(stat, method.nll, rtn.nll, base.nll, base.predicted)
+    if metric == "kl_mean":
+        def stat(m, r, n):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return 1 - m.sum(-1) / np.where(r.sum(-1) > 0, r.sum(-1), np.nan)
+        return bootstrap(stat, method.kl, rtn.kl, method.positions)
+    raise ValueError(f"metric must be perplexity or kl_mean, not {metric!r}")

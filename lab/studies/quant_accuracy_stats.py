@@ -1,0 +1,181 @@
+"""The weight-quantization study's comparisons, each with its interval and significance word (notebook 02).
+
+Every comparison is paired: two models are compared on the same held-out sequences (perplexity as a ratio,
+KL as a difference, resampling sequences) or the same sensitive items (pass rate as a difference, resampling
+items), with `lab.intervals`' percentile bootstrap. A comparison is "distinguishable" when its interval
+excludes no difference (1 for a ratio, 0 for a difference); the verdicts say "not distinguishable" otherwise.
+With 16 sequences per domain, two perplexities within about 2% of each other are usually not distinguishable.
+
+- `recovery_table`: GPTQ and AWQ against RTN per configuration and domain (the share of RTN's loss recovered);
+- `sensitive_vs_perplexity`: each model against the unquantized one, perplexity rise per domain beside the
+  sensitive pass-rate change per category;
+- `mismatch_comparison`: short-Q&A calibration against the stratified mix on summarization prompts;
+- `claims_table`: the deployment article's (seeds/003 section 2) claims judged from those intervals.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from lab.claims import HOLDS, NOT_DISTINGUISHABLE, WRONG, claim_row, judge
+from lab.eval.scores import SequenceScores, paired, recovered
+from lab.eval.sensitive import CATEGORIES
+from lab.intervals import Interval, bootstrap, significance
+
+
+def scores_of(scores: pd.DataFrame, model: str, domain: str) -> SequenceScores:
+    rows = scores[(scores["model"] == model) & (scores["domain"] == domain)]
+    if rows.empty:
+        raise KeyError(f"no per-sequence scores for model {model!r} on domain {domain!r}")
+    return SequenceScores.from_rows(rows)
+
+
+def pass_difference(a: pd.DataFrame, b: pd.DataFrame, category: str = "all") -> Interval:
+    """Pass rate of a minus b over the items both ran (long context left out of "all", as in `pass_all`),
+    paired by item."""
+    keep = (lambda df: df[df["category"] != "long_context"]) if category == "all" else \
+        (lambda df: df[df["category"] == category])
+    merged = keep(a).merge(keep(b), on="id", suffixes=("_a", "_b"))
+    if merged.empty:
+        raise ValueError(f"no sensitive items in common for category {category!r}")
+    return bootstrap(lambda x, y: (x - y).mean(-1), merged["passed_a"].astype(float), merged["passed_b"].astype(float))
+
+
+def domains(scores: pd.DataFrame) -> list[str]:
+    return [d for d in dict.fromkeys(scores["domain"]) if d != "summarization"]
+
+
+def recovery_table(grid: pd.DataFrame, scores: pd.DataFrame, outputs: dict) -> pd.DataFrame:
+    """Per configuration, method (GPTQ, AWQ) and domain: perplexity over RTN's (paired ratio), KL minus RTN's,
+    the share of RTN's perplexity and KL loss recovered, and the sensitive pass rate minus RTN's, each with
+    its interval; the *_vs_rtn columns say whether the difference is distinguishable."""
+    rows = []
+    for config, g in grid[grid["method"] != grid["method"].iloc[0]].groupby("config", sort=False):
+        if "rtn" not in set(g["method"]):
+            continue
+        for method in [m for m in g["method"] if m != "rtn"]:
+            model, rtn = f"{method} {config}", f"rtn {config}"
+            sens = pass_difference(outputs[model], outputs[rtn])
+            for domain in domains(scores):
+                m, r, u = (scores_of(scores, k, domain) for k in (model, rtn, "unquantized"))
+                ratio, kl = paired(m, r, "perplexity"), paired(m, r, "kl_mean")
+                rows.append({"config": config, "method": method, "domain": domain,
+                             **ratio.columns("perplexity_over_rtn"), "perplexity_vs_rtn": significance(ratio, 1.0),
+                             **kl.columns("kl_minus_rtn"), "kl_vs_rtn": significance(kl),
+                             **recovered(m, r, u, "perplexity").columns("perplexity_recovered"),
+                             **recovered(m, r, u, "kl_mean").columns("kl_mean_recovered"),
+                             **sens.columns("sensitive_pass_minus_rtn"), "sensitive_vs_rtn": significance(sens)})
+    return pd.DataFrame(rows)
+
+
+def sensitive_vs_perplexity(grid: pd.DataFrame, scores: pd.DataFrame, outputs: dict) -> pd.DataFrame:
+    """Each quantized model against the unquantized one: perplexity rise per domain (%, paired), and per
+    sensitive category the pass-rate change (points, paired by item) and the share of outputs changed. The
+    article's claim is that the second and third outrun the first."""
+    rows = []
+    for _, r in grid.iloc[1:].iterrows():
+        row = {"model": r["model"]}
+        for domain in domains(scores):
+            rise = paired(scores_of(scores, r["model"], domain), scores_of(scores, "unquantized", domain), "perplexity")
+            row.update(_scaled(rise, 100, -1).columns(f"{domain}_ppl_rise_%"))
+            row[f"{domain}_ppl_rise"] = significance(rise, 1.0)
+        for c in CATEGORIES + ("all",):
+            if pd.notna(r.get(f"pass_{c}")):
+                change = pass_difference(outputs[r["model"]], outputs["unquantized"], c)
+                row.update(_scaled(change, 100).columns(f"{c}_pass_change_pts"))
+                row[f"{c}_pass_change"] = significance(change)
+                row[f"{c}_outputs_changed_%"] = 100 * (1 - r[f"same_output_{c}"])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _scaled(i: Interval, factor: float, shift: float = 0.0) -> Interval:
+    return Interval(factor * (i.value + shift), factor * (i.low + shift), factor * (i.high + shift))
+
+
+def mismatch_comparison(mismatch: pd.DataFrame, scores: pd.DataFrame) -> Interval | None:
+    """Summarization KL with short-Q&A calibration over KL with the stratified mix, paired over prompts (None
+    when no summarization prompts ran)."""
+    summ = scores[scores["domain"] == "summarization"]
+    if summ.empty:
+        return None
+    label = {m: f"{r['method']} {r['config']} calibrated on {m}" for m, r in mismatch.set_index("calibration").iterrows()}
+    a, b = (scores_of(summ, label[m], "summarization") for m in ("short_qa", "stratified"))
+    return bootstrap(lambda x, y: x.sum(-1) / y.sum(-1), a.kl, b.kl)
+
+
+def _pct(i: Interval, unit: str = "%") -> str:
+    return f"{i.value:+.1f}{unit} ({i.low:+.1f} to {i.high:+.1f})"
+
+
+def _below(i: Interval, x: float) -> str:
+    """Verdict on "the quantity is below x", strictly: an interval ending exactly at x does not hold."""
+    return judge(i.low, i.high, hi=x - 1e-12)
+
+
+def _above(i: Interval, x: float) -> str:
+    return judge(i.low, i.high, lo=x + 1e-12)
+
+
+def _combine(*verdicts: str) -> str:
+    if WRONG in verdicts:
+        return WRONG
+    return HOLDS if all(v == HOLDS for v in verdicts) else NOT_DISTINGUISHABLE
+
+
+def claims_table(sens: pd.DataFrame, recovery: pd.DataFrame, grid: pd.DataFrame, scores: pd.DataFrame, outputs: dict,
+                 config: str, mismatch: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Seeds/003 section 2's quantization claims at `config`, judged from the paired intervals above."""
+    doms, rows = domains(scores), []
+    at = sens[sens["model"].str.endswith(f" {config}")].set_index("model")
+    best = min(at.index, key=lambda m: at.loc[m, f"{doms[0]}_ppl_rise_%"])
+    rises = {d: Interval(*at.loc[best, [f"{d}_ppl_rise_%", f"{d}_ppl_rise_%_low", f"{d}_ppl_rise_%_high"]])
+             for d in doms}
+    rows.append(claim_row(
+        f"perplexity barely moves under 4-bit weight quantization ({config}, best method: {best})", "+0.x% (under 1%)",
+        "; ".join(f"{d} {_pct(i)}" for d, i in rises.items()),
+        _combine(*(_below(i, 1.0) for i in rises.values()))))
+    for model in at.index:
+        drop = Interval(*at.loc[model, ["all_pass_change_pts", "all_pass_change_pts_low", "all_pass_change_pts_high"]])
+        rows.append(claim_row(f"task metrics drop under quantization: sensitive pass rate, {model}", "drops",
+                              _pct(drop, " pts"), _below(drop, 0.0)))
+    rec = recovery[recovery["config"] == config].set_index(["method", "domain"])
+    if {"gptq", "awq"} <= set(grid["method"]) and not rec.empty:
+        for d in doms:
+            g, a = (scores_of(scores, f"{m} {config}", d) for m in ("gptq", "awq"))
+            ratio = paired(g, a, "perplexity")
+            rows.append(claim_row(f"GPTQ is slightly better than AWQ in perplexity ({config}, {d})",
+                                  "GPTQ below AWQ", f"GPTQ/AWQ perplexity {ratio}", _below(ratio, 1.0)))
+        steadier = pass_difference(outputs[f"awq {config}"], outputs[f"gptq {config}"])
+        rows.append(claim_row(f"AWQ is steadier than GPTQ on instruction tasks ({config}, sensitive pass rate)",
+                              "AWQ above GPTQ", f"AWQ - GPTQ {_scaled(steadier, 100)} pts",
+                              _above(steadier, 0.0)))
+    ratio = mismatch_comparison(mismatch, scores) if mismatch is not None and len(mismatch) == 2 else None
+    if ratio is not None:
+        rows.append(claim_row("a short-Q&A calibration set degrades long-document summarization (KL on held-out "
+                              "summarization prompts)", "degrades", f"KL short-Q&A / stratified {ratio}",
+                              _above(ratio, 1.0)))
+    return pd.DataFrame(rows)
+
+
+def verdict_lines(recovery: pd.DataFrame, sens: pd.DataFrame, mismatch_ratio: Interval | None) -> list[str]:
+    """The study's findings in words, each with its interval and significance word."""
+    lines = []
+    for _, r in recovery.iterrows():
+        lines.append(f"{r['method']} {r['config']} ({r['domain']}): perplexity {r['perplexity_over_rtn']:.3f}x RTN's "
+                     f"({r['perplexity_over_rtn_low']:.3f}-{r['perplexity_over_rtn_high']:.3f}, {r['perplexity_vs_rtn']}),"
+                     f" recovers {100 * r['perplexity_recovered']:.0f}% ({100 * r['perplexity_recovered_low']:.0f} to "
+                     f"{100 * r['perplexity_recovered_high']:.0f}%) of RTN's perplexity loss and "
+                     f"{100 * r['kl_mean_recovered']:.0f}% ({100 * r['kl_mean_recovered_low']:.0f} to "
+                     f"{100 * r['kl_mean_recovered_high']:.0f}%) of its KL")
+    doms = [c[:-len("_ppl_rise_%")] for c in sens.columns if c.endswith("_ppl_rise_%")]
+    for _, r in sens.iterrows():
+        rises = ", ".join(f"{d} {r[f'{d}_ppl_rise_%']:+.1f}% ({r[f'{d}_ppl_rise_%_low']:+.1f} to "
+                          f"{r[f'{d}_ppl_rise_%_high']:+.1f}, {r[f'{d}_ppl_rise']})" for d in doms)
+        lines.append(f"{r['model']}: perplexity {rises}; sensitive pass {r['all_pass_change_pts']:+.1f} pts "
+                     f"({r['all_pass_change_pts_low']:+.1f} to {r['all_pass_change_pts_high']:+.1f}, "
+                     f"{r['all_pass_change']}), {r['all_outputs_changed_%']:.0f}% of outputs changed")
+    if mismatch_ratio is not None:
+        lines.append(f"summarization KL, short-Q&A calibration over stratified: {mismatch_ratio}x "
+                     f"({significance(mismatch_ratio, 1.0)})")
+    return lines

@@ -1,0 +1,73 @@
+"""Notebook 02's comparisons: paired intervals and the verdicts they give, on synthetic per-sequence scores."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lab.eval.scores import SequenceScores
+from lab.studies import quant_accuracy_stats as stats
+
+N = 16
+
+
+def _scores(model, domain, ppl, noise, seed):
+    rng = np.random.default_rng(seed)
+    predicted = np.full(N, 511.0)
+    # Every sequence has its own difficulty (shared by all models); a model adds its own per-sequence noise.
+    difficulty = np.random.default_rng(0).normal(0, 0.3, N)
+    nll = predicted * (np.log(ppl) + difficulty + rng.normal(0, noise, N))
+    kl = predicted * max(np.log(ppl / 8.0), 0) * (1 + rng.normal(0, 0.05, N))
+    s = SequenceScores(nll, predicted, np.abs(kl), predicted * 0.8, predicted + 1)
+    return s.rows(model=model, domain=domain)
+
+
+def _outputs(passed):
+    return pd.DataFrame({"category": ["numbers"] * len(passed), "id": [str(i) for i in range(len(passed))],
+                         "passed": passed, "output": ["x"] * len(passed)})
+
+
+@pytest.fixture
+def study():
+    # gptq 2% above awq with small noise (distinguishable), rtn far above; prose: gptq and awq equal.
+    ppl = {"unquantized": 8.0, "rtn w4g64": 10.0, "gptq w4g64": 9.18, "awq w4g64": 9.0}
+    rows = []
+    for i, (model, p) in enumerate(ppl.items()):
+        rows += _scores(model, "code", p, 0.002, i)
+        rows += _scores(model, "prose", 9.0 if model in ("gptq w4g64", "awq w4g64") else p, 0.05, 10 + i)
+    scores = pd.DataFrame(rows)
+    grid = pd.DataFrame({"model": list(ppl), "method": ["unquantized", "rtn", "gptq", "awq"],
+                         "config": ["fp32"] + ["w4g64"] * 3, "pass_all": [0.5] * 4, "pass_numbers": [0.5] * 4,
+                         "same_output_all": [1.0, 0.1, 0.1, 0.1], "same_output_numbers": [1.0, 0.1, 0.1, 0.1]})
+    n = 60
+    ref = [i < 30 for i in range(n)]
+    outputs = {"unquantized": _outputs(ref), "rtn w4g64": _outputs([i < 10 for i in range(n)]),
+               "gptq w4g64": _outputs([i < 29 for i in range(n)]), "awq w4g64": _outputs([i < 30 for i in range(n)])}
+    return grid, scores, outputs
+
+
+def test_recovery_is_paired_and_says_whether_distinguishable(study):
+    grid, scores, outputs = study
+    rec = stats.recovery_table(grid, scores, outputs).set_index(["method", "domain"])
+    assert rec.loc[("gptq", "code"), "perplexity_vs_rtn"] == "distinguishable"
+    assert rec.loc[("gptq", "code"), "perplexity_over_rtn"] == pytest.approx(0.918, rel=1e-3)
+    r = rec.loc[("awq", "code")]
+    assert r["perplexity_recovered_low"] <= r["perplexity_recovered"] <= r["perplexity_recovered_high"]
+    assert r["perplexity_recovered"] == pytest.approx(0.5, abs=0.01)
+    assert rec.loc[("awq", "code"), "sensitive_vs_rtn"] == "distinguishable"  # 30 of 60 against 10 of 60
+
+
+def test_claims_hold_fail_or_cannot_tell(study):
+    grid, scores, outputs = study
+    sens = stats.sensitive_vs_perplexity(grid, scores, outputs)
+    rec = stats.recovery_table(grid, scores, outputs)
+    claims = stats.claims_table(sens, rec, grid, scores, outputs, "w4g64").set_index("claim")
+    verdict = {c.split(" (")[0].split(":")[0] + (" prose" if "prose" in c else ""): v
+               for c, v in claims["verdict"].items() if "task metrics" not in c}
+    assert verdict["perplexity barely moves under 4-bit weight quantization"] == "wrong"  # +12.5%
+    assert verdict["GPTQ is slightly better than AWQ in perplexity"] == "wrong"  # 2% above, tight
+    assert verdict["GPTQ is slightly better than AWQ in perplexity prose"] == "not distinguishable"  # equal
+    drops = claims[claims.index.str.startswith("task metrics drop")]["verdict"].to_dict()
+    assert drops["task metrics drop under quantization: sensitive pass rate, rtn w4g64"] == "holds"  # 30 -> 10
+    assert drops["task metrics drop under quantization: sensitive pass rate, gptq w4g64"] == "not distinguishable"
+    assert drops["task metrics drop under quantization: sensitive pass rate, awq w4g64"] == "wrong"  # identical
+    assert set(claims["holds"].map(repr)) <= {"True", "False", "None"}
