@@ -356,3 +356,46 @@ def test_lab_serve_command_serves_a_new_user(smollm):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_ready_only_after_the_warm_up_while_health_answers_throughout(smollm):
+    """A readiness probe on /ready keeps traffic away until the warm-up request has run; /health (liveness) answers
+    200 from the start, so a slow warm-up does not get the process restarted."""
+    import threading
+
+    from lab.serve.async_engine import warm_up
+
+    model, tok = smollm
+    gate = threading.Event()
+
+    def slow_warm_up(llm):
+        assert gate.wait(60)
+        warm_up(llm)
+
+    with ServerThread(LLM(model, tokenizer=tok, num_kv_blocks=16, max_model_len=256), warmup=slow_warm_up) as srv:
+        health, ready = httpx.get(srv.url + "/health"), httpx.get(srv.url + "/ready")
+        assert health.status_code == 200 and health.json()["ready"] is False
+        assert ready.status_code == 503 and ready.json()["status"] == "warming up"
+        gate.set()
+        end = time.monotonic() + 60
+        while (ready := httpx.get(srv.url + "/ready")).status_code != 200 and time.monotonic() < end:
+            time.sleep(0.05)
+        assert ready.status_code == 200 and ready.json()["warmup_s"] > 0
+        assert httpx.get(srv.url + "/health").json()["ready"] is True
+
+
+def test_a_failed_warm_up_fails_both_probes_and_refuses_requests(smollm):
+    model, tok = smollm
+
+    def broken(llm):
+        raise RuntimeError("no memory for the KV pool")
+
+    with ServerThread(LLM(model, tokenizer=tok, num_kv_blocks=16, max_model_len=256), warmup=broken) as srv:
+        end = time.monotonic() + 30
+        while (health := httpx.get(srv.url + "/health")).status_code == 200 and time.monotonic() < end:
+            time.sleep(0.02)
+        assert health.status_code == 503 and "no memory for the KV pool" in health.json()["error"]
+        assert httpx.get(srv.url + "/ready").json()["status"] == "failed"
+        r = httpx.post(srv.url + "/v1/completions", json={"model": "smollm2-135m", "prompt": "Hi", "max_tokens": 2},
+                       timeout=30)
+        assert r.status_code == 503 and "warm-up failed: RuntimeError" in r.json()["error"]["message"]

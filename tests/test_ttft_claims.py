@@ -94,3 +94,21 @@ def test_the_ledger_reads_seed_002s_claims_from_notebook_09():
     linked = {c.id for c in CLAIMS if c.link is not None and c.link.notebook == NB09}
     assert linked == {"002-02", "002-12", "002-17", "002-18", "002-20", "002-22", "002-23", "002-27", "002-31",
                       "002-35"}
+
+
+def test_lab_memory_counts_what_the_engine_holds_in_int8_a_quantized_tied_head_included():
+    """SmolLM2 ties its LM head to the embedding. Packing the head in int8 unties it: the engine then holds the
+    bf16 embedding and an int8 head. lab.memory counted the tied head as free whatever its format (1.18x short)."""
+    from lab.studies.ttft_claims_serving import engine_int8
+
+    table = engine_int8("smollm2-135m").set_index("build")
+    assert table["engine / lab.memory"].between(0.99, 1.01).all(), table
+    assert table.loc["int8 linears and LM head", "engine MB"] > table.loc["int8 linears, bf16 embedding", "engine MB"]
+
+
+def test_a_tied_head_in_another_format_is_a_second_copy():
+    s = mem.ModelShape.preset("smollm2-135m")
+    assert s.tie_word_embeddings
+    same = mem.weight_bytes(s, "int8", embedding="int8", lm_head="int8")
+    split = mem.weight_bytes(s, "int8", embedding="bf16", lm_head="int8")
+    assert same["lm_head"] == 0 and split["lm_head"] == pytest.approx(s.vocab_size * s.hidden_size + 2 * s.vocab_size)

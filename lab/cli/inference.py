@@ -51,10 +51,7 @@ def _serve(args) -> int:
               kv_cache_dtype="auto" if kv_format is None else kv_format, speculative=speculative, dtype=args.dtype,
               enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
               pipeline_parallel_size=args.pipeline_parallel_size)
-    if args.warmup:
-        from lab.engine import SamplingParams
-        llm.generate([[1] * 16], SamplingParams(max_tokens=2, ignore_eos=True))  # first-step costs paid here
-    serve(llm, args.served_model_name or args.model, args.host, args.port)
+    serve(llm, args.served_model_name or args.model, args.host, args.port, warmup=args.warmup)
     return 0
 
 
@@ -107,6 +104,7 @@ def add_serve(sub) -> None:
     sv.add_argument("--speculative", choices=("ngram", "layerskip", "quantized"), default=None,
                     help="speculative decoding for every request (lab.spec)")
     sv.add_argument("--num-speculative-tokens", type=int, default=4, help="k: drafts per round")
-    sv.add_argument("--warmup", action="store_true", help="run one tiny request before accepting traffic")
+    sv.add_argument("--warmup", action="store_true",
+                    help="run one tiny request first; /ready answers 503 until it has run, /health 200 throughout")
     _engine_arguments(sv)
     sv.set_defaults(func=_serve)

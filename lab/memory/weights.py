@@ -82,15 +82,21 @@ def linear_shapes(s: ModelShape) -> dict[str, list[tuple[int, int, int]]]:
 def weight_bytes(s: ModelShape, fmt: str | WeightFormat, unquantized: str = "bf16", embedding: str | None = None,
                  lm_head: str | None = None) -> dict[str, float]:
     """Bytes of every part: linear layers in `fmt`; norms, biases and routers in `unquantized`;
-    the embedding and LM head in their own formats (default: `unquantized`, as GPTQ/AWQ leave them).
-    Tied embeddings are stored once."""
+    the embedding and LM head in their own formats (default: `unquantized`, as GPTQ/AWQ leave them; a tied
+    head defaults to the embedding's). Tied embeddings are stored once, unless the two are given different
+    formats."""
     fmt = weight_format(fmt) if isinstance(fmt, str) else fmt
     plain = weight_format(unquantized).bits / 8
     c = param_counts(s)
     shapes = linear_shapes(s)
     vocab_matrix = (s.vocab_size, s.hidden_size)
-    emb = weight_format(embedding or unquantized).matrix_bytes(*vocab_matrix)
-    head = 0.0 if s.tie_word_embeddings else weight_format(lm_head or unquantized).matrix_bytes(*vocab_matrix)
+    emb_fmt = weight_format(embedding or unquantized)
+    head_fmt = weight_format(lm_head) if lm_head else emb_fmt if s.tie_word_embeddings else weight_format(unquantized)
+    emb = emb_fmt.matrix_bytes(*vocab_matrix)
+    # A tied head shares the embedding's storage only while both keep one format: quantizing one of them
+    # unties it, and the head becomes a second copy (the engine holds both; notebook 09 measures it).
+    shared = s.tie_word_embeddings and emb_fmt == head_fmt
+    head = 0.0 if shared else head_fmt.matrix_bytes(*vocab_matrix)
     # Small vectors inside attention: q/k/v biases (Qwen2) and MLA's two low-rank norms.
     small = (s.num_layers * (s.num_heads + 2 * s.num_kv_heads) * s.head_dim if s.qkv_bias and not s.is_mla else 0)
     small += s.num_layers * ((s.q_lora_rank or 0) + s.kv_lora_rank) if s.is_mla else 0

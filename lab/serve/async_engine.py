@@ -6,6 +6,12 @@ command queue, drained before every step, and each step's new tokens go back to 
 queue with `loop.call_soon_threadsafe`. Nothing else touches the `LLM`, so it needs no lock. This is the
 shape of vLLM's `AsyncLLM` (engine core in its own process) reduced to one thread.
 
+Readiness (for a Kubernetes readiness probe): with `warmup`, the engine thread first runs one small request,
+so the first real request does not pay the first step's one-time costs (allocator growth, kernel selection,
+lazily built tables), and `ready` is set only after it. The server listens from the start, so a liveness probe
+(`/health`) passes during warm-up while the readiness probe (`/ready`) keeps traffic away until then. A warm-up
+that raises leaves the engine failed: both probes report it, so the orchestrator restarts the process.
+
 A request that is abandoned (the client disconnected, the handler was cancelled) is aborted: its blocks go
 back to the pool. A step that raises fails the requests it held, with the error, and the engine goes on
 serving the others.
@@ -19,6 +25,8 @@ import queue
 import threading
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from lab.engine import LLM, SamplingParams
@@ -49,9 +57,25 @@ class _Stream:
         self.sent_text = ""
 
 
+WARMUP_PROMPT_TOKENS = 16
+
+
+def warm_up(llm: LLM) -> None:
+    """One 16-token prompt and two decode steps: the first prefill and decode steps' one-time costs, paid."""
+    llm.generate([[1] * WARMUP_PROMPT_TOKENS], SamplingParams(max_tokens=2, ignore_eos=True))
+
+
 class AsyncLLM:
-    def __init__(self, llm: LLM, metrics: ServerMetrics | None = None):
+    """`warmup`: None (ready at once), True (`warm_up`) or a function of the `LLM` run in the engine thread
+    before it takes requests. `ready` is set when it returns; `failed` holds its error if it raised."""
+
+    def __init__(self, llm: LLM, metrics: ServerMetrics | None = None,
+                 warmup: bool | Callable[[LLM], None] | None = None):
         self.llm = llm
+        self.warmup = warm_up if warmup is True else (warmup or None)
+        self.ready = threading.Event()
+        self.failed: str | None = None
+        self.warmup_seconds: float | None = None
         self.metrics = metrics or ServerMetrics(llm)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[int, _Stream] = {}
@@ -64,6 +88,8 @@ class AsyncLLM:
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop.clear()
+        self.ready.clear()
+        self.failed = None
         self._thread = threading.Thread(target=self._run, name="lab-engine", daemon=True)
         self._thread.start()
 
@@ -125,7 +151,27 @@ class AsyncLLM:
                 t.cancel()
 
     # ---- the engine thread --------------------------------------------------------------------------
+    def _warm_up(self) -> bool:
+        if self.warmup is not None:
+            t = time.perf_counter()
+            try:
+                self.warmup(self.llm)
+            except Exception as e:  # noqa: BLE001  reported by the probes, not raised into a dead thread
+                log.exception("warm-up failed; the server reports itself failed")
+                self.failed = f"warm-up failed: {type(e).__name__}: {e}"
+                return False
+            self.warmup_seconds = time.perf_counter() - t
+        self.ready.set()
+        return True
+
+    @property
+    def status(self) -> str:
+        """'failed', 'warming up' or 'ready'."""
+        return "failed" if self.failed else "ready" if self.ready.is_set() else "warming up"
+
     def _run(self) -> None:
+        if not self._warm_up():
+            return
         while not self._stop.is_set():
             self._drain()
             if not self.llm.has_unfinished():

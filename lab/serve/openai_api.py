@@ -1,5 +1,6 @@
 """An OpenAI-compatible HTTP front end for the engine (FastAPI on uvicorn): `/v1/completions`,
-`/v1/chat/completions` (both with server-sent-event streaming), `/v1/models`, `/health`, `/metrics`.
+`/v1/chat/completions` (both with server-sent-event streaming), `/v1/models`, `/health` (liveness), `/ready` (readiness:
+after the warm-up request), `/metrics`.
 
 The request and response shapes are OpenAI's (https://platform.openai.com/docs/api-reference/completions),
 with vLLM's extensions where the lab needs them: `top_k`, `ignore_eos`, `return_token_ids`, and `prompt` as a
@@ -208,7 +209,19 @@ async def _invalid(request: Request, exc: RequestValidationError):
 
 @router.get("/health")
 async def health(request: Request):
-    return {"status": "ok", "active_requests": request.app.state.engine.num_active}
+    """Liveness: 200 while the process serves or warms up; 503 once the engine has failed (restart it)."""
+    engine = request.app.state.engine
+    if engine.failed:
+        return JSONResponse({"status": "failed", "error": engine.failed}, status_code=503)
+    return {"status": "ok", "ready": engine.ready.is_set(), "active_requests": engine.num_active}
+
+
+@router.get("/ready")
+async def ready(request: Request):
+    """Readiness: 200 only after the warm-up request has run; 503 with the status before (or after a failure)."""
+    engine = request.app.state.engine
+    body = {"status": engine.status, "warmup_s": engine.warmup_seconds}
+    return JSONResponse(body, status_code=200 if engine.status == "ready" else 503)
 
 
 @router.get("/v1/models")
@@ -239,6 +252,8 @@ async def chat_completions(request: Request, body: ChatCompletionRequest):
 
 async def _serve(request: Request, body: _Sampling, prompt, chat: bool):
     engine, model_name = request.app.state.engine, request.app.state.model_name
+    if engine.failed:  # the engine thread has stopped: queueing the request would leave it waiting forever
+        return _error(503, f"the server cannot serve: {engine.failed}")
     if body.model != model_name:
         engine.metrics.rejected.inc()
         return _error(404, f"model {body.model!r} does not exist; this server serves {model_name!r}",

@@ -24,8 +24,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 class ServerThread:
     """Serve `llm` on host:port from a daemon thread until `stop()`; usable as a context manager."""
 
-    def __init__(self, llm: LLM, model_name: str = "smollm2-135m", host: str = "127.0.0.1", port: int | None = None):
-        self.engine = AsyncLLM(llm)
+    def __init__(self, llm: LLM, model_name: str = "smollm2-135m", host: str = "127.0.0.1", port: int | None = None,
+                 warmup=None):
+        self.engine = AsyncLLM(llm, warmup=warmup)
         self.host, self.port = host, port or free_port(host)
         config = uvicorn.Config(create_app(self.engine, model_name), host=self.host, port=self.port,
                                 log_level="warning", timeout_graceful_shutdown=5)
@@ -56,6 +57,7 @@ class ServerThread:
         self.stop()
 
 
-def serve(llm: LLM, model_name: str, host: str, port: int) -> None:
-    """Serve in the foreground until interrupted (`lab serve`)."""
-    uvicorn.run(create_app(AsyncLLM(llm), model_name), host=host, port=port, log_level="info")
+def serve(llm: LLM, model_name: str, host: str, port: int, warmup: bool = False) -> None:
+    """Serve in the foreground until interrupted (`lab serve`); `warmup`: `/ready` answers 200 only after one
+    warm-up request (`AsyncLLM`)."""
+    uvicorn.run(create_app(AsyncLLM(llm, warmup=warmup or None), model_name), host=host, port=port, log_level="info")

@@ -18,7 +18,8 @@ and a first-request TTFT from 3 s to 300 ms. This module counts and measures eac
   evicted from the page cache (`posix_fadvise(DONTNEED)`, residency checked with `mincore`) or from a warm one,
   and time the first request with and without a warm-up request.
 
-The claims table and the figure are `lab.studies.ttft_claims_table`.
+The engine's own int8 allocation and the readiness probes on `lab serve` are `lab.studies.ttft_claims_serving`;
+the claims table and the figure are `lab.studies.ttft_claims_table`.
 """
 
 from __future__ import annotations
@@ -58,11 +59,13 @@ class TTFTParams:
     REPEATS: int = 7  # TTFT repeats per point
     COLD_REPEATS: int = 3  # fresh processes per cold-start case
     COLD_PROMPT: int = 128  # the cold-start request prompt tokens
+    PROBE_REPEATS: int = 3  # fresh lab serve processes per readiness-probe case
     KV_TOKENS: int = 32768  # bf16 KV tokens beside the weights in the total-memory saving
     PRESETS: ClassVar[dict] = {
-        "quick": {"REPEATS": 3, "COLD_REPEATS": 1},
+        "quick": {"REPEATS": 3, "COLD_REPEATS": 1, "PROBE_REPEATS": 1},
         "smoke": {"PROMPT_TOKENS": 64, "CACHED_TOKENS": 48, "SWEEP_TOKENS": 128, "HIT_RATES": (0, 50, 100),
-                  "HIGH_HIT": 50, "REPEATS": 1, "COLD_REPEATS": 1, "COLD_PROMPT": 16},
+                  "HIGH_HIT": 50, "REPEATS": 1, "COLD_REPEATS": 1, "COLD_PROMPT": 16,
+                  "PROBE_REPEATS": 1},
     }
 
     def __post_init__(self):
@@ -77,7 +80,8 @@ class TTFTParams:
         if self.HIGH_HIT not in self.HIT_RATES:
             raise ValueError(f"parameter HIGH_HIT={self.HIGH_HIT!r} must be one of HIT_RATES {self.HIT_RATES}")
         for name, lo, hi in (("PROMPT_TOKENS", 16, 8192), ("SWEEP_TOKENS", 32, 8192), ("REPEATS", 1, 100),
-                             ("COLD_REPEATS", 1, 20), ("COLD_PROMPT", 1, 2048), ("KV_TOKENS", 0, 1 << 24)):
+                             ("COLD_REPEATS", 1, 20), ("PROBE_REPEATS", 1, 20), ("COLD_PROMPT", 1, 2048),
+                             ("KV_TOKENS", 0, 1 << 24)):
             check_range(name, getattr(self, name), lo, hi, int)
         check_range("CACHED_TOKENS", self.CACHED_TOKENS, 0, self.PROMPT_TOKENS - 1, int)
 
