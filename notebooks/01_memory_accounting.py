@@ -153,6 +153,8 @@ int4_table.round(2)
 
 # %% [markdown]
 # ## 8. The articles' numbers, recomputed
+# One row per claim (`lab.claims.claim_row`): the claim led by its seed and section, the article's figure, the
+# lab's, and the verdict (holds, wrong or not distinguishable), with by how much or why in the note.
 
 # %%
 claims = pd.concat([study.claims_table(), int4_claims], ignore_index=True)
@@ -167,7 +169,7 @@ run.save_metrics(
     engine_decode_vs_bound_batch1=float(check["measured / bound"].iloc[0]),
     **{f"int4_over_bf16_batch{r.batch}": round(r.measured_speedup, 3)
        for r in int4_table[int4_table["int4 against"] == "bfloat16"].itertuples()},
-    wrong_claims=int(claims["verdict"].str.startswith("wrong").sum()))
+    wrong_claims=int((claims["verdict"] == "wrong").sum()))
 
 # %%
 if INTERACTIVE:

@@ -25,7 +25,7 @@
 # KV cache with per-tensor `k_scale`/`v_scale`, whose documentation warns that the default scale of 1.0 can
 # degrade quality. This notebook tests each claim on SmolLM2-135M-Instruct with the formats of
 # `lab.quant.kv`, served by the lab engine's paged cache. The logic lives in `lab.studies.kv_quantization`,
-# the intervals and verdicts in `lab.studies.kv_quantization_claims`.
+# the intervals and the claims table in `lab.studies.kv_quantization_claims`.
 #
 # Every figure carries a 95% interval (`_low`, `_high` columns): on the one long text a block bootstrap over
 # contiguous blocks of `BLOCK_TOKENS` positions, end to end a bootstrap over held-out sequences, and Wilson
@@ -161,15 +161,21 @@ cols = ["format"] + [c + s for c in shown for s in ("", "_low", "_high")] + \
 e2e[cols].round(4)
 
 # %% [markdown]
-# ## 6. Verdicts, computed from the tables above
-# Each verdict rests on an interval (`value`, `value_low`, `value_high`) compared with the claim's boundary
-# (`null`): yes or no when the interval lies on one side, "not distinguishable" when it holds the boundary.
+# ## 6. Claims and verdicts, computed from the tables above
+# One row per claim in the shape every notebook's claims table has (`lab.claims.claim_row`): the claim, the
+# article's statement, what was measured (the figure as "value [low, high]" first, then the rest of the
+# evidence), the verdict and a note. Each verdict rests on an interval compared with the claim's boundary:
+# holds or wrong when the interval lies on one side, "not distinguishable" when it holds the boundary. The
+# second table keeps each claim's interval (`value`, `value_low`, `value_high`), its boundary (`null`) and
+# whether the interval excludes it.
 
 # %%
-verdicts = pd.DataFrame(claims.verdicts(params, blocks, roles, e2e))
-run.save_table("verdicts", verdicts)
+claim_table, claim_intervals = claims.claims_table(params, blocks, roles, e2e)
+run.save_table("claims", claim_table)
+run.save_table("verdict_intervals", claim_intervals)
 with pd.option_context("display.max_colwidth", 200):
-    display(verdicts)  # noqa: F821 (IPython)
+    display(claim_table)  # noqa: F821 (IPython)
+    display(claim_intervals)  # noqa: F821
 
 # %% [markdown]
 # ## 7. Explore (INTERACTIVE)
@@ -201,6 +207,8 @@ if INTERACTIVE:
     display(panel(show_outputs, {"name": widgets.Dropdown(options=list(outputs)[1:])}, "changed outputs"))  # noqa: F821
 
 # %%
-run.save_metrics(claims={v["claim"]: v["holds"] for v in verdicts.to_dict("records")},
+run.save_metrics(claims=dict(zip(claim_table["claim"], claim_table["verdict"])),
+                 wrong_claims=int((claim_table["verdict"] == "wrong").sum()),
+                 not_distinguishable_claims=int((claim_table["verdict"] == "not distinguishable").sum()),
                  exact_perplexity=float(e2e["perplexity"].iloc[0]))
 run.finish()

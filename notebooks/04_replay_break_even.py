@@ -151,6 +151,8 @@ pd_table.round(3)
 
 # %% [markdown]
 # ## 6. The article's numbers, recomputed
+# One row per claim (`lab.claims.claim_row`): the claim led by its section, the article's figure, the lab's, and
+# the verdict (holds or wrong), with by how much or why in the note.
 
 # %%
 claims = study.claims_table(params, measured)
@@ -185,5 +187,5 @@ run.save_metrics(lossless=bool(lossless["greedy outputs unchanged"].all()),
                  verdicts_agree=int(summary["verdict_agrees_host memory"].sum() + summary["verdict_agrees_disk file"].sum()),
                  recompute_beats_host_memory=int(summary["recompute_beats_host memory"].sum()),
                  recompute_beats_disk=int(summary["recompute_beats_disk file"].sum()),
-                 wrong_claims=int(claims["verdict"].str.startswith("wrong").sum()))
+                 wrong_claims=int((claims["verdict"] == "wrong").sum()))
 run.finish()

@@ -4,6 +4,8 @@ verdicts follow the interval, intervals follow the samples, and the engine's ste
 import pandas as pd
 import pytest
 
+from claims_shape import assert_one_shape
+
 from lab.studies import int4_decode
 from lab.timing import decode_step_seconds, ratio_interval
 
@@ -20,11 +22,14 @@ def _table(low, high):
                           "ci95_low": low, "ci95_high": high, "bytes_read_ratio": 3.5}])
 
 
-@pytest.mark.parametrize("low, high, said", [(2.1, 2.4, "correct"), (1.2, 1.5, "wrong"), (2.6, 3.0, "wrong"),
+@pytest.mark.parametrize("low, high, said", [(2.1, 2.4, "holds"), (1.2, 1.5, "wrong"), (2.6, 3.0, "wrong"),
                                               (1.8, 2.2, "not distinguishable")])
 def test_the_claims_verdict_follows_the_whole_interval(low, high, said):
-    got = int4_decode.claim_rows(_table(low, high))["verdict"].iloc[0]
-    assert got.startswith(said)
+    claims = int4_decode.claim_rows(_table(low, high))
+    assert_one_shape(claims)
+    assert claims["verdict"].iloc[0] == said
+    # the ledger reads the speedup and its interval from the front of the measured cell
+    assert claims["measured here"].iloc[0].startswith(f"{(low + high) / 2:.2f}x measured, 95% CI [{low:.2f}, ")
 
 
 def test_bytes_read_shrink_with_the_weights_and_grow_with_the_kv(smollm):

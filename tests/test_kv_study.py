@@ -1,15 +1,23 @@
 """The KV-quantization study's measurements on a tiny random model: shapes, buckets, and the orderings that
 must hold whatever the model (fewer bits, more error; exact formats, zero error)."""
 
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 
+from claims_shape import assert_one_shape
+
+from lab.claims import HOLDS, WRONG
 from lab.quant.kv_calibration import calibrate_kv_absmax
 from lab.quant.kv import parse_format
 from lab.intervals import NOT_DISTINGUISHABLE, Interval
 from lab.studies.kv_quantization import (attention_error_by_position, error_growth, kl_by_position,
                                          position_buckets, record)
-from lab.studies.kv_quantization_claims import bucket_table, decide, growth_slope, item_intervals, role_table
+from lab.studies.kv_quantization_claims import (bucket_table, claims_table, decide, growth_slope, item_intervals,
+                                                role_table)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -98,18 +106,78 @@ def test_error_growth_table(tiny):
 
 
 def test_a_verdict_is_not_distinguishable_when_its_interval_holds_the_boundary():
-    assert decide(Interval(1.3, 0.9, 1.8), 1.0, True) == (NOT_DISTINGUISHABLE, NOT_DISTINGUISHABLE)
-    assert decide(Interval(1.3, 1.1, 1.8), 1.0, True) == ("yes", "distinguishable")
-    assert decide(Interval(1.3, 1.1, 1.8), 1.0, False) == ("no", "distinguishable")
-    assert decide(Interval(0.5, 0.4, 0.6), 1.0, False) == ("yes", "distinguishable")
+    assert decide(Interval(1.3, 0.9, 1.8), 1.0, True) == NOT_DISTINGUISHABLE
+    assert decide(Interval(1.3, 1.1, 1.8), 1.0, True) == HOLDS
+    assert decide(Interval(1.3, 1.1, 1.8), 1.0, False) == WRONG
+    assert decide(Interval(0.5, 0.4, 0.6), 1.0, False) == HOLDS
+    assert decide(Interval(1.0, 1.0, 1.0), 1.0, True) == NOT_DISTINGUISHABLE  # identical formats: neither wins
+    assert decide(Interval(float("nan"), float("nan"), float("nan")), 1.0, True) == NOT_DISTINGUISHABLE
+
+
+def _synthetic_blocks() -> pd.DataFrame:
+    """Blocks of every format the claims compare, at levels that decide each claim: per-tensor 10x per-token,
+    scale 1.0 as good as calibrated, keys 10x values, per-channel keys 10x better; every error doubling per
+    doubling of position."""
+    rng = np.random.default_rng(0)
+    levels = {"fp8_e4m3/per-tensor": 1.0, "fp8_e4m3/per-tensor/unit-scale": 1.0, "fp8_e4m3/per-token": 0.1,
+              "int8/per-tensor": 1.0, "int8/per-token": 0.1, "int4/per-tensor": 10.0, "int4/per-token": 1.0,
+              "int4/per-token/k-only": 1.0, "int4/per-token/v-only": 0.1, "int4/per-channel/group16/k-only": 0.1}
+    rows = []
+    for name, level in levels.items():
+        for metric in ("attention_rel_error", "next_token_kl"):
+            for a, b in position_buckets(512, 64):
+                rows += [{"format": name, "metric": metric, "positions": f"{a}-{b}", "position_end": b,
+                          "block_start": s, "measured": 16, "value": level * b * rng.uniform(0.8, 1.2)}
+                         for s in range(a, b, 16)]
+    return pd.DataFrame(rows)
+
+
+def _e2e_row(name, ppl, lost, pass_change):
+    return {"format": name, "perplexity_change_pct": ppl[0], "perplexity_change_pct_low": ppl[1],
+            "perplexity_change_pct_high": ppl[2], "pass_change": pass_change[0], "pass_change_low": pass_change[1],
+            "pass_change_high": pass_change[2], "items": 100, "items_lost": lost, "items_gained": 0,
+            "same_output_all": 0.5}
+
+
+def test_the_claims_table_has_the_one_shape_and_every_ledger_link_reads_one_row(tmp_path):
+    """Synthetic measurements that decide every claim: the table in the one shape, its measured cells led by
+    "v [low, high]" (the intervals table's figures), and each of the ledger's links to notebook 03 finding
+    exactly one row whose verdict the ledger reads back as written."""
+    from lab.ledger import CLAIMS
+    from lab.ledger.gather import find_rows
+    from lab.ledger.rules import from_notebook, parse_lab
+
+    blocks = _synthetic_blocks()
+    roles = role_table(blocks[blocks["format"].str.endswith(("k-only", "v-only"))])
+    e2e = pd.DataFrame([_e2e_row("fp8_e4m3/per-tensor", (0.5, 0.2, 0.8), 0, (0.0, -0.02, 0.02)),
+                        _e2e_row("int8/per-token", (0.5, 0.2, 1.5), 2, (-0.02, -0.05, 0.01)),
+                        _e2e_row("int4/per-token", (17.0, 15.0, 19.0), 30, (-0.3, -0.4, -0.2))])
+    claims, intervals = claims_table(SimpleNamespace(SAFE_PPL_PCT=1.0), blocks, roles, e2e)
+    assert_one_shape(claims)
+    assert list(intervals.columns) == ["claim", "value", "value_low", "value_high", "null", "significance"]
+    assert list(intervals["claim"]) == list(claims["claim"])
+    verdicts = dict(zip(claims["claim"], claims["verdict"]))
+    assert verdicts["FP8 (e4m3, calibrated per-tensor scale) is safe"] == HOLDS
+    assert verdicts["INT8 needs care (is not safe as is)"] == NOT_DISTINGUISHABLE  # within 1% is not sure, 2 lost
+    assert verdicts["INT4 is not safe for online serving"] == HOLDS
+    assert verdicts["vLLM's default scale of 1.0 hurts FP8 quality"] == WRONG
+    assert verdicts["the error grows with context, so short prompts hide it"] == HOLDS
+    assert all(verdicts[c] == HOLDS for c in claims["claim"] if c.startswith(("keys", "per-token")))
+    for (_, row), (_, iv) in zip(claims.iterrows(), intervals.iterrows()):
+        got = parse_lab(row["measured here"])
+        assert (float(got.text), float(got.lo), float(got.hi)) == pytest.approx(
+            (iv["value"], iv["value_low"], iv["value_high"]), rel=5e-3, abs=5e-3), row["measured here"]
+    claims.to_csv(tmp_path / "claims.csv", index=False)  # as `Run.save_table` writes it
+    links = [c.link for c in CLAIMS if c.link is not None and c.link.notebook == "03_kv_quantization"]
+    assert len(links) == 7
+    for link in links:
+        (_, row, _), = find_rows(tmp_path / "claims.csv", link.match)
+        assert from_notebook(row["verdict"], row["holds"]) == row["verdict"]
 
 
 def test_growth_slope_interval_brackets_a_known_slope():
     """Blocks whose error doubles per doubling of position, with noise: x per doubling near 2 and its interval
     excluding 1; flat blocks: an interval holding 1, "not distinguishable"."""
-    import numpy as np
-    import pandas as pd
-
     rng = np.random.default_rng(0)
     rows = []
     for name, growth in (("grows", 2.0), ("flat", 1.0)):
@@ -187,8 +255,6 @@ def test_perplexity_change_is_paired_over_sequences(tiny):
 
 
 def test_item_intervals_are_wilson_and_the_pass_change_is_paired():
-    import pandas as pd
-
     ref = pd.DataFrame({"id": range(8), "category": ["code"] * 8, "passed": [True] * 4 + [False] * 4,
                         "output": list("abcdefgh")})
     q = ref.assign(passed=[True] * 3 + [False] * 4 + [True], output=list("abcdXfgY"))

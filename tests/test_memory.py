@@ -9,6 +9,8 @@ import sys
 import pytest
 import torch
 
+from claims_shape import assert_one_shape
+
 from lab.memory import (GIB, ModelShape, capacity, kv_bytes_per_token, kv_cache_bytes,
                         kv_elements_per_token_per_layer, lognormal_from_percentiles, lognormal_lengths,
                         memory_for_concurrency, memory_report, param_counts, paging_waste, weight_bytes,
@@ -176,13 +178,17 @@ def test_lab_memory_cli_json():
     assert r["gpu"]["free_bytes"] < 0  # 131 GiB of bf16 weights leave no room for a KV cache on 141 GiB x 0.9
 
 
-def test_claims_table_flags_exactly_the_wrong_claims():
+def test_claims_table_has_the_one_shape_and_flags_exactly_the_wrong_claims():
     from lab.studies.memory_accounting import claims_table
 
     t = claims_table()
-    wrong = t[t["verdict"].str.startswith("wrong")]
-    assert set(wrong["source"]) == {"000 §1.1", "000 §2.2", "003 §6.2"}
-    assert len(wrong) == 4 and (t["verdict"] == "correct").sum() == len(t) - 4
+    assert_one_shape(t)
+    wrong = t[t["verdict"] == "wrong"]
+    assert set(wrong["claim"].str.split(":").str[0]) == {"000 §1.1", "000 §2.2", "003 §6.2"}
+    assert len(wrong) == 4 and (t["verdict"] == "holds").sum() == len(t) - 4
+    # 35.86 printed as "35.8": wrong at rounding precision, and the note says only the last digit is off
+    slip = t[t["claim"].str.contains("0.55 bytes/param")].iloc[0]
+    assert "last printed digit: 35.86 prints as 35.9" in slip["note"]
 
 
 def test_torch_dtypes_have_their_account_names():

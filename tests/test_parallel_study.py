@@ -1,11 +1,18 @@
-"""Notebook 08's logic without processes: the per-rank memory account, the bubble table, the projection.
+"""Notebook 08's logic without processes: the per-rank memory account, the bubble table, the projection, the
+claims table's shape.
 (The notebook itself runs at the smoke preset in tests/test_notebooks.py; the engine's shards are checked against
 the same account in tests/test_tensor_parallel.py.)"""
 
+import re
+
+import pandas as pd
 import pytest
 
 from lab import memory as mem
 from lab.studies import parallelism as study
+from lab.studies.parallelism_claims import claims_table
+
+from claims_shape import assert_one_shape
 
 
 def test_rank_memory_adds_up_to_the_whole_model():
@@ -36,3 +43,31 @@ def test_params_refuse_bad_values_by_name():
         study.ParallelParams(PROJECT_MODEL="llama-9")
     with pytest.raises(ValueError, match="PP_BATCH=0"):
         study.ParallelParams(PP_BATCH=0)
+
+
+def test_claims_have_one_shape_and_keep_the_rows_the_ledger_links():
+    p = study.ParallelParams()
+    tp = pd.DataFrame([{"phase": "decode", "tokens": 1, "TP=1 ms": 14.0, "TP=2 ms": 99.0,
+                        "comm share (measured)": 0.72, "speedup": 14 / 99}])
+    bubble = pd.DataFrame([{"phase": phase, "micro_batches": m, "m >= 4p": m >= 8, "wait share (measured)": w,
+                            "bubble (p - 1) / (m + p - 1)": 1 / (m + 1), "PP=2 ms": ms}
+                           for phase, rows in (("prefill", ((1, 0.5, 670.0), (8, 0.11, 505.0))),
+                                               ("decode", ((1, 0.5, 58.0), (8, 0.4, 181.0))))
+                           for m, w, ms in rows])
+    per_rank = study.rank_memory(mem.ModelShape.preset(p.PROJECT_MODEL), p.PROJECT_TP)
+    claims = claims_table(p, tp, study.projection(p), bubble, per_rank)
+    assert_one_shape(claims)
+    for match in ("all-reduce takes up to 40%", "TP without fast links", "PP: micro-batches at least 4x",
+                  "TP inside a node of at most 8 cards", "a 70B model in FP16 takes 140 GB",
+                  "over 8 A100s with TP: 17.5 GB", "8-card TP across nodes"):
+        assert claims["claim"].str.contains(match, regex=False).sum() == 1, match
+    by = claims.set_index("claim")
+    measured = by.loc["a 70B model in FP16 takes 140 GB", "measured here"]
+    assert re.search(r"(?P<v>\d+(?:\.\d+)?) GB", measured).group("v") == "141.1"  # the ledger's lab_pattern
+    card = by.loc["140 GB in FP16 over 8 A100s with TP: 17.5 GB per card"]
+    assert re.search(r"(?P<v>\d+(?:\.\d+)?) GB \(", card["measured here"]).group("v") == "17.64"
+    assert card["verdict"] == "holds" and "weights only" in card["note"]
+    assert by.loc["8-card TP across nodes adds 10-15% to TTFT", "verdict"] == "not checkable here"
+    assert re.search(r"(?P<lo>(?P<v>\d+))% on NVLink.*?(?P<hi>\d+)% on PCIe",
+                     by.loc["all-reduce takes up to 40% of a decode step with 8-way TP on a 70B model",
+                            "measured here"])

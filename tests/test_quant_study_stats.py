@@ -71,3 +71,20 @@ def test_claims_hold_fail_or_cannot_tell(study):
     assert drops["task metrics drop under quantization: sensitive pass rate, gptq w4g64"] == "not distinguishable"
     assert drops["task metrics drop under quantization: sensitive pass rate, awq w4g64"] == "wrong"  # identical
     assert set(claims["holds"].map(repr)) <= {"True", "False", "None"}
+
+
+def test_calibration_composition_counts_the_tokens_calibrated_on(smollm):
+    from lab.quant.pipeline import QuantJob, _calibration
+    from lab.studies.quant_accuracy import calibration_domains
+
+    _, tok = smollm
+    packed = QuantJob(model="smollm2-135m", method="gptq", bits=4, group_size=64, calib_samples=4, calib_tokens=64,
+                      calib_packed=True)
+    ids, tasks = _calibration(tok, packed)
+    assert sum(tasks.values()) == sum(map(len, ids)) == 4 * 64
+    loose = QuantJob(model="smollm2-135m", method="gptq", bits=4, group_size=64, calib_samples=8, calib_tokens=64,
+                     calib_packed=False, calib_mix="short_qa")
+    ids, tasks = _calibration(tok, loose)
+    assert sum(tasks.values()) == sum(map(len, ids)) and "code" not in tasks
+    shares = calibration_domains(tasks)
+    assert shares["code"] == 0 and shares["chat"] == pytest.approx(1.0)  # short Q&A: chat and docs questions

@@ -5,6 +5,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from claims_shape import assert_one_shape
+
 from lab.engine import LLM, SamplingParams
 from lab.memory import ModelShape
 from lab.replay import ReplayConfig, window_cost
@@ -137,6 +139,18 @@ def test_the_articles_arithmetic_recomputed():
     assert article_flops / (80 * 64 * 2 * 128 * 2) == pytest.approx(4072, rel=0.01)
     # the full recompute of 64 tokens is ~25x the article's FLOPs
     assert window_cost(s, 64, 32768).recompute_flops > 20 * article_flops
+
+
+def test_the_claims_table_holds_only_where_the_articles_arithmetic_does():
+    from lab.studies.replay_break_even import ReplayParams, claims_table
+
+    claims = claims_table(ReplayParams())  # no measurement: the recomputed rows alone
+    assert_one_shape(claims)
+    holds = claims.loc[claims["verdict"] == "holds", "claim"]
+    assert [c.split(":")[0] for c in holds] == ["§2.1", "§2.2", "§2.2"]  # ridge point, its formula, its 1.6 ms read
+    # its formula's 1.078e10 is within 3% of "10.7e9", but prints as 10.8e9: the note says so
+    formula = claims[claims["claim"].str.contains("(its formula)", regex=False)].iloc[0]
+    assert formula["verdict"] == "holds" and "last printed digit is off" in formula["note"]
 
 
 def test_break_even_table_covers_every_model_hardware_and_link():

@@ -3,6 +3,7 @@ per-run forms of the speedup model, step costs timed on the engine, the per-cate
 run, and `lab spec`."""
 
 import json
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -15,6 +16,8 @@ from lab.intervals import Interval
 from lab.studies.spec_acceptance import SpecParams, policy_table, summarize
 from lab.studies.spec_acceptance_claims import claims_table, range_verdict
 from lab.studies.spec_acceptance_intervals import drafter_comparison
+
+from claims_shape import assert_one_shape
 
 
 def test_lab_prompt_set_covers_the_articles_categories():
@@ -168,16 +171,47 @@ def test_the_claims_table_says_wrong_for_c_far_below_the_range_and_not_distingui
     plain, spec, costs = _varied_run()
     spec["draft_s"] = [0.0002, 0.0002, 0.0002]
     c_row = _c_claim(summarize("ngram", 2, spec, plain, costs), costs)
-    assert c_row["holds"] is False and c_row["verdict"].startswith("wrong: far below")
-    assert c_row["recomputed or measured"].startswith("c_effective = 0.000")  # "v [low, high]" for the ledger
+    assert c_row["verdict"] == "wrong" and c_row["holds"] is False and c_row["note"].startswith("far below")
+    assert c_row["measured here"].startswith("c_effective = 0.000")  # "v [low, high]" for the ledger
     spec["draft_s"] = [0.01, 0.08, 0.005]  # per-token c from 0.01 to 0.4: straddles 0.1
     c_row = _c_claim(summarize("ngram", 2, spec, plain, costs), costs)
-    assert c_row["holds"] is None and c_row["verdict"].startswith("not distinguishable")
+    assert c_row["verdict"] == "not distinguishable" and c_row["holds"] is None
 
 
 def _c_claim(main, costs):
     claims = claims_table(main, {"ngram": costs}, SpecParams(), model=None)
-    return claims[claims.iloc[:, 0].str.startswith("draft cost ratio c")].iloc[0]
+    assert_one_shape(claims)
+    return claims[claims["claim"].str.startswith("draft cost ratio c")].iloc[0]
+
+
+def test_the_claims_table_has_one_shape_and_keeps_the_rows_the_ledger_links():
+    import torch
+
+    from lab.ledger.rules import parse_lab
+    from lab.ledger.seed003 import CLAIMS, SPEC
+
+    plain, spec, costs = _varied_run()
+    for run in (plain, spec):
+        run["category"] = ["rewriting", "summarization", "open-ended"]
+    drafters = ("ngram", "layerskip", "quantized")
+    main = pd.concat([summarize(d, 2, spec, plain, costs) for d in drafters], ignore_index=True)
+    model = torch.nn.Module()  # the smallest thing `weight_bytes_ratio` counts: one decoder linear, an embedding
+    model.layers, model.embed = torch.nn.ModuleList([torch.nn.Linear(4, 4)]), torch.nn.Embedding(10, 4)
+    model.config = SimpleNamespace(vocab_size=10, hidden_size=4)
+    claims = claims_table(main, dict.fromkeys(drafters, costs), SpecParams(), model)
+    assert_one_shape(claims)
+    for c in CLAIMS:
+        if c.link is not None and c.link.notebook == SPEC:
+            [row] = claims[claims["claim"].str.contains(c.link.match, regex=False)].to_dict("records")
+            if c.rule is not None:
+                assert parse_lab(row["measured here"], c.link.lab_pattern) is not None, c.id
+    by = claims.set_index("claim")
+    theory = by.loc["a=0.7, k=4, c=0.05: E = 2.77 tokens, cost 1.2, speedup ~2.3x"]
+    assert theory["verdict"] == "holds" and theory["measured here"] == "E = 2.773, speedup = 2.311"
+    assert by.loc["a same-family small model drafts best", "verdict"] == "not checkable here"
+    quantized = by.loc["draft cost ratio c is typically 0.03-0.1 (quantized)"]
+    assert "bandwidth-bound int4 kernel" in quantized["measured here"] and "packed" in quantized["note"]
+    assert not claims["claim"].str.startswith("(no claim)").any()  # context joins its claim's row
 
 
 def test_drafters_are_compared_on_the_same_prompts():

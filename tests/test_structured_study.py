@@ -2,6 +2,7 @@
 (The notebook itself runs at the smoke preset in tests/test_notebooks.py.)"""
 
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -9,7 +10,9 @@ import pytest
 from lab.intervals import paired_difference, rate, wilson
 from lab.studies import structured_output as study
 from lab.studies import structured_output_task as task
-from lab.studies.structured_output_claims import projection
+from lab.studies.structured_output_claims import claims_table, projection
+
+from claims_shape import assert_one_shape
 
 
 def test_wilson_matches_published_values():
@@ -98,3 +101,46 @@ def test_projection_share_grows_with_batch_and_overlap_hides_it():
     first = proj.iloc[0]
     assert first["share, overlapped"] == 0 and not math.isnan(first["step ms (roofline)"])
     assert first["share, naive mask"] > 0.9
+
+
+def _claims(valid_with_grammar=1.0, share_at_64=0.25, naive_agrees=True):
+    """Notebook 07's claims table from small hand-made measurements (the reference run's shapes)."""
+    p = study.StructuredParams()
+    validity = pd.DataFrame([
+        {"grammar": g, "temperature": t, "outputs": 40, "schema_valid": v, "tokens per valid answer": n,
+         "seconds per valid answer": s}
+        for t in (0.0, 0.7) for g, v, n, s in (("on", valid_with_grammar, 35.0, 0.05), ("off", 0.75, 56.0, 0.08))])
+    summary = pd.DataFrame([{"batch": b, "mask share of step": share, "mask ms per row": 0.2,
+                             "step with grammar ms": 15.0, "with / without": 1.1, "ratio 95% low": 1.05,
+                             "ratio 95% high": 1.15, "distinguishable": True} for b, share in ((1, 0.02), (64, share_at_64))])
+    components = pd.DataFrame({"naive_s": [0.03, 0.03], "fill_s": [2e-6, 3e-6], "apply_s": [1e-4, 1e-4],
+                               "naive_agrees": [True, naive_agrees]})
+    depth = pd.DataFrame({"depth": [1, 8, 32], "compile ms": [4.0, 8.0, 16.0], "fill us median": [2.8, 2.5, 2.3]})
+    compile_df = pd.DataFrame({"grammar": ["recursive tree ($ref)"], "cold ms": [0.7]})
+    proj = projection(p, fill_s_per_row=1e-4, naive_s_per_row=0.03, vocab_here=49152, batches=(1, 128),
+                      models=("llama-3-8b",))
+    return claims_table(p, validity, summary, components, depth, compile_df, proj, 49152)
+
+
+def test_claims_have_one_shape_and_keep_the_rows_the_ledger_links():
+    claims = _claims()
+    assert_one_shape(claims)
+    for match in ("makes the format absolutely correct", "and faster: a smaller", "at small batch (batch 1)",
+                  "at small batch (batch 64)", "(the same, projected)", "precompiling the state transitions",
+                  "deeply nested schemas", "vocabularies run to a hundred thousand"):
+        assert claims["claim"].str.contains(match, regex=False).sum() == 1, match
+    batch = claims[claims["claim"].str.contains("at small batch")].set_index("claim")
+    assert list(batch["verdict"]) == ["wrong", "holds"]  # 2% and 25% against 20-30%
+    assert re.search(r"(?P<v>[\d.]+)% of a", batch["measured here"].iloc[1]).group("v") == "25.0"  # the ledger's
+    assert batch["note"].iloc[0].startswith("the lab gets")
+    nested = claims[claims["claim"].str.startswith("deeply nested")].iloc[0]
+    assert nested["verdict"] == "wrong" and "pushdown automaton" in nested["note"]  # compile ~ depth^0.4
+
+
+def test_a_cut_output_or_a_disagreeing_mask_makes_its_claim_wrong_with_the_reason():
+    claims = _claims(valid_with_grammar=0.95, naive_agrees=False)
+    assert_one_shape(claims)
+    fmt = claims[claims["claim"].str.startswith("constrained decoding")].iloc[0]
+    assert fmt["verdict"] == "wrong" and "max_tokens" in fmt["note"]
+    lookup = claims[claims["claim"].str.startswith("precompiling")].iloc[0]
+    assert lookup["verdict"] == "wrong" and "disagree" in lookup["note"]

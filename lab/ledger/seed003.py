@@ -1,8 +1,8 @@
 """Every numeric or testable claim of seeds/003 (LLM deployment: memory, quantization, scheduling), by section.
 
-Checked by notebook 01 (memory accounting and INT4 decode), 03 (KV-cache quantization, its verdicts.csv), 05
-(speculative decoding), 07 (structured output) and 08 (parallelism). Notebooks 02 and 06 measure several of its
-claims but write no claims table yet; those rows say so.
+Checked by notebook 01 (memory accounting and INT4 decode), 02 (weight quantization), 03 (KV-cache quantization,
+its verdicts.csv), 05 (speculative decoding), 07 (structured output) and 08 (parallelism). Notebook 06 measures
+several of its claims but writes no claims table yet; those rows say so.
 """
 
 from __future__ import annotations
@@ -10,10 +10,9 @@ from __future__ import annotations
 from lab.ledger.record import Claim, Link
 from lab.ledger.rules import NOT_CHECKABLE, NOT_YET, Number, Range
 
-MEM, KV, SPEC, STRUCT, PAR = ("01_memory_accounting", "03_kv_quantization", "05_speculative_acceptance",
-                              "07_structured_output", "08_parallelism")
+MEM, QUANT, KV, SPEC, STRUCT, PAR = ("01_memory_accounting", "02_quantization_accuracy", "03_kv_quantization",
+                                     "05_speculative_acceptance", "07_structured_output", "08_parallelism")
 SETTING = "a recommended setting, not a statement with a truth value"
-NO_ROW_02 = "notebook 02 measures it but writes no claims table (its verdicts.txt has no interval; issue 23 items 3-4)"
 NO_ROW_06 = "notebook 06 measures it but writes no claims table"
 SECTION_6_2 = ("§6.2's worked example gives a 70B model 32 layers; a real 70B has 80 (KV 80 GiB, 119 GiB in all, per "
                "issue 23), which lab.memory would check; no notebook row recomputes the example that way")
@@ -61,17 +60,22 @@ CLAIMS = [
     c(14, "§2.1", "FP8 weights are nearly lossless and need no calibration.", "nearly lossless", verdict=NOT_YET,
       why="notebook 02 quantizes weights to int8, int4 and int3, not fp8"),
     c(15, "§2.1", "AWQ is steadier on instruction and chat tasks; GPTQ is slightly better in perplexity; the gap is "
-                  "small.", "GPTQ <= AWQ in perplexity", verdict=NOT_YET,
-      why=f"{NO_ROW_02}: at w4g64 AWQ 9.58 against GPTQ 10.31, the opposite order, without intervals"),
+                  "small.", "GPTQ <= AWQ in perplexity",
+      link=Link(QUANT, "GPTQ is slightly better than AWQ in perplexity (w4g64, code)"),
+      why="the perplexity half, on held-out code at w4g64 (a paired interval over sequences); notebook 02's claims "
+          "table has the prose domain and the sensitive-set half (AWQ against GPTQ) in rows of their own"),
     c(16, "§2.1", "INT4 decode is 2-2.5x faster than FP16 (batch 1).", "2-2.5x",
       link=Link(MEM, "INT4 decode is 2-2.5x faster than FP16 (batch 1)"), rule=Range("2", "2.5")),
     c(17, "§2.1", "INT4 decode is 2-2.5x faster than FP16 (batch 32).", "2-2.5x",
       link=Link(MEM, "INT4 decode is 2-2.5x faster than FP16 (batch 32)"), rule=Range("2", "2.5")),
     c(18, "§2.2", "Calibrate on 256-512 samples of real traffic; a short-QA calibration set degrades long-document "
-                  "summaries.", "256-512 samples", verdict=NOT_YET,
-      why=f"{NO_ROW_02}: summarization KL 1.36x higher with short-QA calibration"),
+                  "summaries.", "degrades",
+      link=Link(QUANT, "a short-Q&A calibration set degrades long-document summarization"),
+      why="KL on held-out Spec-Bench summarization prompts, short-Q&A against the stratified mix, paired over prompts"),
     c(19, "§2.2", "Perplexity barely moves under quantization while task metrics drop.", "perplexity +0.x",
-      verdict=NOT_YET, why=f"{NO_ROW_02} (its sensitive_vs_perplexity table)"),
+      link=Link(QUANT, "perplexity barely moves under 4-bit weight quantization"),
+      why="the best 4-bit method's perplexity rise on two held-out domains; notebook 02's claims table tests the "
+          "task-metric half per method (the sensitive pass rate, paired over items)"),
     c(20, "§2.3", "An FP8 KV cache is usually safe.", "safe", link=kv("FP8 (e4m3, calibrated per-tensor scale)")),
     c(21, "§2.3", "An INT8 KV cache needs care.", "needs care", link=kv("INT8 needs care")),
     c(22, "§2.3", "An INT4 KV cache is not for online serving.", "not safe", link=kv("INT4 is not safe")),
@@ -105,8 +109,7 @@ CLAIMS = [
       link=Link(PAR, "TP inside a node of at most 8 cards")),
     c(36, "§5.1", "A small draft model costs c = 0.03-0.1 of the target (the n-gram drafter).", "0.03-0.1",
       link=Link(SPEC, "draft cost ratio c is typically 0.03-0.1 (ngram)"), rule=Range("0.03", "0.1"),
-      why="c = 0.001 is far below the range: the range does not describe this drafter (the notebook's check was "
-          "only c <= 0.1)"),
+      why="c = 0.001 is far below the range: the range does not describe this drafter"),
     c(37, "§5.1", "c = 0.03-0.1 (the lab's layer-skip drafter).", "0.03-0.1",
       link=Link(SPEC, "draft cost ratio c is typically 0.03-0.1 (layerskip)"), rule=Range("0.03", "0.1")),
     c(38, "§5.1", "c = 0.03-0.1 (a weight-quantized copy as draft).", "0.03-0.1",

@@ -68,41 +68,35 @@ def _rtn_codes(model, spec: QuantSpec) -> dict:
     return codes
 
 
-def _calibration_set(tokenizer, job: QuantJob):
-    from .calibration import PACK_POOL_SAMPLES, build_calibration_set
+def _calibration(tokenizer, job: QuantJob) -> tuple[list[list[int]], dict[str, int]]:
+    """What `job` calibrates on: the token ids (samples, or packed blocks) and the tokens per task ("code",
+    "docs", "chat", "spec_bench/<category>", ...) in them; packed blocks take the samples' tokens in order."""
+    from .calibration import PACK_POOL_SAMPLES, build_calibration_set, pack_blocks
 
     n = PACK_POOL_SAMPLES if job.calib_packed else job.calib_samples
-    return build_calibration_set(tokenizer, n_samples=n, max_tokens=job.calib_tokens, mix=job.calib_mix, seed=job.seed)
-
-
-def calibration_token_ids(tokenizer, job: QuantJob) -> list[list[int]]:
-    from .calibration import pack_blocks
-
-    ids = [list(x) for x in _calibration_set(tokenizer, job)["input_ids"]]
-    return pack_blocks(ids, job.calib_samples, job.calib_tokens) if job.calib_packed else ids
-
-
-def calibration_composition(tokenizer, job: QuantJob) -> dict[str, int]:
-    """Tokens per task ("code", "docs", "chat", "spec_bench/<category>", ...) in what `job` calibrates on:
-    the samples, or for packed blocks the samples' tokens up to the blocks' length, in packing order."""
-    ds = _calibration_set(tokenizer, job)
+    ds = build_calibration_set(tokenizer, n_samples=n, max_tokens=job.calib_tokens, mix=job.calib_mix, seed=job.seed)
+    ids = [list(x) for x in ds["input_ids"]]
     left = job.calib_samples * job.calib_tokens if job.calib_packed else None
-    tokens: dict[str, int] = {}
-    for task, n in zip(ds["task"], ds["n_tokens"]):
-        take = n if left is None else min(n, left)
-        tokens[task] = tokens.get(task, 0) + take
+    tasks: dict[str, int] = {}
+    for task, k in zip(ds["task"], ds["n_tokens"]):
+        take = k if left is None else min(k, left)
+        tasks[task] = tasks.get(task, 0) + take
         if left is not None:
             left -= take
             if not left:
                 break
-    return tokens
+    return (pack_blocks(ids, job.calib_samples, job.calib_tokens) if job.calib_packed else ids), tasks
+
+
+def calibration_token_ids(tokenizer, job: QuantJob) -> list[list[int]]:
+    return _calibration(tokenizer, job)[0]
 
 
 @torch.no_grad()
 def quantize_model(job: QuantJob, model, tokenizer, progress: bool = True) -> tuple[dict, dict]:
     """Quantize `model` in place as `job` says (its `model` field is not read): returns the codes of
-    every decoder linear, for `save_quantized`, and a summary (time, calibration size)."""
-    calib = [] if job.method == "rtn" else calibration_token_ids(tokenizer, job)
+    every decoder linear, for `save_quantized`, and a summary (time, calibration size, tokens per task)."""
+    calib, tasks = ([], {}) if job.method == "rtn" else _calibration(tokenizer, job)
     spec = job.spec()
     t = time.perf_counter()
     if job.method == "rtn":
@@ -117,7 +111,7 @@ def quantize_model(job: QuantJob, model, tokenizer, progress: bool = True) -> tu
         awq_quantize_model(model, calib, spec, progress=progress, results=codes)
     summary = {"method": job.method, "bits": job.bits, "group_size": job.group_size,
                "quantization_seconds": time.perf_counter() - t, "calibration_sequences": len(calib),
-               "calibration_tokens": sum(map(len, calib))}
+               "calibration_tokens": sum(map(len, calib)), "calibration_tasks": tasks}
     return codes, summary
 
 

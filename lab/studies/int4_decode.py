@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from lab.claims import verdict
+from lab.claims import CLAIMS_COLUMNS, NOT_DISTINGUISHABLE, WRONG, check, claim_row, judge
 from lab.timing import decode_engine, decode_step_seconds, ratio_interval
 
 BUILDS = ("float32", "bfloat16", "int4")
@@ -82,23 +82,19 @@ def speedups(measured: pd.DataFrame) -> pd.DataFrame:
 
 
 def claim_rows(table: pd.DataFrame) -> pd.DataFrame:
-    """The claim against each batch's measured int4 / bfloat16 speedup: "correct" only if the whole interval
-    lies within 2-2.5x, "wrong" (by how much, `lab.claims.verdict`) only if the whole interval lies outside,
-    else "not distinguishable" at this many steps."""
+    """The claim against each batch's measured int4 / bfloat16 speedup, as `claim_row`s: holds only if the whole
+    interval lies within 2-2.5x, wrong (by how much, `lab.claims.check`, in the note) only if the whole interval
+    lies outside, else not distinguishable at this many steps (`lab.claims.judge`)."""
     rows = []
     for r in table[table["int4 against"] == "bfloat16"].itertuples():
-        if CLAIM[0] <= r.ci95_low and r.ci95_high <= CLAIM[1]:
-            said = "correct"
-        elif r.ci95_high < CLAIM[0] or r.ci95_low > CLAIM[1]:
-            said = verdict(CLAIM, r.measured_speedup, rel_tol=0.0)
-        else:
-            said = "not distinguishable"
-        rows.append({"source": "003 §2.1", "claim": f"INT4 decode is 2-2.5x faster than FP16 (batch {r.batch})",
-                     "the article says": "2-2.5x",
-                     "the lab computes": (f"{r.measured_speedup:.2f}x measured, 95% CI [{r.ci95_low:.2f}, "
-                                          f"{r.ci95_high:.2f}]; bytes read {r.bytes_read_ratio:.2f}x"),
-                     "verdict": said})
-    return pd.DataFrame(rows)
+        said = judge(r.ci95_low, r.ci95_high, *CLAIM)
+        note = {WRONG: check(CLAIM, r.measured_speedup, rel_tol=0.0)[1],
+                NOT_DISTINGUISHABLE: "the interval straddles an end of 2-2.5x"}.get(said, "")
+        # The measured cell leads with the speedup and its "[low, high]": the ledger reads both from there.
+        rows.append(claim_row(f"003 §2.1: INT4 decode is 2-2.5x faster than FP16 (batch {r.batch})", "2-2.5x",
+                              f"{r.measured_speedup:.2f}x measured, 95% CI [{r.ci95_low:.2f}, {r.ci95_high:.2f}]; "
+                              f"bytes read {r.bytes_read_ratio:.2f}x", said, note))
+    return pd.DataFrame(rows, columns=CLAIMS_COLUMNS)
 
 
 def plot(table: pd.DataFrame):

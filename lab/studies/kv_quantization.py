@@ -15,7 +15,7 @@ SmolLM2 with the formats of `lab.quant.kv`:
   sequences one KV pool holds in each format (`max_concurrency`), beside `lab.memory`'s account.
 
 Intervals (a block bootstrap over the long text, a bootstrap over held-out sequences, Wilson intervals for
-pass rates) and the verdicts live in `lab.studies.kv_quantization_claims`.
+pass rates) and the claims table live in `lab.studies.kv_quantization_claims`.
 """
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ def end_to_end(p: KVStudyParams, model, tokenizer, calibrated: KVScales, log=pri
     return pd.DataFrame(rows), outputs
 
 
-# ---- figures and verdicts ------------------------------------------------------------------------------------
+# ---- figures ------------------------------------------------------------------------------------------------
 
 
 def _errors(df: pd.DataFrame, col: str):

@@ -1,4 +1,4 @@
-"""Notebook 03's intervals and verdicts: how sure each figure is, and whether each compared pair differs.
+"""Notebook 03's intervals and claims table: how sure each figure is, and whether each compared pair differs.
 
 The position study measures one long text, so there are no independent sequences to resample. Its intervals
 are a block bootstrap (Kunsch, 1989): the text is cut into contiguous blocks of `BLOCK_TOKENS` positions
@@ -16,8 +16,12 @@ End to end, perplexity, KL and top-1 resample held-out sequences and pass rates 
 sequences (`lab.eval.scores.paired`), Wilson intervals of lost items and unchanged outputs, and the change
 in pass rate, paired over the same items.
 
-A verdict is "yes" or "no" when its interval excludes the claim's boundary (the null: 1 for a ratio, a stated
-threshold for "hurts" or "safe"), and "not distinguishable" when it does not.
+The claims table is the one shape of every notebook's (`lab.claims.claim_row`): the claim, the article's
+statement (seeds/003 §2.3, or vLLM's documentation for its scale of 1.0), what was measured as "v [low, high]"
+first (the form the claims ledger reads) with the rest of the evidence after it, the verdict and a note. A
+verdict is holds or wrong when its interval excludes the claim's boundary (the null: 1 for a ratio, a stated
+threshold for "hurts" or "safe"), and "not distinguishable" when it does not; each claim's interval, null and
+significance word stay numeric in a second table beside it.
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ import math
 import numpy as np
 import pandas as pd
 
+from lab.claims import CLAIMS_COLUMNS, HOLDS, WRONG, claim_row, from_check
 from lab.eval.scores import SequenceScores, paired
-from lab.intervals import NOT_DISTINGUISHABLE, Interval, bootstrap, mean_interval, proportion, significance
+from lab.intervals import (DISTINGUISHABLE, NOT_DISTINGUISHABLE, Interval, bootstrap, mean_interval, proportion,
+                           significance)
 from lab.studies.kv_quantization import UNIT_SCALE
 
 NAN = Interval(math.nan, math.nan, math.nan)
@@ -158,86 +164,117 @@ def item_intervals(df: pd.DataFrame, ref: pd.DataFrame, categories) -> dict:
             "items_gained": int((~m["passed_ref"] & m["passed_q"]).sum()), "items": len(m)}
 
 
-# ---- verdicts --------------------------------------------------------------------------------------------
+# ---- the claims table -----------------------------------------------------------------------------------
+
+SECTION = "seeds/003 §2.3"
 
 
-def _ci(iv: Interval, fmt: str = ".3g") -> str:
-    return f"{iv.value:{fmt}} (95% CI [{iv.low:{fmt}}, {iv.high:{fmt}}])"
+def _bracketed(iv: Interval, fmt: str = ".3g") -> str:
+    """"v [low, high]": the form `lab.ledger.rules.parse_lab` reads a number and its interval from."""
+    return f"{iv.value:{fmt}} [{iv.low:{fmt}}, {iv.high:{fmt}}]"
 
 
-def decide(iv: Interval, null: float, claim_above: bool) -> tuple[str, str]:
-    """(holds, significance): "yes" or "no" by which side of `null` the interval lies on (the claim says
-    above when `claim_above`), "not distinguishable" when it holds `null`."""
-    word = significance(iv, null)
-    if word == NOT_DISTINGUISHABLE:
-        return NOT_DISTINGUISHABLE, word
-    return ("yes" if (iv.low > null) == claim_above else "no"), word
+def decide(iv: Interval, null: float, claim_above: bool) -> str:
+    """The verdict on "the quantity lies above `null`" (below, when not `claim_above`): holds or wrong by which
+    side of `null` the interval lies on, not distinguishable when it holds `null` (or is NaN). Strict at the
+    boundary, unlike `lab.claims.judge`: two identical formats give a ratio of exactly 1 [1, 1], which says
+    neither is better."""
+    if not iv.excludes(null):
+        return NOT_DISTINGUISHABLE
+    return HOLDS if (iv.low > null) == claim_above else WRONG
 
 
-def _safety(p, r: pd.Series) -> tuple[bool | None, str]:
-    """Safe: perplexity within SAFE_PPL_PCT of the exact cache (the whole interval) and no item lost; unsafe:
-    the perplexity interval above it, or a pass rate distinguishably below the exact cache's; None: neither."""
+def _why(verdict: str, null: float, claim_above: bool) -> str:
+    """The note of an interval claim: where its interval lies when the verdict is not a plain "holds"."""
+    if verdict == HOLDS:
+        return ""
+    if verdict == NOT_DISTINGUISHABLE:
+        return f"the interval holds {null:g}"
+    return f"the interval lies {'below' if claim_above else 'above'} {null:g}"
+
+
+# (format, claim, the article's statement, whether the claim calls the format safe)
+SAFETY_CLAIMS = (("fp8_e4m3/per-tensor", "FP8 (e4m3, calibrated per-tensor scale) is safe",
+                  "an FP8 KV cache is usually safe", True),
+                 ("int8/per-token", "INT8 needs care (is not safe as is)", "INT8 needs care", False),
+                 ("int4/per-token", "INT4 is not safe for online serving", "INT4 is not advised for online serving",
+                  False))
+
+
+def _safety(p, r: pd.Series) -> tuple[bool | None, Interval, str, str]:
+    """(safe, perplexity change, measured, why) for one end-to-end format. Safe: perplexity within SAFE_PPL_PCT
+    of the exact cache (the whole interval) and no item lost; unsafe: the perplexity interval above it, or a pass
+    rate distinguishably below the exact cache's; None: neither."""
     ppl = Interval(r["perplexity_change_pct"], r["perplexity_change_pct_low"], r["perplexity_change_pct_high"])
     drop = Interval(r["pass_change"], r["pass_change_low"], r["pass_change_high"])
-    safe = False if ppl.low > p.SAFE_PPL_PCT or drop.high < 0 else \
-        True if ppl.high <= p.SAFE_PPL_PCT and r["items_lost"] == 0 else None
-    return safe, (f"{r['format']}: perplexity {_ci(ppl, '+.2f')}%; pass rate change {_ci(drop, '+.3f')} over "
-                  f"{r['items']} items ({r['items_lost']} lost, {r['items_gained']} gained); "
-                  f"{100 * (1 - r['same_output_all']):.0f}% of outputs changed (safe = perplexity within "
-                  f"{p.SAFE_PPL_PCT}% and no item lost; unsafe = perplexity above it or a pass rate "
-                  f"distinguishably lower)")
+    limit = p.SAFE_PPL_PCT
+    unsafe = [w for w, bad in ((f"perplexity above {limit}%", ppl.low > limit),
+                               ("a pass rate distinguishably lower", drop.high < 0)) if bad]
+    short = [w for w, bad in ((f"the perplexity interval reaches above {limit}%", ppl.high > limit),
+                              (f"{r['items_lost']} items lost", r["items_lost"] > 0)) if bad]
+    safe = False if unsafe else None if short else True
+    measured = (f"{_bracketed(ppl, '+.2f')}% perplexity against the exact cache ({r['format']}); pass rate change "
+                f"{_bracketed(drop, '+.3f')} over {r['items']} items ({r['items_lost']} lost, {r['items_gained']} "
+                f"gained); {100 * (1 - r['same_output_all']):.0f}% of outputs changed")
+    state = {True: "safe", False: "unsafe: " + " and ".join(unsafe),
+             None: "neither safe nor unsafe: " + " and ".join(short)}[safe]
+    return safe, ppl, measured, (f"{state}; the rule: safe = perplexity within {limit}% and no item lost, "
+                                 f"unsafe = perplexity above it or a pass rate distinguishably lower")
 
 
-def verdicts(p, blocks: pd.DataFrame, roles: pd.DataFrame, e2e: pd.DataFrame) -> list[dict]:
-    """Each claim of the article, a measured yes, no or "not distinguishable", the interval it rests on and
-    the boundary it was compared with (only claims whose formats were run)."""
-    out = []
+def _safety_rows(p, e2e: pd.DataFrame, add) -> None:
+    """FP8 safe, INT8 needs care, INT4 not for online serving: each run format's end-to-end safety."""
     base = e2e.set_index("format", drop=False)
-
-    def claim(text, iv, null, above, evidence, holds=None, word=None):
-        if holds is None:
-            holds, word = decide(iv, null, above)
-        out.append({"claim": text, "holds": holds, "evidence": evidence, **iv.columns("value"), "null": null,
-                    "significance": word})
-
-    for name, text, want in (("fp8_e4m3/per-tensor", "FP8 (e4m3, calibrated per-tensor scale) is safe", True),
-                             ("int8/per-token", "INT8 needs care (is not safe as is)", False),
-                             ("int4/per-token", "INT4 is not safe for online serving", False)):
+    for name, text, article, want in SAFETY_CLAIMS:
         if name in base.index:
-            r = base.loc[name]
-            safe, ev = _safety(p, r)
-            iv = Interval(r["perplexity_change_pct"], r["perplexity_change_pct_low"], r["perplexity_change_pct_high"])
-            holds = NOT_DISTINGUISHABLE if safe is None else ("yes" if safe == want else "no")
-            claim(text, iv, p.SAFE_PPL_PCT, not want, ev, holds,
-                  NOT_DISTINGUISHABLE if safe is None else "distinguishable")
+            safe, ppl, measured, note = _safety(p, base.loc[name])
+            # the safety rule decides, not the perplexity interval alone, so the significance word is the rule's
+            add(text, f"{article} ({SECTION})", ppl, p.SAFE_PPL_PCT, measured,
+                from_check(None if safe is None else safe == want), note,
+                NOT_DISTINGUISHABLE if safe is None else DISTINGUISHABLE)
+
+
+def _ratio_rows(blocks: pd.DataFrame, roles: pd.DataFrame, add) -> None:
+    """The paired ratios of the position study: vLLM's scale of 1.0, keys against values, per-channel keys,
+    per-token dynamic against per-tensor static scales."""
     unit, cal = f"fp8_e4m3/per-tensor/{UNIT_SCALE}", "fp8_e4m3/per-tensor"
     iv = block_interval(blocks, "next_token_kl", [unit, cal], _ratio_over_buckets)
     if not math.isnan(iv.value):
-        claim("vLLM's default scale of 1.0 hurts FP8 quality", iv, 1.5, True,
-              f"mean KL with scale 1.0 / calibrated: {_ci(iv)}x, paired over blocks ('hurts' = over 1.5x)")
+        verdict = decide(iv, 1.5, True)
+        add("vLLM's default scale of 1.0 hurts FP8 quality",
+            "the default k_scale / v_scale of 1.0 can degrade quality (vLLM's FP8 KV cache documentation)", iv, 1.5,
+            f"{_bracketed(iv)}x mean KL with scale 1.0 / calibrated, paired over blocks", verdict,
+            "; ".join(x for x in ("'hurts' = over 1.5x", _why(verdict, 1.5, True)) if x))
     for _, r in roles.iterrows():
         iv = Interval(*(r[f"next_token_kl_k_over_v{s}"] for s in ("", "_low", "_high")))
         if not math.isnan(iv.value):
             att = Interval(*(r[f"attention_rel_error_k_over_v{s}"] for s in ("", "_low", "_high")))
-            claim(f"keys are more sensitive than values ({r['format']})", iv, 1.0, True,
-                  f"KL keys-only / values-only {_ci(iv)}x; attention error keys / values {_ci(att)}x")
+            verdict = decide(iv, 1.0, True)
+            add(f"keys are more sensitive than values ({r['format']})",
+                f"K is more sensitive to quantization than V ({SECTION})", iv, 1.0,
+                f"{_bracketed(iv)}x KL keys-only / values-only; attention error keys / values {_bracketed(att)}x",
+                verdict, _why(verdict, 1.0, True))
     iv = block_interval(blocks, "next_token_kl", ["int4/per-channel/group16/k-only", "int4/per-token/k-only"],
                         _ratio_over_buckets)
     if not math.isnan(iv.value):
-        claim("keys want per-channel scales (KIVI): int4 keys per-channel beat per-token", iv, 1.0, False,
-              f"KL keys-only per-channel / per-token {_ci(iv)}x")
+        verdict = decide(iv, 1.0, False)
+        add("keys want per-channel scales (KIVI): int4 keys per-channel beat per-token",
+            f"K gets finer scales (per-channel or per-head), V per-token ({SECTION}; KIVI, arXiv:2402.02750)", iv,
+            1.0, f"{_bracketed(iv)}x KL keys-only per-channel / per-token", verdict, _why(verdict, 1.0, False))
     last = blocks["position_end"].max()
     for dyn, static in (("int8/per-token", "int8/per-tensor"), ("int4/per-token", "int4/per-tensor"),
                         ("fp8_e4m3/per-token", "fp8_e4m3/per-tensor")):
         iv = block_interval(blocks, "next_token_kl", [dyn, static], _ratio_over_buckets, last)
         if not math.isnan(iv.value):
-            claim(f"per-token dynamic beats per-tensor static on long context ({dyn.split('/')[0]})", iv, 1.0,
-                  False, f"KL in the last position bucket, per-token / per-tensor: {_ci(iv)}x")
-    claim(*_growth_claim(blocks))
-    return out
+            verdict = decide(iv, 1.0, False)
+            add(f"per-token dynamic beats per-tensor static on long context ({dyn.split('/')[0]})",
+                f"per-tensor static scales lose much, per-token dynamic ones are more accurate: per-token for long "
+                f"context ({SECTION})", iv, 1.0,
+                f"{_bracketed(iv)}x KL in the last position bucket, per-token / per-tensor", verdict,
+                _why(verdict, 1.0, False))
 
 
-def _growth_claim(blocks: pd.DataFrame):
+def _growth_row(blocks: pd.DataFrame, add) -> None:
     """The median over formats (K and V quantized) of KL x per doubling of context, every format's slope fitted
     on the same resampled blocks."""
     both = blocks[~blocks["format"].str.endswith(("k-only", "v-only"))]
@@ -248,7 +285,28 @@ def _growth_claim(blocks: pd.DataFrame):
     slopes = growth_slope(both, "next_token_kl")
     grows = int((slopes["x_per_doubling_low"] > 1).sum())
     shrinks = int((slopes["x_per_doubling_high"] < 1).sum())
-    return ("the error grows with context, so short prompts hide it", iv, 1.0, True,
-            f"median over {len(names)} formats of KL x per doubling of context {_ci(iv)}; distinguishably "
-            f"growing for {grows}, shrinking for {shrinks}, not distinguishable from flat for "
-            f"{len(names) - grows - shrinks}")
+    verdict = decide(iv, 1.0, True)
+    add("the error grows with context, so short prompts hide it",
+        f"KV quantization error accumulates with context: short prompts do not show it, it degrades after a few "
+        f"thousand tokens ({SECTION})", iv, 1.0,
+        f"{_bracketed(iv)}x KL per doubling of context, the median over {len(names)} formats; distinguishably "
+        f"growing for {grows}, shrinking for {shrinks}, not distinguishable from flat for "
+        f"{len(names) - grows - shrinks}", verdict, _why(verdict, 1.0, True))
+
+
+def claims_table(p, blocks: pd.DataFrame, roles: pd.DataFrame, e2e: pd.DataFrame,
+                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The article's claims in the one shape (`lab.claims.CLAIMS_COLUMNS`, only claims whose formats were run),
+    and beside it each claim's interval (`value`, `value_low`, `value_high`), the boundary it was compared with
+    (`null`) and whether the interval excludes it (`significance`)."""
+    rows, intervals = [], []
+
+    def add(claim, article, iv, null, measured, verdict, note, word=None):
+        rows.append(claim_row(claim, article, measured, verdict, note))
+        intervals.append({"claim": claim, **iv.columns("value"), "null": null,
+                          "significance": word or significance(iv, null)})
+
+    _safety_rows(p, e2e, add)
+    _ratio_rows(blocks, roles, add)
+    _growth_row(blocks, add)
+    return pd.DataFrame(rows, columns=list(CLAIMS_COLUMNS)), pd.DataFrame(intervals)

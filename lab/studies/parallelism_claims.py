@@ -1,7 +1,7 @@
 """The articles' claims on tensor and pipeline parallelism and memory per device (seeds/000 section 5.2, seeds/002,
 seeds/003 sections 1.1 and 4.3), set against notebook 08's measurements and projections
-(`lab.studies.parallelism`). Each row: the claim, what the lab measured or computed, the verdict, and whether it
-holds (None where it cannot be checked here, with the reason)."""
+(`lab.studies.parallelism`). Each row is a `lab.claims.claim_row`: the claim, the article's figure (with its seed
+and section), what the lab measured or computed, the verdict (holds, wrong, or not checkable here) and why."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from lab import memory as mem
-from lab.claims import verdict
+from lab.claims import NOT_CHECKABLE, check, claim_row, from_check
 
 if TYPE_CHECKING:
     from lab.studies.parallelism import ParallelParams
@@ -19,54 +19,57 @@ if TYPE_CHECKING:
 
 def claims_table(p: ParallelParams, tp: pd.DataFrame, proj: pd.DataFrame, bubble: pd.DataFrame,
                  per_rank: pd.DataFrame) -> pd.DataFrame:
+    """The articles' claims on parallelism and memory per device, one `lab.claims.claim_row` each."""
     rows = []
-
-    def add(source, claim, measured, verdict_text, holds):
-        rows.append({"source": source, "claim": claim, "measured or computed here": measured, "verdict": verdict_text,
-                     "holds": holds})
-
     one = proj[proj["batch"] == proj["batch"].min()].set_index("link")
     nv, pcie = one.loc["nvlink-h100x8"], one.loc["pcie5-h100x8"]
-    add("000 §5.2", f"all-reduce takes up to 40% of a decode step with 8-way TP on a 70B model",
+    spans = bool(nv["comm share"] <= 0.4 <= pcie["comm share"])
+    rows.append(claim_row(
+        "all-reduce takes up to 40% of a decode step with 8-way TP on a 70B model", "40% (seeds/000 §5.2)",
         f"{p.PROJECT_MODEL} at TP={p.PROJECT_TP}, batch {int(nv.batch)}, roofline step + alpha-beta collectives: "
-        f"{100 * nv['comm share']:.0f}% on NVLink (alpha {nv.alpha_us:.0f} us assumed), {100 * pcie['comm share']:.0f}% "
-        f"on PCIe; 40% needs an all-reduce latency of {nv['alpha for 40% (us)']:.0f} us on NVLink",
+        f"{100 * nv['comm share']:.0f}% on NVLink (alpha {nv.alpha_us:.0f} us assumed), "
+        f"{100 * pcie['comm share']:.0f}% on PCIe; 40% needs an all-reduce latency of "
+        f"{nv['alpha for 40% (us)']:.0f} us on NVLink", from_check(spans),
         "plausible: within the range the latency allows (a real step is longer than its roofline bound, which "
-        "lowers the share)", bool(nv["comm share"] <= 0.4 <= pcie["comm share"]))
+        "lowers the share)" if spans else "40% is outside the span from NVLink to PCIe"))
     dec = tp[(tp["phase"] == "decode")].sort_values("tokens").iloc[0]
     big = proj[proj["batch"] == proj["batch"].max()].set_index("link")
-    add("003 §4.3", "TP without fast links: communication eats the gain, even slower than one card",
+    rows.append(claim_row(
+        "TP without fast links: communication eats the gain, even slower than one card", "slower (seeds/003 §4.3)",
         f"this machine (gloo over loopback): decode at batch {int(dec.tokens)} {dec['TP=1 ms']:.0f} ms at TP=1, "
         f"{dec['TP=2 ms']:.0f} ms at TP=2 ({100 * dec['comm share (measured)']:.0f}% in collectives); projected "
         f"PCIe at batch {int(big.loc['pcie5-h100x8', 'batch'])}: {100 * big.loc['pcie5-h100x8', 'comm share']:.0f}% "
         f"of the step, NVLink {100 * big.loc['nvlink-h100x8', 'comm share']:.0f}%",
-        "holds here: TP=2 is slower than one process" if dec["speedup"] < 1 else "not here: TP=2 is faster",
-        bool(dec["speedup"] < 1))
+        from_check(bool(dec["speedup"] < 1)),
+        "here: TP=2 is slower than one process" if dec["speedup"] < 1 else "not here: TP=2 is faster"))
     pre = bubble[bubble["phase"] == "prefill"].sort_values("micro_batches")
     dec_b = bubble[bubble["phase"] == "decode"].sort_values("micro_batches")
     at = pre[pre["m >= 4p"]]
     row = at.iloc[0] if len(at) else pre.iloc[-1]
-    add("003 §4.3", "PP: micro-batches at least 4x the stages fill most of the bubble",
+    rows.append(claim_row(
+        "PP: micro-batches at least 4x the stages fill most of the bubble", "m >= 4p (seeds/003 §4.3)",
         f"PP=2, prefill: rank 0 waits {100 * row['wait share (measured)']:.0f}% at m={int(row.micro_batches)} "
-        f"(the formula {100 * row['bubble (p - 1) / (m + p - 1)']:.0f}%; {100 * pre.iloc[0]['wait share (measured)']:.0f}% "
-        f"at m=1); step {pre.iloc[0]['PP=2 ms']:.0f} -> {row['PP=2 ms']:.0f} ms; decode step "
-        f"{dec_b.iloc[0]['PP=2 ms']:.0f} -> {dec_b[dec_b['micro_batches'] == row.micro_batches]['PP=2 ms'].iloc[0]:.0f} ms",
+        f"(the formula {100 * row['bubble (p - 1) / (m + p - 1)']:.0f}%; "
+        f"{100 * pre.iloc[0]['wait share (measured)']:.0f}% at m=1); step {pre.iloc[0]['PP=2 ms']:.0f} -> "
+        f"{row['PP=2 ms']:.0f} ms; decode step {dec_b.iloc[0]['PP=2 ms']:.0f} -> "
+        f"{dec_b[dec_b['micro_batches'] == row.micro_batches]['PP=2 ms'].iloc[0]:.0f} ms",
+        from_check(bool(row["wait share (measured)"] <= 0.2)),
         "the bubble follows (p - 1) / (m + p - 1): m = 4p leaves 1/9 at p = 2, 18% at p = 8; but a micro-batch "
-        "costs more than its share when it is small (decode), so more micro-batches can make the step slower",
-        bool(row["wait share (measured)"] <= 0.2))
-    add("003 §4.3", "TP inside a node of at most 8 cards; PP across nodes", "one machine of 2 cores here",
-        "not checkable here: needs a multi-node cluster", None)
+        "costs more than its share when it is small (decode), so more micro-batches can make the step slower"))
+    rows.append(claim_row("TP inside a node of at most 8 cards; PP across nodes", "TP <= 8 (seeds/003 §4.3)",
+                          "one machine of 2 cores here", NOT_CHECKABLE, "needs a multi-node cluster"))
     w70 = mem.weight_bytes(mem.ModelShape.preset("llama-3-70b"), "bf16")["total"]
-    add("003 §1.1", "a 70B model in FP16 takes 140 GB", f"Llama-3-70B: {w70 / 1e9:.1f} GB", verdict(140, w70 / 1e9),
-        verdict(140, w70 / 1e9) == "correct")
+    rows.append(claim_row("a 70B model in FP16 takes 140 GB", "140 GB (seeds/003 §1.1, seeds/002 §2.2)",
+                          f"Llama-3-70B: {w70 / 1e9:.1f} GB", *check(140, w70 / 1e9)))
     rank = per_rank["weight bytes"].max()
-    add("002", "140 GB in FP16 over 8 A100s with TP: 17.5 GB per card",
+    word, note = check(17.5, rank / 1e9)
+    rows.append(claim_row(
+        "140 GB in FP16 over 8 A100s with TP: 17.5 GB per card", "17.5 GB (seeds/002 §2.2)",
         f"Llama-3-70B at TP=8, the largest rank: {rank / 1e9:.2f} GB ({rank / mem.GIB:.1f} GiB) of weights, "
         f"KV {per_rank['KV bytes per token'].max() / 1024:.0f} KiB per token on top",
-        verdict(17.5, rank / 1e9) + " (weights only: the KV cache and activations come on top)",
-        verdict(17.5, rank / 1e9) == "correct")
-    add("002", "8-card TP across nodes adds 10-15% to TTFT", "one machine here",
-        "not checkable here: needs two nodes", None)
+        word, "; ".join(x for x in (note, "weights only: the KV cache and activations come on top") if x)))
+    rows.append(claim_row("8-card TP across nodes adds 10-15% to TTFT", "10-15% (seeds/002 §2.3)", "one machine here",
+                          NOT_CHECKABLE, "needs two nodes"))
     return pd.DataFrame(rows)
 
 

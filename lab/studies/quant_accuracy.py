@@ -42,7 +42,7 @@ from lab.intervals import proportion
 from lab.eval.sensitive import CATEGORIES, load_items
 from lab.memory import ModelShape, WeightFormat, weight_bytes
 from lab.quant.formats import AWQ_BITS
-from lab.quant.pipeline import METHODS, QuantJob, calibration_composition, quantize_model
+from lab.quant.pipeline import METHODS, QuantJob, quantize_model
 from lab.quant.rtn import QuantSpec
 from lab.runs import as_tuple, check_choice, check_range
 
@@ -229,12 +229,12 @@ def heldout(p: QuantAccuracyParams, tokenizer) -> dict[str, list[list[int]]]:
             for d in p.DOMAINS}
 
 
-def calibration_domains(tokenizer, job: QuantJob) -> dict[str, float]:
-    """The share of `job`'s calibration tokens per domain (code, prose, chat)."""
-    tokens = calibration_composition(tokenizer, job)
-    total = sum(tokens.values())
+def calibration_domains(tasks: dict[str, int]) -> dict[str, float]:
+    """The share of calibration tokens per domain (code, prose, chat), from tokens per calibration task (the
+    `calibration_tasks` of `quantize_model`'s summary)."""
+    total = sum(tasks.values())
     shares = dict.fromkeys(("code", "prose", "chat"), 0.0)
-    for task, n in tokens.items():
+    for task, n in tasks.items():
         shares[TASK_DOMAINS.get(task, "chat")] += n / total
     return shares
 
@@ -276,8 +276,8 @@ def run_grid(p: QuantAccuracyParams, reference, tokenizer, log=print) -> Grid:
         job = make_job(p, method, spec, p.GPTQ_CALIB if method == "gptq" else p.AWQ_CALIB)
         t = time.perf_counter()
         model, codes, summary = quantize_copy(reference, tokenizer, job)
-        if method != "rtn" and method not in shares:
-            shares[method] = calibration_domains(tokenizer, job)
+        if method != "rtn":
+            shares[method] = calibration_domains(summary["calibration_tasks"])
         with_long = config in p.LONG_CONTEXT_CONFIGS and p.LONG_CONTEXT_ITEMS > 0
         df = run_sensitive(model, tokenizer, sensitive_items(p, long_context=with_long), p.MAX_TOKENS)
         outputs[label] = df
@@ -327,7 +327,7 @@ def run_mismatch(p: QuantAccuracyParams, reference, tokenizer, ref_sensitive: pd
         model, _, summary = quantize_copy(reference, tokenizer, job)
         row = {"calibration": mix, "method": p.MISMATCH_METHOD, "config": p.MISMATCH_CONFIG,
                "calib_samples": len(ds), "calib_tokens": summary["calibration_tokens"],
-               **{f"calib_{d}_share": v for d, v in calibration_domains(tokenizer, job).items()},
+               **{f"calib_{d}_share": v for d, v in calibration_domains(summary["calibration_tasks"]).items()},
                "quant_s": summary["quantization_seconds"],
                "evaluated_on": SUMMARIZATION_DOMAIN if prompts else "", "summarization_docs": len(prompts)}
         if prompts:

@@ -2,10 +2,11 @@
 
 Its worked numbers are recomputed with `lab.spec.theory`; its claims about acceptance by task, the draft cost
 ratio c and the cost of verification are set against the main run of `lab.studies.spec_acceptance` (its
-per-category table and step costs). Each row says what the article claims, what the lab computes or measures,
-and whether the claim holds (True, False, or None where it cannot be checked here or where the measurement's 95%
-interval over prompts straddles the claim's value: the verdict then says "not distinguishable"). A measured
-figure is printed as "value [low, high]", the form the claims ledger reads (`lab.ledger.rules.parse_lab`).
+per-category table and step costs). Each row is a `lab.claims.claim_row`: the claim, the article's figure, what the
+lab computes or measures, and the verdict: holds or wrong, "not distinguishable" where the measurement's 95%
+interval over prompts straddles the claim's value, "not checkable here" where the lab cannot test it; the note
+says why. A measured figure is printed as "value [low, high]", the form the claims ledger reads
+(`lab.ledger.rules.parse_lab`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from lab.claims import HOLDS, NOT_CHECKABLE, WRONG, claim_row, from_check
 from lab.intervals import NOT_DISTINGUISHABLE, Interval
 from lab.spec.drafters import weight_bytes_ratio
 from lab.spec.measure import StepCosts
@@ -29,12 +31,15 @@ def quantized_c_bound(p: SpecParams, model) -> float:
     return weight_bytes_ratio(p.DRAFT_BITS, SpeculativeConfig.draft_group_size, model)  # the copy's group size
 
 
-# The c range's verdict by where c_effective's interval lies (the ledger reads "within" and "wrong" as holds and
-# wrong through the holds column; lab.ledger.rules.from_notebook).
-C_RANGE = {"inside": "within", "below": "wrong: far below the range (the range does not describe this drafter)",
-           "above": "wrong on this engine: a draft forward's fixed cost does not shrink with its size",
-           NOT_DISTINGUISHABLE: f"{NOT_DISTINGUISHABLE}: the interval straddles an end of the range"}
-HOLDS_BY_SIDE = {"inside": True, "below": False, "above": False, NOT_DISTINGUISHABLE: None}
+# The c range's verdict and note by where c_effective's interval lies ("not measured": no drafting rounds).
+C_RANGE = {"inside": (HOLDS, ""),
+           "below": (WRONG, "far below the range (the range does not describe this drafter)"),
+           "above": (WRONG, "on this engine: a draft forward's fixed cost does not shrink with its size"),
+           NOT_DISTINGUISHABLE: (NOT_DISTINGUISHABLE, "the interval straddles an end of the range"),
+           "not measured": (NOT_CHECKABLE, "the drafter ran no rounds")}
+QUANTIZED_GAP = ("the copy runs packed (lab.quant.packed: torch's CPU int4/int8 kernels, LM head packed too); the gap "
+                 "to the bandwidth bound is the step's fixed cost (norms, attention, sampling), which does not shrink "
+                 "with the weights")
 
 
 def range_verdict(iv: Interval, lo: float | None, hi: float | None) -> str:
@@ -66,78 +71,98 @@ def _all_inside(sides: list[str]) -> bool | None:
                                                                        for x in sides) else False
 
 
-def claims_table(main: pd.DataFrame, costs: dict[str, StepCosts], p: SpecParams, model) -> pd.DataFrame:
-    """The deployment article's section 5 numbers, recomputed or measured here. `holds`: True, False, or None
-    where the claim cannot be checked here or the interval does not decide it."""
-    cats = main[main["category"] != "all"]
-    overall = main[main["category"] == "all"].set_index("drafter")
+def _theory_rows() -> list[dict]:
+    """The article's worked numbers, recomputed with its own formulas."""
     rows = []
-
-    def add(claim, ours, verdict, holds):
-        rows.append({"article (seeds/003 section 5)": claim, "recomputed or measured": ours, "verdict": verdict,
-                     "holds": holds})
-
-    e, s = expected_tokens_per_round(0.7, 4), predicted_speedup(0.7, 4, 0.05)
-    ok = abs(e - 2.77) < 0.01 and abs(s - 2.3) < 0.05
-    add("a=0.7, k=4, c=0.05: E = 2.77 tokens, cost 1.2, speedup ~2.3x", f"E = {e:.3f}, speedup = {s:.3f}",
-        "arithmetic right" if ok else "arithmetic wrong", ok)
-    e, s = expected_tokens_per_round(0.5, 4), predicted_speedup(0.5, 4, 0.05)
-    ok = abs(e - 1.94) < 0.01 and abs(s - 1.6) < 0.05
-    add("a=0.5: E = 1.94, speedup ~1.6x", f"E = {e:.3f}, speedup = {s:.3f}",
-        "arithmetic right" if ok else "arithmetic wrong", ok)
+    for a, claim, article, e_art, s_art in ((0.7, "a=0.7, k=4, c=0.05: E = 2.77 tokens, cost 1.2, speedup ~2.3x",
+                                              "E = 2.77, ~2.3x", 2.77, 2.3),
+                                             (0.5, "a=0.5: E = 1.94, speedup ~1.6x", "E = 1.94, ~1.6x", 1.94, 1.6)):
+        e, s = expected_tokens_per_round(a, 4), predicted_speedup(a, 4, 0.05)
+        ok = bool(abs(e - e_art) < 0.01 and abs(s - s_art) < 0.05)
+        rows.append(claim_row(claim, article, f"E = {e:.3f}, speedup = {s:.3f}", from_check(ok),
+                              "the article's arithmetic is right" if ok else "the article's arithmetic is wrong"))
     s4, kb = predicted_speedup(0.4, 4, 0.05), best_k(0.4, 0.05)
-    add("a below 0.4 is hardly worth it", f"a=0.4, c=0.05: {s4:.2f}x at k=4, {predicted_speedup(0.4, kb, 0.05):.2f}x "
-        f"at the best k={kb}", "by its own formula a=0.4 still gives >1.3x at c=0.05: the cut-off depends on c "
-        "and the verification cost, not on a alone", s4 < 1.1)
+    rows.append(claim_row(
+        "a below 0.4 is hardly worth it", "a < 0.4",
+        f"a=0.4, c=0.05: {s4:.2f}x at k=4, {predicted_speedup(0.4, kb, 0.05):.2f}x at the best k={kb}",
+        from_check(bool(s4 < 1.1)), "" if s4 < 1.1 else "by its own formula a=0.4 still gives >1.3x at c=0.05: the cut-off "
+        "depends on c and the verification cost, not on a alone"))
+    return rows
+
+
+def _c_rows(overall: pd.DataFrame, costs: dict[str, StepCosts], p: SpecParams, model) -> list[dict]:
+    """The draft cost ratio c of each drafter against the article's 0.03-0.1 (the quantized copy's measured c also
+    against the bound a bandwidth-bound kernel would give)."""
+    rows = []
     for name in costs:
         c_eff, c_fwd = _interval(overall.loc[name], "c_effective"), costs[name].c
-        side = range_verdict(c_eff, 0.03, 0.1)
-        add(f"draft cost ratio c is typically 0.03-0.1 ({name})",
-            f"c_effective = {_bracketed(c_eff)}" + (f", c_forward = {c_fwd:.3g}" if c_fwd is not None else ""),
-            C_RANGE[side], HOLDS_BY_SIDE[side])
-    if "quantized" in overall.index:
-        add("(no claim) a weight-quantized copy as draft", f"c of a bandwidth-bound int{p.DRAFT_BITS} kernel: "
-            f"{quantized_c_bound(p, model):.3f}; measured on the lab's packed low-bit kernels: "
-            f"{overall.loc['quantized', 'c_effective']:.3f}", "the copy runs packed (lab.quant.packed: torch's CPU "
-            "int4/int8 kernels, LM head packed too); the gap to the bound is the step's fixed cost (norms, "
-            "attention, sampling), which does not shrink with the weights", None)
-    v = {name: float(overall.loc[name, "v(k)"]) for name in costs}
-    add("verifying k drafts costs one target step (cost 1 + k c)", f"measured v({p.K}) = " +
-        ", ".join(f"{x:.2f} ({n})" for n, x in v.items()) + " plain steps",
-        "wrong here: a (k+1)-token forward with k+1 LM-head rows costs more than a one-token step",
-        all(x < 1.1 for x in v.values()))
-    art, meas = main["error_article_vs_10pct"].value_counts(), main["error_measured_costs_vs_10pct"].value_counts()
-    holds = True if art.get("within 10%", 0) == len(main) else False if art.get("outside 10%", 0) else None
-    add("acceptance decides everything (the speedup follows from a, k and c)",
-        f"of {len(main)} rows (95% intervals over prompts), the article's prediction: " +
-        ", ".join(f"{w} at {n}" for w, n in art.items()) + "; with measured v(k): " +
-        ", ".join(f"{w} at {n}" for w, n in meas.items()),
-        "a, c and the verification cost decide it" if holds is not None else
-        f"{NOT_DISTINGUISHABLE}: no row is outside 10% beyond its interval, not every row is within it", holds)
+        verdict_word, note = C_RANGE[range_verdict(c_eff, 0.03, 0.1)]
+        measured = f"c_effective = {_bracketed(c_eff)}" + (f", c_forward = {c_fwd:.3g}" if c_fwd is not None else "")
+        if name == "quantized":
+            measured += f"; a bandwidth-bound int{p.DRAFT_BITS} kernel would give {quantized_c_bound(p, model):.3f}"
+            note = "; ".join(x for x in (note, QUANTIZED_GAP) if x)
+        rows.append(claim_row(f"draft cost ratio c is typically 0.03-0.1 ({name})", "0.03-0.1", measured,
+                              verdict_word, note))
+    return rows
+
+
+def _by_category(cats: pd.DataFrame) -> list[dict]:
+    """Acceptance by task (a >= 0.7 on code, rewriting, translation, summarization; < 0.5 on open-ended writing)
+    per drafter, and the n-gram drafter's speedup on rewriting and summarization, from their intervals."""
+    rows = []
     high = cats[cats["category"].isin(["code", "rewriting", "translation", "summarization"])]
     low = cats[cats["category"] == "open-ended"]
     for drafter in cats["drafter"].unique():
         h, lo = high[high["drafter"] == drafter], low[low["drafter"] == drafter]
         if h.empty or lo.empty:
             continue
-        sides = ([range_verdict(_interval(r, "a"), 0.7, None) for _, r in h.iterrows()] +
-                 [range_verdict(_interval(r, "a"), None, 0.5) for _, r in lo.iterrows()])
-        ok = _all_inside(sides)
-        add(f"code/rewriting/translation/summarization a >= 0.7; open-ended writing a < 0.5 ({drafter})",
-            ", ".join(f"{r['category']} {_bracketed(_interval(r, 'a'), '.2f')}"
-                      for _, r in pd.concat([h, lo]).iterrows()),
-            "holds" if ok else "does not hold for this drafter" if ok is False else
-            f"{NOT_DISTINGUISHABLE}: an interval straddles its threshold", ok)
+        ok = _all_inside([range_verdict(_interval(r, "a"), 0.7, None) for _, r in h.iterrows()] +
+                         [range_verdict(_interval(r, "a"), None, 0.5) for _, r in lo.iterrows()])
+        rows.append(claim_row(
+            f"code/rewriting/translation/summarization a >= 0.7; open-ended writing a < 0.5 ({drafter})",
+            "a >= 0.7 / < 0.5", ", ".join(f"{r['category']} {_bracketed(_interval(r, 'a'), '.2f')}"
+                                          for _, r in pd.concat([h, lo]).iterrows()),
+            from_check(ok), {True: "", False: "a category's interval lies wholly on the wrong side of its threshold",
+                             None: "an interval straddles its threshold"}[ok]))
     ng = cats[(cats["drafter"] == "ngram") & cats["category"].isin(["rewriting", "summarization"])]
     if not ng.empty:
         ok = _all_inside([range_verdict(_interval(r, "measured_speedup"), 1.1, None) for _, r in ng.iterrows()])
-        add("n-gram drafts work wonders for document rewriting and RAG, at almost zero cost",
+        rows.append(claim_row(
+            "n-gram drafts work wonders for document rewriting and RAG, at almost zero cost", "near-zero cost",
             ", ".join(f"{r['category']}: a {r['a']:.2f}, {_bracketed(_interval(r, 'measured_speedup'), '.2f')}x"
                       for _, r in ng.iterrows()),
-            "holds (speedup above 1.1x)" if ok else "not as measured here" if ok is False else
-            f"{NOT_DISTINGUISHABLE} from 1.1x", ok)
-    add("acceptance_threshold 0.55 and draft_len 4 as a starting point", "see the policy and best-k tables",
-        "a per-category choice", None)
-    add("a same-family small model drafts best", "SmolLM2-135M is the family's smallest: no smaller sibling is "
-        "embedded", "not testable here", None)
+            from_check(ok), {True: "speedup above 1.1x", False: "a speedup's interval lies below 1.1x",
+                             None: "from 1.1x: a speedup's interval straddles it"}[ok]))
+    return rows
+
+
+def claims_table(main: pd.DataFrame, costs: dict[str, StepCosts], p: SpecParams, model) -> pd.DataFrame:
+    """The deployment article's section 5 claims, recomputed or measured here, in `lab.claims.CLAIMS_COLUMNS`."""
+    cats = main[main["category"] != "all"]
+    overall = main[main["category"] == "all"].set_index("drafter")
+    rows = _theory_rows() + _c_rows(overall, costs, p, model)
+    v = {name: float(overall.loc[name, "v(k)"]) for name in costs}
+    cheap = all(x < 1.1 for x in v.values())
+    rows.append(claim_row(
+        "verifying k drafts costs one target step (cost 1 + k c)", "1 + k c",
+        f"measured v({p.K}) = " + ", ".join(f"{x:.2f} ({n})" for n, x in v.items()) + " plain steps",
+        from_check(cheap), "" if cheap else "here: a (k+1)-token forward with k+1 LM-head rows costs more than a "
+        "one-token step"))
+    art, meas = main["error_article_vs_10pct"].value_counts(), main["error_measured_costs_vs_10pct"].value_counts()
+    holds = True if art.get("within 10%", 0) == len(main) else False if art.get("outside 10%", 0) else None
+    rows.append(claim_row(
+        "acceptance decides everything (the speedup follows from a, k and c)", "a decides",
+        f"of {len(main)} rows (95% intervals over prompts), the article's prediction: " +
+        ", ".join(f"{w} at {n}" for w, n in art.items()) + "; with measured v(k): " +
+        ", ".join(f"{w} at {n}" for w, n in meas.items()),
+        from_check(holds), {True: "the article's prediction is within 10% at every row",
+                            False: "a, c and the verification cost decide it",
+                            None: "no row is outside 10% beyond its interval, not every row is within it"}[holds]))
+    rows += _by_category(cats)
+    rows.append(claim_row("acceptance_threshold 0.55 and draft_len 4 as a starting point", "0.55, 4",
+                          "see the policy and best-k tables", NOT_CHECKABLE,
+                          "a recommended setting: a per-category choice"))
+    rows.append(claim_row("a same-family small model drafts best", "same family",
+                          "SmolLM2-135M is the family's smallest: no smaller sibling is embedded", NOT_CHECKABLE,
+                          "needs a smaller draft model of the target's family"))
     return pd.DataFrame(rows)

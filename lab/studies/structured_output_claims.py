@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from lab.claims import verdict
+from lab.claims import check, claim_row, from_check
 from lab.hardware import GPUS
 from lab.intervals import rate
 from lab.memory import ModelShape
@@ -56,72 +56,85 @@ def projection(p: StructuredParams, fill_s_per_row: float, naive_s_per_row: floa
 
 def claims_table(p: StructuredParams, validity: pd.DataFrame, summary: pd.DataFrame, components: pd.DataFrame,
                  depth: pd.DataFrame, compile_df: pd.DataFrame, proj: pd.DataFrame, vocab_here: int) -> pd.DataFrame:
-    """One row per claim of seeds/003 section 5.3: the claim, what the lab measured, and the verdict."""
+    """One row per claim of seeds/003 section 5.3 (`lab.claims.claim_row`): the claim, the article's figure, what
+    the lab measured, the verdict and why."""
     rows = []
-
-    def add(claim, measured, verdict_text, holds):
-        rows.append({"article (seeds/003 section 5.3)": claim, "measured here": measured, "verdict": verdict_text,
-                     "holds": holds})
-
     on = validity[validity["grammar"] == "on"]
     off = validity[validity["grammar"] == "off"]
     valid_all = bool((on["schema_valid"] == 1.0).all())
-    add("constrained decoding makes the format absolutely correct",
+    rows.append(claim_row(
+        "constrained decoding makes the format absolutely correct", "100% valid",
         "; ".join(f"T={r.temperature}: {rate(round(r.schema_valid * r.outputs), r.outputs)} schema-valid with the "
                   f"grammar, {rate(round(s.schema_valid * s.outputs), s.outputs)} without"
                   for r, s in zip(on.itertuples(), off.itertuples())),
-        "holds for every output that finished" + ("" if valid_all else
-                                                  "; outputs cut by max_tokens are unfinished prefixes"), valid_all)
+        from_check(valid_all), "for every output that finished" if valid_all else "outputs cut by max_tokens are "
+        "unfinished prefixes (the grammar holds for every output that finished)"))
     g_on, g_off = on[on["temperature"] == 0].iloc[0], off[off["temperature"] == 0].iloc[0]
-    add("... and faster: a smaller search space and fewer retries (a retry costs more than any kernel tuning)",
-        f"greedy, to a schema-valid answer with retries: {g_on['tokens per valid answer']:.1f} tokens and "
-        f"{g_on['seconds per valid answer']:.3f} s with the grammar, {g_off['tokens per valid answer']:.1f} tokens and "
-        f"{g_off['seconds per valid answer']:.3f} s without (batch time per item / valid rate)",
-        "holds (part of it is format: the grammar writes compact JSON, the model alone pretty-prints it and "
-        "adds prose)" if g_on["seconds per valid answer"] < g_off["seconds per valid answer"] else
-        "not here: the answers without the grammar are valid often enough, or shorter",
-        bool(g_on["seconds per valid answer"] < g_off["seconds per valid answer"]))
+    faster = bool(g_on["seconds per valid answer"] < g_off["seconds per valid answer"])
+    rows.append(claim_row(
+        "... and faster: a smaller search space and fewer retries (a retry costs more than any kernel tuning)",
+        "faster", f"greedy, to a schema-valid answer with retries: {g_on['tokens per valid answer']:.1f} tokens and "
+        f"{g_on['seconds per valid answer']:.3f} s with the grammar, {g_off['tokens per valid answer']:.1f} tokens "
+        f"and {g_off['seconds per valid answer']:.3f} s without (batch time per item / valid rate)",
+        from_check(faster), "part of it is format: the grammar writes compact JSON, the model alone pretty-prints it "
+        "and adds prose" if faster else "not here: the answers without the grammar are valid often enough, or shorter"))
     for _, r in summary.iloc[[0, -1]].drop_duplicates("batch").iterrows():
-        share = r["mask share of step"]
-        add(f"with a 100k+ vocabulary, masking every step takes 20-30% of a step at small batch (batch {int(r['batch'])})",
-            f"vocabulary {vocab_here:,}: {r['mask ms per row']:.3f} ms a row, {100 * share:.1f}% of a "
+        share, batch = r["mask share of step"], int(r["batch"])
+        rows.append(claim_row(
+            f"with a 100k+ vocabulary, masking every step takes 20-30% of a step at small batch (batch {batch})",
+            "20-30%", f"vocabulary {vocab_here:,}: {r['mask ms per row']:.3f} ms a row, {100 * share:.1f}% of a "
             f"{r['step with grammar ms']:.1f} ms step; step with / without the grammar {r['with / without']:.3f}x "
             f"({r['ratio 95% low']:.3f}-{r['ratio 95% high']:.3f}"
-            f"{'' if r['distinguishable'] else ', not distinguishable from 1'})",
-            verdict((0.2, 0.3), share), bool(0.2 <= share <= 0.3))
+            f"{'' if r['distinguishable'] else ', not distinguishable from 1'})", *check((0.2, 0.3), share)))
     small = proj[proj["batch"] == proj["batch"].min()].iloc[0]
     big = proj[proj["batch"] == proj["batch"].max()].iloc[0]
-    add("(the same, projected) a 100k+ vocabulary on a GPU",
+    projected = bool(0.2 <= small["share, serial"] <= 0.3)
+    rows.append(claim_row(
+        "(the same, projected) a 100k+ vocabulary on a GPU", "20-30%",
         f"{small.model} (vocabulary {small.vocabulary:,}) on {small.hardware}, the host filling each mask in turn: "
         f"{100 * small['share, serial']:.1f}% at batch {small.batch}, {100 * big['share, serial']:.1f}% at batch "
         f"{big.batch} ({100 * big['share, overlapped']:.1f}% left when filled during the forward); with the naive "
         f"mask {100 * small['share, naive mask']:.0f}% at batch {small.batch} (upper bounds: the roofline's step)",
-        "wrong for a precompiled mask: far below 20% at small batch, growing with the batch; a mask computed "
-        "token by token takes nearly the whole step: the claim lies between the two",
-        bool(0.2 <= small["share, serial"] <= 0.3))
+        from_check(projected), "" if projected else "for a precompiled mask: far below 20% at small batch, growing "
+        "with the batch; a mask computed token by token takes nearly the whole step: the claim lies between the two"))
+    rows += _mask_and_grammar_rows(p, components, depth, compile_df, vocab_here)
+    return pd.DataFrame(rows)
+
+
+def _mask_and_grammar_rows(p: StructuredParams, components: pd.DataFrame, depth: pd.DataFrame,
+                           compile_df: pd.DataFrame, vocab_here: int) -> list[dict]:
+    """The claims on how the mask is built (precompiled, nested schemas) and on vocabulary sizes."""
     naive = components.dropna(subset=["naive_s"])
     ratio = naive["naive_s"].median() / components["fill_s"].median()
-    add("precompiling the state transitions reduces the mask to a lookup and a bitwise AND",
+    agree = bool(naive["naive_agrees"].all())
+    rows = [claim_row(
+        "precompiling the state transitions reduces the mask to a lookup and a bitwise AND", "lookup",
         f"the naive mask (every token tried): {1e3 * naive['naive_s'].median():.1f} ms a state; xgrammar's "
         f"precomputed fill: {1e3 * components['fill_s'].median():.4f} ms ({ratio:.0f}x); applying it to the logits "
         f"{1e3 * components['apply_s'].median():.3f} ms (the larger part on a CPU); the two masks agree on "
         f"{int(naive['naive_agrees'].sum())} of {len(naive)} sampled states",
-        "holds" if ratio > 10 else "not measurably", bool(ratio > 10 and naive["naive_agrees"].all()))
+        from_check(bool(ratio > 10 and agree)), "" if ratio > 10 and agree else
+        "not measurably: the precomputed fill is not 10x faster than the naive mask" if agree else
+        "the precomputed and the naive mask disagree on a sampled state")]
     d0, d1 = depth.iloc[0], depth.iloc[-1]
     slope = (float(np.polyfit(np.log(depth["depth"]), np.log(depth["compile ms"]), 1)[0]) if len(depth) > 1
              else float("nan"))  # the exponent of a power law through every depth
     tree = compile_df.set_index("grammar").loc["recursive tree ($ref)", "cold ms"]
-    add("deeply nested schemas make the state machine explode: limit the nesting depth",
+    rows.append(claim_row(
+        "deeply nested schemas make the state machine explode: limit the nesting depth", "explodes",
         f"compile {d0['compile ms']:.1f} ms at depth {int(d0.depth)}, {d1['compile ms']:.1f} ms at depth "
         f"{int(d1.depth)} (~ depth^{slope:.2f}); fill along a valid instance {d0['fill us median']:.1f} vs "
         f"{d1['fill us median']:.1f} us (median); a recursive schema compiles in {tree:.1f} ms",
-        "wrong for a pushdown automaton (xgrammar): the cost grows slower than the depth and recursion is finite"
-        if slope < 1 else "holds: the cost grows at least as fast as the depth", bool(slope >= 1))
+        from_check(bool(slope >= 1)), "the cost grows at least as fast as the depth" if slope >= 1 else
+        "for a pushdown automaton (xgrammar): the cost grows slower than the depth and recursion is finite"))
     vocabs = {m: ModelShape.preset(m).vocab_size for m in p.PROJECT_MODELS}
-    add("vocabularies run to a hundred thousand or more (词表动辄十几万)",
+    large = all(v >= 100_000 for v in vocabs.values())
+    rows.append(claim_row(
+        "vocabularies run to a hundred thousand or more (词表动辄十几万)", "100k+",
         ", ".join(f"{m}: {v:,}" for m, v in vocabs.items()) + f"; the lab's model: {vocab_here:,}",
-        "true of the larger models listed", all(v >= 100_000 for v in vocabs.values()))
-    return pd.DataFrame(rows)
+        from_check(large), "true of the larger models listed" if large else
+        "a model listed has a vocabulary under 100,000"))
+    return rows
 
 
 def plot_mask_cost(summary: pd.DataFrame, components: pd.DataFrame):

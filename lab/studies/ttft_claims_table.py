@@ -1,8 +1,8 @@
 """Seed 002's claims set against notebook 09's counts and measurements (`lab.studies.ttft_claims`).
 
-One row per claim checked: source (seed and section), the claim, what the lab measured or computed, the verdict
-and whether it holds, the columns `lab.ledger.gather` reads (as notebook 08's `parallelism_claims`). Timings are
-medians with min-max over repeats.
+One row per claim checked, a `lab.claims.claim_row`: the claim, the article's figure (with its section), what the
+lab measured or computed, the verdict (holds or wrong) and why, the columns `lab.ledger.gather` reads. Timings
+are medians with min-max over repeats.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from lab import memory as mem
+from lab.claims import WRONG, claim_row, from_check
 
 if TYPE_CHECKING:
     from lab.studies.ttft_claims import TTFTParams
@@ -28,48 +29,49 @@ def _t(r) -> str:
 
 def claims_table(p: TTFTParams, flops: pd.DataFrame, first: pd.DataFrame, int8: pd.DataFrame, sweep: pd.DataFrame,
                  cold: pd.DataFrame, weights_bytes: float) -> pd.DataFrame:
+    """Seed 002's claims on the KV cache, INT8 and the prefix-cache hit rate, then the cold start's (`cold_rows`)."""
     rows = []
-
-    def add(source, claim, measured, verdict_text, holds):
-        rows.append({"source": source, "claim": claim, "measured or computed here": measured, "verdict": verdict_text,
-                     "holds": holds})
-
     f = flops.set_index("model")
     big = f.iloc[-1]
     miss, part, hit = (first.iloc[i] for i in range(3))
     ttft = f"TTFT here ({p.MODEL}, {p.PROMPT_TOKENS} tokens): miss {miss['ttft median s']:.3g} s, " \
            f"{int(part['hit tokens'])} cached {part['ttft median s']:.3g} s, same prompt again " \
            f"{hit['ttft median s']:.3g} s"
-    add("002 §4.1", "the KV cache cuts the first token's compute from O(L^2) to O(L)",
+    rows.append(claim_row(
+        "the KV cache cuts the first token's compute from O(L^2) to O(L)", "O(L^2) -> O(L) (seeds/002 §4.1)",
         f"with no cached prefix the first token needs the whole prompt's forward, cache or not: {big['no cache GFLOP']:.0f} "
         f"GFLOP for {big.name} at {p.PROMPT_TOKENS} tokens, the O(L^2) attention {100 * big['attention share, no cache']:.1f}% "
-        f"of it; {ttft}",
-        "wrong: a KV cache saves recomputing earlier tokens for later ones (decode); the first token of a new prompt "
-        "costs the same with or without it, and is O(L) in the linears (quadratic only in attention)", False)
-    add("002 §4.1", "a 70B model at 512 input tokens: the first token takes about 2.5x longer without the cache",
+        f"of it; {ttft}", WRONG,
+        "a KV cache saves recomputing earlier tokens for later ones (decode); the first token of a new prompt costs "
+        "the same with or without it, and is O(L) in the linears (quadratic only in attention)"))
+    rows.append(claim_row(
+        "a 70B model at 512 input tokens: the first token takes about 2.5x longer without the cache",
+        "2.5x (seeds/002 §4.1)",
         f"{big.name}: 1.00x with no cached prefix; {big['no cache / cached prefix']:.2f}x with {p.CACHED_TOKENS} of "
         f"{p.PROMPT_TOKENS} tokens cached; 2.5x needs {100 * big['cached share for 2.5x']:.0f}% of the prompt cached",
-        "wrong as stated: without a shared prefix there is nothing to reuse (1.00x); 2.5x is what a ~60% cached "
-        "prefix gives, a property of the prompt, not of the cache", False)
-    add("002 §4", "on a cache hit a token's compute shrinks to the attention scores alone",
+        WRONG, "as stated: without a shared prefix there is nothing to reuse (1.00x); 2.5x is what a ~60% cached "
+        "prefix gives, a property of the prompt, not of the cache"))
+    rows.append(claim_row(
+        "on a cache hit a token's compute shrinks to the attention scores alone", "attention only (seeds/002 §4)",
         f"{big.name}, {p.CACHED_TOKENS} of {p.PROMPT_TOKENS} cached: {big['cached prefix GFLOP']:.0f} GFLOP, attention "
         f"{100 * big['attention share, cached prefix']:.1f}% of it; cached tokens cost nothing, the others still run "
-        f"every linear",
-        "wrong: cached tokens are skipped entirely, and each token still computed pays all its linears (attention is "
-        "the small part)", False)
+        f"every linear", WRONG,
+        "cached tokens are skipped entirely, and each token still computed pays all its linears (attention is the "
+        "small part)"))
     w = int8.set_index(["model", "what"])
-    for claim_pct, source, claim in ((30, "002 §5.2", "INT8 cuts memory use by about 30% against FP16"),
-                                     (50, "002 §6.2", "preloading plus INT8 cuts memory by about 50% against FP16")):
+    for claim_pct, source, claim in ((30, "§5.2", "INT8 cuts memory use by about 30% against FP16"),
+                                     (50, "§6.2", "preloading plus INT8 cuts memory by about 50% against FP16")):
         parts = "; ".join(f"{m} {100 * w.loc[(m, 'weights, embeddings in bf16'), 'saving']:.1f}% "
                           f"(all int8 {100 * w.loc[(m, 'weights, all int8'), 'saving']:.1f}%, with "
                           f"{p.KV_TOKENS} bf16 KV tokens {100 * w.loc[(m, f'weights + {p.KV_TOKENS} bf16 KV tokens'), 'saving']:.1f}%)"
                           for m in p.SHAPES)
         s = w.loc[(p.SHAPES[-1], "weights, embeddings in bf16"), "saving"]
-        ok = abs(100 * s - claim_pct) <= 5
-        add(source, claim, f"weight bytes saved, int8 per-channel vs bf16, embeddings and norms in bf16: {parts}",
-            ("holds" if ok else "wrong") + f" for the weights of {p.SHAPES[-1]} ({100 * s:.0f}% vs {claim_pct}%; "
-            f"the rule: within 5 points): int8 halves every linear, the 16-bit embeddings and a bf16 KV cache pull "
-            f"it below 50%", ok)
+        ok = bool(abs(100 * s - claim_pct) <= 5)
+        rows.append(claim_row(
+            claim, f"about {claim_pct}% (seeds/002 {source})",
+            f"weight bytes saved, int8 per-channel vs bf16, embeddings and norms in bf16: {parts}", from_check(ok),
+            f"for the weights of {p.SHAPES[-1]} ({100 * s:.0f}% vs {claim_pct}%; the rule: within 5 points): int8 "
+            f"halves every linear, the 16-bit embeddings and a bf16 KV cache pull it below 50%"))
     sw = sweep.set_index("hit rate %")
     under = [h for h in sw.index if h < 60]
     low = max(under) if under else min(sw.index)
@@ -77,18 +79,18 @@ def claims_table(p: TTFTParams, flops: pd.DataFrame, first: pd.DataFrame, int8: 
     rise = f"{100 * (r[f'vs {p.HIGH_HIT}% (median)'] - 1):.0f}% ({100 * (r[f'vs {p.HIGH_HIT}% (min)'] - 1):.0f} to " \
            f"{100 * (r[f'vs {p.HIGH_HIT}% (max)'] - 1):.0f}%)"
     curve = ", ".join(f"{h}% {sw.loc[h, 'ttft median s']:.3g} s" for h in sw.index)
-    ok = 0.4 <= r[f"vs {p.HIGH_HIT}% (median)"] - 1 <= 0.7
-    add("002 §5.3", "a KV-cache hit rate under 60% raises TTFT 40-70% over a high hit rate",
+    ok = bool(0.4 <= r[f"vs {p.HIGH_HIT}% (median)"] - 1 <= 0.7)
+    rows.append(claim_row(
+        "a KV-cache hit rate under 60% raises TTFT 40-70% over a high hit rate", "40-70% (seeds/002 §5.3)",
         f"{p.MODEL}, {p.SWEEP_TOKENS}-token prompts: TTFT at {low}% hit vs {p.HIGH_HIT}%: +{rise}; "
-        f"TTFT by hit rate: {curve}",
-        ("holds" if ok else "wrong") + " at this prompt length: TTFT follows the tokens computed, (1 - h) / (1 - "
-        "h_high) plus a fixed cost, so the rise depends on the two hit rates and on how much of TTFT is prefill, "
-        "not on a 60% line", bool(ok))
-    add_cold(add, p, cold, weights_bytes)
-    return pd.DataFrame(rows)
+        f"TTFT by hit rate: {curve}", from_check(ok),
+        "at this prompt length: TTFT follows the tokens computed, (1 - h) / (1 - h_high) plus a fixed cost, so the "
+        "rise depends on the two hit rates and on how much of TTFT is prefill, not on a 60% line"))
+    return pd.DataFrame(rows + cold_rows(p, cold, weights_bytes))
 
 
-def add_cold(add, p: TTFTParams, cold: pd.DataFrame, weights_bytes: float) -> None:
+def cold_rows(p: TTFTParams, cold: pd.DataFrame, weights_bytes: float) -> list[dict]:
+    """The cold-start claims: load time, a RAM-backed weight cache, a warm-up request, a warm pool."""
     c_load = _cell(cold, "cold file, no warm-up", "load_s")
     w_load = _cell(cold, "warm file, no warm-up", "load_s")
     resident = _cell(cold, "cold file, no warm-up", "resident_before")["median"]
@@ -96,39 +98,46 @@ def add_cold(add, p: TTFTParams, cold: pd.DataFrame, weights_bytes: float) -> No
     warm_read = _cell(cold, "read the weights file", "warm_read_s")
     rate = weights_bytes / cold_read["median"]
     b70 = mem.weight_bytes(mem.ModelShape.preset("llama-3-70b"), "bf16")["total"]
-    add("002 §1.1", "loading a 70B model on a cold start can take over 10 s",
+    rows = [claim_row(
+        "loading a 70B model on a cold start can take over 10 s", "> 10 s (seeds/002 §1.1)",
         f"{weights_bytes / 1e6:.0f} MB of weights: load {_t(c_load)} cold ({100 * resident:.0f}% in the page cache "
         f"before), {_t(w_load)} warm; reading the file alone {_t(cold_read)} cold ({rate / 1e9:.2f} GB/s), "
         f"{_t(warm_read)} warm; at the cold rate a 70B's "
         f"{b70 / 1e9:.0f} GB of bf16 weights take {b70 / rate:.0f} s of reading alone",
-        ("holds" if b70 / rate > 10 else "wrong") + " at this disk's rate (a projection: bytes over the measured "
-        "cold-read rate)", bool(b70 / rate > 10))
-    add("002 §3.2", "caching weights in /dev/shm or tmpfs brings disk I/O from seconds to milliseconds",
+        from_check(bool(b70 / rate > 10)), "at this disk's rate (a projection: bytes over the measured cold-read "
+        "rate)")]
+    fast = bool(warm_read["median"] < 0.1 * cold_read["median"])
+    rows.append(claim_row(
+        "caching weights in /dev/shm or tmpfs brings disk I/O from seconds to milliseconds",
+        "seconds -> milliseconds (seeds/002 §3.2)",
         f"reading the weights ({weights_bytes / 1e6:.0f} MB) from disk {_t(cold_read)}, from the page cache "
         f"{_t(warm_read)}; the whole load {_t(c_load)} cold, {_t(w_load)} warm: the rest is conversion and placement",
-        ("holds" if warm_read["median"] < 0.1 * cold_read["median"] else "wrong") + " for the read (10x faster or "
-        f"more from memory; a 70B's {b70 / 1e9:.0f} GB at the cold rate is {b70 / rate:.0f} s of it), but the load "
-        "is not milliseconds: converting and placing the weights remains",
-        bool(warm_read["median"] < 0.1 * cold_read["median"]))
+        from_check(fast), f"for the read (10x faster or more from memory; a 70B's {b70 / 1e9:.0f} GB at the cold "
+        f"rate is {b70 / rate:.0f} s of it), but the load is not milliseconds: converting and placing the weights "
+        "remains"))
     no = _cell(cold, "warm file, no warm-up", "first_ttft_s")
     yes = _cell(cold, "warm file, warm-up request", "first_ttft_s")
     cut = 1 - yes["median"] / no["median"]
-    add("002 §3.2", "an 8-token warm-up request at start lowers real requests' TTFT by 30-50%",
+    rows.append(claim_row(
+        "an 8-token warm-up request at start lowers real requests' TTFT by 30-50%", "30-50% (seeds/002 §3.2)",
         f"first request ({p.COLD_PROMPT} tokens) in a fresh process: {_t(no)} without a warm-up, {_t(yes)} after "
         f"an 8-token one: {100 * cut:.1f}% lower",
-        ("holds" if 0.3 <= cut <= 0.5 else "wrong") + " on this CPU (a GPU's first request also pays kernel "
-        "loading and graph capture, which a CPU has not)", bool(0.3 <= cut <= 0.5))
+        from_check(bool(0.3 <= cut <= 0.5)), "on this CPU (a GPU's first request also pays kernel loading and "
+        "graph capture, which a CPU has not)"))
     start = _cell(cold, "cold file, no warm-up", "to_first_token_s")
     py = _cell(cold, "python -c pass", "process_wall_s")
     imp = _cell(cold, "cold file, no warm-up", "import_s")
     warm_ttft = _cell(cold, "warm file, warm-up request", "second_ttft_s")
     ratio = (py["median"] + start["median"]) / warm_ttft["median"]
-    add("002 §2.3", "a warm pool of loaded idle pods cuts cold-start TTFT anomalies from 3 s to under 300 ms",
+    rows.append(claim_row(
+        "a warm pool of loaded idle pods cuts cold-start TTFT anomalies from 3 s to under 300 ms",
+        "3 s -> < 300 ms (seeds/002 §2.3)",
         f"a request meeting a cold process waits python start {_t(py)} + imports {_t(imp)} + load {_t(c_load)} + "
         f"its TTFT: {py['median'] + start['median']:.2f} s; a warm process answers in {_t(warm_ttft)}: "
         f"{ratio:.0f}x",
-        ("holds" if ratio >= 10 else "wrong") + " in kind (10x or more): a warm, loaded process skips start, "
-        "imports and load; the 3 s and 300 ms are the article's deployment", bool(ratio >= 10))
+        from_check(bool(ratio >= 10)), "in kind (10x or more): a warm, loaded process skips start, imports and "
+        "load; the 3 s and 300 ms are the article's deployment"))
+    return rows
 
 
 def plot(sweep: pd.DataFrame, first: pd.DataFrame, cold: pd.DataFrame, high: int):

@@ -1,0 +1,42 @@
+"""Notebooks 01 and 04's claims tables in the one shape (`lab.claims.claim_row`), rebuilt from their latest
+reference runs' inputs: every ledger link finds exactly one row, and the ledger reads the same figure and
+reaches the same verdict from the rebuilt table as from the committed one, so a change of shape or wording
+cannot move a claim unnoticed."""
+
+import pandas as pd
+import pytest
+
+from claims_shape import assert_one_shape
+
+from lab.ledger import CLAIMS
+from lab.ledger.gather import latest_reference_runs, resolve
+from lab.ledger.rules import MISSING
+from lab.runs import results_root
+
+
+def memory_claims(run_dir):
+    from lab.studies import int4_decode, memory_accounting
+
+    int4 = int4_decode.claim_rows(pd.read_csv(run_dir / "int4_speedup.csv"))
+    return pd.concat([memory_accounting.claims_table(), int4], ignore_index=True)
+
+
+def replay_claims(run_dir):
+    from lab.studies.replay_break_even import ReplayParams, claims_table
+
+    return claims_table(ReplayParams(), pd.read_csv(run_dir / "measured.csv"))
+
+
+@pytest.mark.parametrize("notebook, build", [("01_memory_accounting", memory_claims),
+                                             ("04_replay_break_even", replay_claims)])
+def test_the_rebuilt_table_has_the_one_shape_and_gives_the_ledger_the_same_claims(notebook, build, tmp_path):
+    run_dir = latest_reference_runs(results_root())[notebook]
+    claims = build(run_dir)
+    assert_one_shape(claims)
+    claims.to_csv(tmp_path / "claims.csv", index=False)  # as `Run.save_table` writes it
+    linked = [c for c in CLAIMS if c.link is not None and c.link.notebook == notebook]
+    assert linked
+    for c in linked:
+        new, old = resolve(c, {notebook: tmp_path}), resolve(c, {notebook: run_dir})
+        assert new.verdict != MISSING, new.why
+        assert (new.lab, new.verdict, new.notebook_verdict) == (old.lab, old.verdict, old.notebook_verdict), c.id

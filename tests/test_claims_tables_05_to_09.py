@@ -1,0 +1,86 @@
+"""Notebooks 05, 07, 08 and 09's claims tables in the one shape (`lab.claims.claim_row`), rebuilt from the tables
+their latest reference runs saved: every ledger link finds exactly one row, and the ledger reads the same number
+(and interval) and reaches the same verdicts from the rebuilt table as from the committed one, so a change of
+shape or wording cannot move a claim unnoticed. (tests/test_claims_tables.py does the same for 01 and 04.)"""
+
+import json
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from claims_shape import assert_one_shape
+
+from lab.ledger import CLAIMS
+from lab.ledger.gather import latest_reference_runs, resolve
+from lab.ledger.rules import MISSING, parse_lab
+from lab.runs import params_from_namespace, results_root
+
+
+def _params(cls, run_dir):
+    return params_from_namespace(cls, json.loads((run_dir / "params.json").read_text())["parameters"])
+
+
+def _table(run_dir, name):
+    return pd.read_csv(run_dir / f"{name}.csv")
+
+
+def spec_claims(run_dir, monkeypatch):
+    from lab.studies import spec_acceptance_claims as claims
+    from lab.studies.spec_acceptance import SpecParams
+
+    # the quantized copy's bandwidth bound counts the model's weights; the ledger reads none of it
+    monkeypatch.setattr(claims, "quantized_c_bound", lambda p, model: 0.0)
+    costs = {r.drafter: SimpleNamespace(c=None if pd.isna(r.c_forward) else r.c_forward)  # all the table reads
+             for r in _table(run_dir, "step_costs").itertuples()}
+    return claims.claims_table(_table(run_dir, "by_category"), costs, _params(SpecParams, run_dir), None)
+
+
+def structured_claims(run_dir, monkeypatch):
+    from lab.memory import ModelShape
+    from lab.studies.structured_output import StructuredParams
+    from lab.studies.structured_output_claims import claims_table
+
+    p = _params(StructuredParams, run_dir)
+    return claims_table(p, _table(run_dir, "validity"),
+                        _table(run_dir, "mask_summary"), _table(run_dir, "mask_components"),
+                        _table(run_dir, "nesting_depth"), _table(run_dir, "compile_times"),
+                        _table(run_dir, "projection"), ModelShape.preset(p.MODEL).vocab_size)
+
+
+def parallel_claims(run_dir, monkeypatch):
+    from lab.studies.parallelism import ParallelParams
+    from lab.studies.parallelism_claims import claims_table
+
+    return claims_table(_params(ParallelParams, run_dir), _table(run_dir, "tp_summary"), _table(run_dir, "projection"),
+                        _table(run_dir, "bubble"), _table(run_dir, "projected_memory"))
+
+
+def ttft_claims(run_dir, monkeypatch):
+    from lab.studies.ttft_claims import TTFTParams
+    from lab.studies.ttft_claims_table import claims_table
+
+    weights = json.loads((run_dir / "metrics.json").read_text())["weights_bytes"]
+    return claims_table(_params(TTFTParams, run_dir), _table(run_dir, "prefill_flops"),
+                        _table(run_dir, "first_token_ttft"), _table(run_dir, "int8_memory"),
+                        _table(run_dir, "hit_rate_sweep"), _table(run_dir, "cold_start"), weights)
+
+
+@pytest.mark.parametrize("notebook, build", [("05_speculative_acceptance", spec_claims),
+                                             ("07_structured_output", structured_claims),
+                                             ("08_parallelism", parallel_claims),
+                                             ("09_ttft_claims", ttft_claims)])
+def test_the_rebuilt_table_has_the_one_shape_and_gives_the_ledger_the_same_claims(notebook, build, tmp_path,
+                                                                                  monkeypatch):
+    run_dir = latest_reference_runs(results_root())[notebook]
+    claims = build(run_dir, monkeypatch)
+    assert_one_shape(claims)
+    claims.to_csv(tmp_path / "claims.csv", index=False)  # as `Run.save_table` writes it
+    linked = [c for c in CLAIMS if c.link is not None and c.link.notebook == notebook]
+    assert linked
+    for c in linked:
+        new, old = resolve(c, {notebook: tmp_path}), resolve(c, {notebook: run_dir})
+        assert new.verdict != MISSING, new.why
+        assert (new.verdict, new.notebook_verdict) == (old.verdict, old.notebook_verdict), c.id
+        if c.rule is not None:
+            assert parse_lab(new.lab, c.link.lab_pattern) == parse_lab(old.lab, c.link.lab_pattern), c.id
