@@ -218,10 +218,11 @@ def test_lab_serve_starts_with_fp8_e4m3_as_its_help_says(monkeypatch, caplog):
     from lab.cli import main
 
     built = {}
-    monkeypatch.setattr(lab.serve, "serve", lambda llm, name, host, port: built.update(llm=llm))
+    monkeypatch.setattr(lab.serve, "serve",
+                        lambda llm, name, host, port, warmup=False: built.update(llm=llm, warmup=warmup))
     assert main(["serve", "--kv-cache-dtype", "fp8_e4m3", "--max-model-len", "128", "--num-kv-blocks", "16",
                  "--dtype", "float32"]) == 0
     llm = built["llm"]
-    assert llm.config.kv_format.dtype == "fp8_e4m3" and "scale of 1.0" in caplog.text
+    assert llm.config.kv_format.dtype == "fp8_e4m3" and "scale of 1.0" in caplog.text and built["warmup"] is False
     out = llm.chat([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=3, temperature=0))[0]
     assert out.finish_reason in ("stop", "length") and out.token_ids

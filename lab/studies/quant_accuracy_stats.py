@@ -96,6 +96,8 @@ def _scaled(i: Interval, factor: float, shift: float = 0.0) -> Interval:
 def mismatch_comparison(mismatch: pd.DataFrame, scores: pd.DataFrame) -> Interval | None:
     """Summarization KL with short-Q&A calibration over KL with the stratified mix, paired over prompts (None
     when no summarization prompts ran)."""
+    if scores.empty:  # Spec-Bench absent: no summarization prompts ran, and the table has no columns
+        return None
     summ = scores[scores["domain"] == "summarization"]
     if summ.empty:
         return None
