@@ -14,3 +14,33 @@ def assert_one_shape(claims: pd.DataFrame) -> None:
     assert claims["claim"].is_unique and claims["claim"].str.len().gt(0).all()
     unexplained = claims[(claims["verdict"] != HOLDS) & (claims["note"] == "")]
     assert unexplained.empty, unexplained["claim"].tolist()
+
+
+def assert_links_find_one_row(claims: pd.DataFrame, notebook: str) -> None:
+    """Every ledger link to `notebook` matches exactly one claim cell, and a linked rule can read its figure."""
+    from lab.ledger import CLAIMS
+    from lab.ledger.rules import parse_lab
+
+    for c in CLAIMS:
+        if c.link is not None and c.link.notebook == notebook:
+            [row] = claims[claims["claim"].str.contains(c.link.match, regex=False)].to_dict("records")
+            if c.rule is not None:
+                assert parse_lab(row["measured here"], c.link.lab_pattern) is not None, c.id
+
+
+def assert_ledger_reads_the_same(claims: pd.DataFrame, notebook: str, run_dir, tmp_path) -> None:
+    """`claims`, rebuilt from the committed run `run_dir` with the current code and written as `Run.save_table`
+    writes it, gives the ledger the same verdicts and figures as the committed table for every linked claim."""
+    from lab.ledger import CLAIMS
+    from lab.ledger.gather import resolve
+    from lab.ledger.rules import MISSING, parse_lab
+
+    claims.to_csv(tmp_path / "claims.csv", index=False)
+    linked = [c for c in CLAIMS if c.link is not None and c.link.notebook == notebook]
+    assert linked
+    for c in linked:
+        new, old = resolve(c, {notebook: tmp_path}), resolve(c, {notebook: run_dir})
+        assert new.verdict != MISSING, new.why
+        assert (new.verdict, new.notebook_verdict) == (old.verdict, old.notebook_verdict), c.id
+        if c.rule is not None:
+            assert parse_lab(new.lab, c.link.lab_pattern) == parse_lab(old.lab, c.link.lab_pattern), c.id

@@ -6,11 +6,9 @@ cannot move a claim unnoticed."""
 import pandas as pd
 import pytest
 
-from claims_shape import assert_one_shape
+from claims_shape import assert_ledger_reads_the_same, assert_one_shape
 
-from lab.ledger import CLAIMS
-from lab.ledger.gather import latest_reference_runs, resolve
-from lab.ledger.rules import MISSING
+from lab.ledger.gather import latest_reference_runs
 from lab.runs import results_root
 
 
@@ -33,10 +31,4 @@ def test_the_rebuilt_table_has_the_one_shape_and_gives_the_ledger_the_same_claim
     run_dir = latest_reference_runs(results_root())[notebook]
     claims = build(run_dir)
     assert_one_shape(claims)
-    claims.to_csv(tmp_path / "claims.csv", index=False)  # as `Run.save_table` writes it
-    linked = [c for c in CLAIMS if c.link is not None and c.link.notebook == notebook]
-    assert linked
-    for c in linked:
-        new, old = resolve(c, {notebook: tmp_path}), resolve(c, {notebook: run_dir})
-        assert new.verdict != MISSING, new.why
-        assert (new.lab, new.verdict, new.notebook_verdict) == (old.lab, old.verdict, old.notebook_verdict), c.id
+    assert_ledger_reads_the_same(claims, notebook, run_dir, tmp_path)

@@ -17,7 +17,7 @@ from lab.studies.spec_acceptance import SpecParams, policy_table, summarize
 from lab.studies.spec_acceptance_claims import claims_table, range_verdict
 from lab.studies.spec_acceptance_intervals import drafter_comparison
 
-from claims_shape import assert_one_shape
+from claims_shape import assert_links_find_one_row, assert_one_shape
 
 
 def test_lab_prompt_set_covers_the_articles_categories():
@@ -187,8 +187,7 @@ def _c_claim(main, costs):
 def test_the_claims_table_has_one_shape_and_keeps_the_rows_the_ledger_links():
     import torch
 
-    from lab.ledger.rules import parse_lab
-    from lab.ledger.seed003 import CLAIMS, SPEC
+    from lab.ledger.seed003 import SPEC
 
     plain, spec, costs = _varied_run()
     for run in (plain, spec):
@@ -200,11 +199,7 @@ def test_the_claims_table_has_one_shape_and_keeps_the_rows_the_ledger_links():
     model.config = SimpleNamespace(vocab_size=10, hidden_size=4)
     claims = claims_table(main, dict.fromkeys(drafters, costs), SpecParams(), model)
     assert_one_shape(claims)
-    for c in CLAIMS:
-        if c.link is not None and c.link.notebook == SPEC:
-            [row] = claims[claims["claim"].str.contains(c.link.match, regex=False)].to_dict("records")
-            if c.rule is not None:
-                assert parse_lab(row["measured here"], c.link.lab_pattern) is not None, c.id
+    assert_links_find_one_row(claims, SPEC)
     by = claims.set_index("claim")
     theory = by.loc["a=0.7, k=4, c=0.05: E = 2.77 tokens, cost 1.2, speedup ~2.3x"]
     assert theory["verdict"] == "holds" and theory["measured here"] == "E = 2.773, speedup = 2.311"

@@ -10,7 +10,7 @@ from lab import memory as mem
 from lab import roofline as rl
 from lab.studies import ttft_claims as study
 
-from claims_shape import assert_one_shape
+from claims_shape import assert_links_find_one_row, assert_one_shape
 
 COST = rl.ModelCost(weight_bytes=0.0, active_params=1000.0, kv_bytes_per_token=0.0, attn_flops_per_ctx_token=10.0)
 
@@ -130,8 +130,7 @@ def _cold_summary():
 
 
 def test_claims_have_one_shape_and_keep_the_rows_and_figures_the_ledger_reads():
-    from lab.ledger.seed002 import CLAIMS, NB09
-    from lab.ledger.rules import parse_lab
+    from lab.ledger.seed002 import NB09
     from lab.studies.ttft_claims_table import claims_table
 
     p = study.TTFTParams()
@@ -141,11 +140,7 @@ def test_claims_have_one_shape_and_keep_the_rows_and_figures_the_ledger_reads():
         sweep[f"vs {p.HIGH_HIT}% ({end})"] = scale * sweep["ttft median s"] / 0.19
     claims = claims_table(p, study.flops_table(p), first, study.int8_table(p), sweep, _cold_summary(), 538e6)
     assert_one_shape(claims)
-    for c in CLAIMS:
-        if c.link is not None and c.link.notebook == NB09:
-            [row] = claims[claims["claim"].str.contains(c.link.match, regex=False)].to_dict("records")
-            if c.rule is not None:
-                assert parse_lab(row["measured here"], c.link.lab_pattern) is not None, c.id
+    assert_links_find_one_row(claims, NB09)
     by = claims.set_index("claim")
     warm_up = by.loc["an 8-token warm-up request at start lowers real requests' TTFT by 30-50%"]
     assert warm_up["measured here"].endswith("11.1% lower") and warm_up["verdict"] == "wrong"
