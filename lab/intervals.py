@@ -84,9 +84,16 @@ def mean_interval(values, **kwargs) -> Interval:
     return bootstrap(lambda v: v.mean(-1), values, **kwargs)
 
 
+def ratio_of_sums(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """The `bootstrap` stat of a pooled rate: sum(num) / sum(den) over the items axis (NaN where a resample's
+    denominator is 0, e.g. prompts without a speculative round)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return num.sum(-1) / den.sum(-1)
+
+
 def ratio_interval(numerators, denominators, **kwargs) -> Interval:
     """sum(numerators) / sum(denominators) over items (a pooled rate) with its bootstrap interval."""
-    return bootstrap(lambda a, b: a.sum(-1) / b.sum(-1), numerators, denominators, **kwargs)
+    return bootstrap(ratio_of_sums, numerators, denominators, **kwargs)
 
 
 def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:

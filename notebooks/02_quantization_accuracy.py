@@ -167,8 +167,7 @@ with pd.option_context("display.max_colwidth", 120):
 # gathers this table into the ledger (`results/CLAIMS.md`).
 
 # %%
-claims = stats.claims_table(sens, recovery, grid, pd.concat([res.scores, mismatch_scores]), outputs,
-                            params.CHECKPOINT_CONFIG, mismatch)
+claims = stats.claims_table(sens, recovery, grid, res.scores, outputs, params.CHECKPOINT_CONFIG, mismatch_ratio)
 run.save_table("claims", claims)
 verdicts = "\n".join(stats.verdict_lines(recovery, sens, mismatch_ratio))
 (run.dir / "verdicts.txt").write_text(verdicts + "\n")

@@ -23,10 +23,9 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
-from contextlib import aclosing
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from lab.engine import LLM, SamplingParams

@@ -23,17 +23,12 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
-from lab.intervals import bootstrap, significance
+from lab.intervals import bootstrap, ratio_interval, ratio_of_sums, significance
 from lab.spec.speculator import SpecStats
 
 TOLERANCE = 0.10  # "within 10%" of a prediction
 INTERVAL_METRICS = ("measured_speedup", "a", "accepted/drafted (vLLM)", "mean_accepted_tokens_per_step", "c_effective")
 SINGLE = "single prompt"  # the word for a comparison that has no interval to decide it
-
-
-def _ratio(num, den) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return num.sum(-1) / den.sum(-1)
 
 
 def _stats(drafted: list, accepted: list) -> SpecStats:
@@ -67,19 +62,19 @@ def interval_columns(spec: pd.DataFrame, plain: pd.DataFrame) -> dict:
             "speedup_vs_plain": SINGLE, "acceptance_by_position_low": blank, "acceptance_by_position_high": blank}
     plain_s, spec_s = plain["decode_s"].to_numpy(float), spec["decode_s"].to_numpy(float)
     tokens, draft_s = spec["decode_tokens"].to_numpy(float), spec["draft_s"].to_numpy(float)
-    speedup = bootstrap(_ratio, plain_s, spec_s)
+    speedup = ratio_interval(plain_s, spec_s)
     out = {"measured_speedup_low": speedup.low, "measured_speedup_high": speedup.high,
            "speedup_vs_plain": significance(speedup, 1.0)}
     names = INTERVAL_METRICS[1:]
     if n["drafted"].sum() == 0:
         return out | {f"{m}_{end}": float("nan") for m in names for end in ("low", "high")} | {
             "acceptance_by_position_low": [], "acceptance_by_position_high": []}
-    figures = [bootstrap(_ratio, n["accepted"], n["verified"]), bootstrap(_ratio, n["accepted"], n["drafted"]),
-               bootstrap(lambda a, r: 1 + _ratio(a, r), n["accepted"], n["rounds"]),
-               bootstrap(lambda d, k, t, p: _ratio(d, k) / _ratio(p, t), draft_s, n["drafted"], tokens, plain_s)]
+    figures = [ratio_interval(n["accepted"], n["verified"]), ratio_interval(n["accepted"], n["drafted"]),
+               bootstrap(lambda a, r: 1 + ratio_of_sums(a, r), n["accepted"], n["rounds"]),
+               bootstrap(lambda d, k, t, p: ratio_of_sums(d, k) / ratio_of_sums(p, t), draft_s, n["drafted"], tokens, plain_s)]
     for name, iv in zip(names, figures):
         out |= {f"{name}_low": iv.low, f"{name}_high": iv.high}
-    by_pos = [bootstrap(_ratio, n["accepted_at"][:, i], n["reached"][:, i]) for i in range(n["reached"].shape[1])]
+    by_pos = [ratio_interval(n["accepted_at"][:, i], n["reached"][:, i]) for i in range(n["reached"].shape[1])]
     out["acceptance_by_position_low"] = [round(iv.low, 4) for iv in by_pos]
     out["acceptance_by_position_high"] = [round(iv.high, 4) for iv in by_pos]
     return out
@@ -115,9 +110,9 @@ def drafter_comparison(requests: pd.DataFrame) -> pd.DataFrame:
     for x, y in combinations(runs, 2):
         gx, gy = runs[x], runs[y].loc[runs[x].index]
         nx, ny = request_counts(gx), request_counts(gy)
-        da = bootstrap(lambda a1, v1, a2, v2: _ratio(a1, v1) - _ratio(a2, v2),
+        da = bootstrap(lambda a1, v1, a2, v2: ratio_of_sums(a1, v1) - ratio_of_sums(a2, v2),
                        nx["accepted"], nx["verified"], ny["accepted"], ny["verified"])
-        ratio = bootstrap(_ratio, gy["decode_s"].to_numpy(float), gx["decode_s"].to_numpy(float))
+        ratio = ratio_interval(gy["decode_s"].to_numpy(float), gx["decode_s"].to_numpy(float))
         rows.append({"drafter": x, "against": y, "prompts": len(gx), **da.columns("a_difference"),
                      "a_difference_vs_0": significance(da, 0.0), **ratio.columns("speedup_ratio"),
                      "speedup_ratio_vs_1": significance(ratio, 1.0)})

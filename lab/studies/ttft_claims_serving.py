@@ -110,7 +110,8 @@ def engine_int8(model_name: str) -> pd.DataFrame:
                mem.weight_bytes(shape, "int8", embedding="bf16", lm_head="bf16")["total"]),
               ("int8 linears and LM head", rtn_packed(bf16, spec, head=True),
                mem.weight_bytes(shape, "int8", embedding="bf16", lm_head="int8")["total"]))
-    base = held_bytes(bf16)
-    return pd.DataFrame([{"build": name, "engine MB": held_bytes(m) / 1e6, "lab.memory MB": counted / 1e6,
-                          "engine / lab.memory": held_bytes(m) / counted, "engine saving vs bf16": 1 - held_bytes(m) / base}
-                         for name, m, counted in builds])
+    held = [(name, held_bytes(m), counted) for name, m, counted in builds]
+    base = held[0][1]
+    return pd.DataFrame([{"build": name, "engine MB": b / 1e6, "lab.memory MB": counted / 1e6,
+                          "engine / lab.memory": b / counted, "engine saving vs bf16": 1 - b / base}
+                         for name, b, counted in held])
