@@ -1,4 +1,4 @@
-"""Notebooks 01 and 04's claims tables in the one shape (`lab.claims.claim_row`), rebuilt from their latest
+"""Notebooks 01, 03 and 04's claims tables in the one shape (`lab.claims.claim_row`), rebuilt from their latest
 reference runs' inputs: every ledger link finds exactly one row, and the ledger reads the same figure and
 reaches the same verdict from the rebuilt table as from the committed one, so a change of shape or wording
 cannot move a claim unnoticed."""
@@ -25,7 +25,17 @@ def replay_claims(run_dir):
     return claims_table(ReplayParams(), pd.read_csv(run_dir / "measured.csv"))
 
 
+def kv_claims(run_dir):
+    from lab.studies.kv_quantization import KVStudyParams
+    from lab.studies.kv_quantization_claims import claims_table, role_table
+
+    blocks = pd.read_csv(run_dir / "error_by_block.csv")
+    roles = role_table(blocks[blocks["format"].str.endswith(("k-only", "v-only"))])
+    return claims_table(KVStudyParams(), blocks, roles, pd.read_csv(run_dir / "end_to_end.csv"))[0]
+
+
 @pytest.mark.parametrize("notebook, build", [("01_memory_accounting", memory_claims),
+                                             ("03_kv_quantization", kv_claims),
                                              ("04_replay_break_even", replay_claims)])
 def test_the_rebuilt_table_has_the_one_shape_and_gives_the_ledger_the_same_claims(notebook, build, tmp_path):
     run_dir = latest_reference_runs(results_root())[notebook]

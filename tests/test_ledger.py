@@ -71,7 +71,7 @@ def test_notebook_verdicts_map_onto_the_ledgers_words():
     assert from_notebook("a per-category verdict", "True") == HOLDS
     assert from_notebook(None, "no") == WRONG
     assert from_notebook("not checkable here: needs two nodes", "") == NOT_CHECKABLE
-    assert from_notebook(None, "not distinguishable") == NOT_DISTINGUISHABLE
+    assert from_notebook("not distinguishable: the interval holds 1%", "") == NOT_DISTINGUISHABLE
     with pytest.raises(ValueError):
         from_notebook("plausible", "")
 

@@ -163,8 +163,6 @@ def from_notebook(verdict_text: str | None, holds: str | None) -> str:
         return NOT_CHECKABLE
     if text.startswith("not distinguishable"):  # before the flag: an interval straddling the claim decides nothing
         return NOT_DISTINGUISHABLE
-    if flag == NOT_DISTINGUISHABLE:  # notebook 03's holds column, where its interval holds the claim's boundary
-        return NOT_DISTINGUISHABLE
     if flag in ("true", "yes"):
         return HOLDS
     if flag in ("false", "no"):

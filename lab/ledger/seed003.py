@@ -1,7 +1,7 @@
 """Every numeric or testable claim of seeds/003 (LLM deployment: memory, quantization, scheduling), by section.
 
-Checked by notebook 01 (memory accounting and INT4 decode), 02 (weight quantization), 03 (KV-cache quantization,
-its verdicts.csv), 05 (speculative decoding), 07 (structured output) and 08 (parallelism). Notebook 06 measures
+Checked by notebook 01 (memory accounting and INT4 decode), 02 (weight quantization), 03 (KV-cache quantization),
+05 (speculative decoding), 07 (structured output) and 08 (parallelism). Notebook 06 measures
 several of its claims but writes no claims table yet; those rows say so.
 """
 
@@ -23,7 +23,7 @@ def c(n: int, section: str, claim: str, article: str, **kw) -> Claim:
 
 
 def kv(claim: str) -> Link:
-    return Link(KV, claim, table="verdicts.csv")
+    return Link(KV, claim)
 
 
 CLAIMS = [
