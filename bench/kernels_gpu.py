@@ -54,6 +54,7 @@ from kernels_gpu_report import evaluate_targets, g4, print_summary
 from kernels_gpu_sweep import DRY_RUN_SWEEP, GPU_SWEEP, Sweep
 from kernels_gpu_timing import Bench, measure_copy, measure_matmul
 from lab.provenance import cpu_model, provenance
+from lab.runs import json_safe
 
 # Modules that import triton (lab.kernels, torch.nn.attention.bias) are imported inside the functions that use
 # them: the dry run must set TRITON_INTERPRET before triton's first import, which reads it once.
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(sweep, args.dry_run)
     print_summary(result)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "kernels_gpu.json").write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")
+    (out / "kernels_gpu.json").write_text(json.dumps(json_safe(result), indent=1, allow_nan=False) + "\n")
     plot(result, sweep, out / "kernels_gpu.png")
     print(f"\nwrote {out / 'kernels_gpu.json'} and {out / 'kernels_gpu.png'} ({result['wall_seconds']:.0f} s)")
     return 0

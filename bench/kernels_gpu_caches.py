@@ -64,6 +64,13 @@ def int32_tensor(values: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int32, device=device)
 
 
-def check_record(kernel: str, heads: Heads, fmt: str, shape: dict, error: float, tolerance: float) -> dict:
+def check_record(kernel: str, heads: Heads, fmt: str, shape: dict, out: torch.Tensor, ref: torch.Tensor,
+                 ulps: float) -> dict:
+    """`out` against its float32 reference `ref`: within `ulps` units in the last place of out's dtype at
+    max(1, max |ref|). A NaN error fails the check (and is written as null, `lab.runs.json_safe`)."""
+    error = float((out.float() - ref.float()).abs().max())
+    scale = max(1.0, float(ref.abs().max()))
+    tolerance = ulps * torch.finfo(out.dtype).eps * scale
     return {"kernel": kernel, "heads": heads.name, "kv_format": fmt, "shape": shape, "max_abs_error": error,
-            "tolerance": tolerance, "ok": error <= tolerance}
+            "tolerance": tolerance, "tolerance_ulps": ulps, "reference_absmax": scale,
+            "ok": bool(error <= tolerance)}

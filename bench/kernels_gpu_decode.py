@@ -35,9 +35,9 @@ def check_decode(bench: Bench, heads: Heads, fmt: str) -> dict:
     q = torch.randn(len(lengths), heads.n_heads, heads.head_dim, dtype=bench.dtype, device=bench.device)
     out = paged_decode_attention(q, cache, tables, lens, num_splits=bench.sweep.decode_num_splits,
                                  block_n=bench.sweep.block_n)
-    error = float((out.float() - paged_decode_attention_ref(q.float(), cache, tables, lens)).abs().max())
+    ref = paged_decode_attention_ref(q.float(), cache, tables, lens)
     shape = {"context_lens": lengths, "num_splits": decode_splits(bench, len(lengths), heads.n_kv, max(lengths))[1]}
-    return check_record("paged_decode_attention", heads, fmt, shape, error, bench.sweep.tolerance)
+    return check_record("paged_decode_attention", heads, fmt, shape, out, ref, bench.sweep.tolerance_ulps)
 
 
 def time_decode(bench: Bench, cache, case: DecodeCase, copy_bw: float) -> dict:

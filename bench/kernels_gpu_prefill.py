@@ -52,11 +52,9 @@ def check_prefill(bench: Bench) -> list[dict]:
     sdpa = torch.cat([sdpa_call(q[a:a + t], cache, tables[b], n)() for b, (a, t, n)
                       in enumerate(zip(starts, qlens, lengths))])
     shape = {"query_lens": qlens, "context_lens": lengths}
-    tol = bench.sweep.tolerance
-    return [check_record("paged_prefill_attention", heads, "plain", shape,
-                          float((out.float() - ref).abs().max()), tol),
-            check_record("scaled_dot_product_attention", heads, "plain", shape,
-                          float((sdpa.float() - ref).abs().max()), tol)]
+    ulps = bench.sweep.tolerance_ulps
+    return [check_record("paged_prefill_attention", heads, "plain", shape, out, ref, ulps),
+            check_record("scaled_dot_product_attention", heads, "plain", shape, sdpa, ref, ulps)]
 
 
 def time_prefill(bench: Bench, cache, qlen: int, context: int, matmul: float) -> dict:

@@ -203,3 +203,15 @@ def probe_inference(dtype: torch.dtype, device: str | None = None, gemv_shape: t
     return Hardware(f"this machine ({name})", int(memory), peak, bandwidth,
                     f"measured by lab.hardware.probe_inference on {today} ({device}, {precision}: {n}x{k} GEMV "
                     f"read, {gemm_n}^3 matmul, {torch.get_num_threads()} threads)")
+
+
+def model_ceilings(model, seconds: float = 3.0) -> Hardware:
+    """This machine's ceilings in the dtype and on the device `model` runs in (`probe_inference`), shaped like
+    the model: the GEMV like its LM head, the largest matrix a decode step reads (past a CPU's last-level cache
+    for SmolLM2, past a GPU's L2 for an 8B model), the square matmul as wide as its hidden size (an 8B model's
+    4096 reaches a GPU's tensor-core plateau, the probe's default 1024 does not). Smaller models keep the
+    probe's defaults, which SmolLM2's head and width meet."""
+    weight, c = model.embed_tokens.weight, model.config
+    gemv = max((c.vocab_size, c.hidden_size), (49152, 576), key=lambda s: s[0] * s[1])
+    return probe_inference(weight.dtype, str(weight.device), gemv_shape=gemv, gemm_n=max(1024, c.hidden_size),
+                           seconds_budget=seconds)

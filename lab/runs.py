@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import os
 import secrets
 import time
@@ -39,7 +40,7 @@ def new_run_id() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ") + "-" + secrets.token_hex(3)
 
 
-PRESETS = ("quick", "reference", "smoke")
+PRESETS = ("quick", "reference", "smoke", "gpu")  # gpu: what a CPU cannot study (production shapes, long contexts)
 EXPLICIT_ENV = "LAB_EXPLICIT_PARAMS"  # set by `lab run`: the names it injected (JSON list)
 
 
@@ -66,6 +67,10 @@ def params_from_namespace(cls, namespace: dict):
     explicit = {n for n, v in given.items()
                 if n in injected or (fields[n].default is not dataclasses.MISSING and not _same(v, fields[n].default))}
     table = getattr(cls, "PRESETS", {})
+    if preset == "gpu":  # quick and smoke may equal the reference; a gpu preset must say what it studies
+        if "gpu" not in table:
+            raise ValueError(f"{cls.__name__} has no 'gpu' preset yet; its presets are {['reference', *table]}")
+        check_device("DEVICE", "cuda")  # the gpu preset's shapes would take hours on a CPU
     unknown = sorted(set(table.get(preset, {})) - set(fields))
     if unknown:  # a typo in a preset table would otherwise be silently ignored
         raise ValueError(f"{cls.__name__}.PRESETS[{preset!r}] names unknown parameters {unknown}")
@@ -87,6 +92,31 @@ def check_dtype(name: str, value) -> None:
     from lab.models.loader import DTYPES
 
     check_choice(name, value, ["auto", *DTYPES])
+
+
+def check_device(name: str, value) -> None:
+    """A DEVICE parameter: "auto" (CUDA when present, else the CPU), "cpu", "cuda" or "cuda:N". CUDA where
+    none is present is refused by name, before any work."""
+    import torch
+
+    if value == "auto" or value == "cpu":
+        return
+    if not isinstance(value, str) or not (value == "cuda" or value.startswith("cuda:") and value[5:].isdigit()):
+        raise ValueError(f"parameter {name}={value!r} is not one of 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    if not torch.cuda.is_available():
+        raise ValueError(f"parameter {name}={value!r}: CUDA is not available here (use 'cpu' or 'auto')")
+    index = int(value[5:]) if value.startswith("cuda:") else 0
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"parameter {name}={value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
+def resolve_device(value: str):
+    """The torch.device a checked DEVICE parameter names ("auto": CUDA when present)."""
+    import torch
+
+    from lab.models.loader import default_device
+
+    return default_device() if value == "auto" else torch.device(value)
 
 
 def as_tuple(name: str, value) -> tuple:
@@ -148,3 +178,15 @@ def start_run(notebook: str, params) -> Run:
               "preset_values": getattr(params, "preset_values", {})}
     (run_dir / "params.json").write_text(json.dumps(record, indent=2) + "\n")
     return Run(notebook, run_dir, values)
+
+
+def json_safe(obj):
+    """`obj` (dicts, lists, tuples, scalars) with every NaN or infinite float replaced by None: strict JSON, so
+    that one NaN from a failed check costs that value, not the whole result file."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj

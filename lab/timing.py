@@ -14,7 +14,8 @@ import time
 import torch
 
 
-def _sync() -> None:
+def sync() -> None:
+    """Wait for the GPU where CUDA is in use: a clock read after launches alone times the launches."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
 
@@ -28,10 +29,10 @@ def median_seconds(fn, repeats: int, before=None) -> float:
     for _ in range(repeats):
         if before is not None:
             before()
-        _sync()
+        sync()
         start = time.perf_counter()
         fn()
-        _sync()
+        sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -60,10 +61,10 @@ def decode_step_seconds(llm, batch: int, context: int, steps: int) -> list[float
     llm.step()  # one warm decode step
     times = []
     for _ in range(steps):
-        _sync()
+        sync()
         start = time.perf_counter()
         llm.step()
-        _sync()
+        sync()
         times.append(time.perf_counter() - start)
     while llm.has_unfinished():
         llm.step()

@@ -22,8 +22,9 @@
 # measured in this run; the code is in `lab/studies/engine_tour.py` and `lab/engine/`.
 
 # %% tags=["parameters"]
-PRESET = "quick"  # quick (minutes), reference (the committed runs) or smoke (tests); values set below win
+PRESET = "quick"  # quick (minutes), reference (committed runs), smoke (tests) or gpu (CUDA); values set below win
 INTERACTIVE = False  # show the widget cells
+DEVICE = "auto"  # auto (CUDA when present), cpu, cuda or cuda:N
 MODEL = "smollm2-135m"
 NUM_REQUESTS = 8
 MAX_TOKENS = 48

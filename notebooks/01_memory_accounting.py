@@ -22,8 +22,9 @@
 # allocations and its measured step times, and used to recompute the source articles' numbers.
 
 # %% tags=["parameters"]
-PRESET = "quick"  # quick (minutes), reference (the committed runs) or smoke (tests); values set below win
+PRESET = "quick"  # quick (minutes), reference (committed runs), smoke (tests) or gpu (CUDA); values set below win
 INTERACTIVE = False  # show the widget cells
+DEVICE = "auto"  # auto (CUDA when present), cpu, cuda or cuda:N: where the engine check runs
 MODEL = "llama-3-8b"  # a preset: see the first table
 WEIGHTS = "int4-g128"  # fp32, bf16, fp8, int8, int4-g128[-asym], int3-g64, gguf-q4_0, ...
 KV_DTYPE = "bf16"  # bf16, fp8, int8, int4, int2
@@ -34,7 +35,10 @@ BLOCK_SIZE = 16
 LENGTH_P50 = 600  # request length distribution for the paging-waste study (log-normal fit)
 LENGTH_P90 = 2000
 LENGTH_P99 = 6000
+ENGINE_MODEL = "smollm2-135m"  # the engine check model: smollm2-135m or random:<preset>
+ENGINE_DTYPE = "float32"  # its dtype: float32, bfloat16, or auto for the serving dtype on DEVICE
 ENGINE_BATCHES = (1, 4, 16, 32)  # batch sizes timed on the engine for the roofline check
+ENGINE_CONTEXT = 128  # tokens of context of every timed sequence
 PROBE_SECONDS = 4.0  # this machine's bandwidth and FLOP/s probe
 DECODE_STEPS = 8
 INT4_BATCHES = (1, 32)  # section 7
@@ -46,7 +50,7 @@ import pandas as pd
 
 from lab import memory as mem
 from lab import roofline
-from lab.hardware import get_gpu, probe
+from lab.hardware import get_gpu, model_ceilings
 from lab.runs import params_from_namespace, start_run
 from lab.studies import memory_accounting as study
 
@@ -68,7 +72,8 @@ table.round(3)
 # ## 2. The account for one model
 
 # %%
-report = mem.memory_report(MODEL, WEIGHTS, KV_DTYPE, SEQ_LEN, CONCURRENCY, GPU, BLOCK_SIZE)
+report = mem.memory_report(params.MODEL, params.WEIGHTS, params.KV_DTYPE, params.SEQ_LEN, params.CONCURRENCY,
+                           params.GPU, params.BLOCK_SIZE)
 print(mem.format_report(report))
 by_context = study.memory_vs_context(params, contexts)
 run.save_table("memory_vs_context", by_context)
@@ -100,37 +105,38 @@ paging.round(3)
 # ## 5. The roofline: prefill is compute-bound, decode bandwidth-bound until the batch is large
 
 # %%
-gpu = get_gpu(GPU)
-shape = mem.ModelShape.preset(MODEL)
-cost = study.model_cost(shape, WEIGHTS, KV_DTYPE)
-fig = roofline.plot_roofline(gpu, study.roofline_points(gpu, cost, SEQ_LEN))
+gpu = get_gpu(params.GPU)
+shape = mem.ModelShape.preset(params.MODEL)
+cost = study.model_cost(shape, params.WEIGHTS, params.KV_DTYPE)
+fig = roofline.plot_roofline(gpu, study.roofline_points(gpu, cost, params.SEQ_LEN))
 run.save_figure("roofline", fig)
-decode = roofline.decode_table(gpu, cost, SEQ_LEN)
+decode = roofline.decode_table(gpu, cost, params.SEQ_LEN)
 print(f"ridge point {roofline.ridge_point(gpu):.0f} FLOP/byte; decode turns compute-bound at batch "
-      f"{roofline.crossover_batch(gpu, cost, SEQ_LEN):.0f} (context {SEQ_LEN})")
+      f"{roofline.crossover_batch(gpu, cost, params.SEQ_LEN):.0f} (context {params.SEQ_LEN})")
 pd.DataFrame(decode)[["batch", "tpot_s", "tokens_per_s", "intensity", "bound", "fits_in_memory"]]
 
 # %% [markdown]
 # ## 6. Checked against the lab engine
 # The account must match what the engine really allocates, and the roofline's decode bound, with this
 # machine's measured ceilings, must sit below the engine's measured step time (how far below is the
-# engine's efficiency).
+# engine's efficiency). `ENGINE_MODEL` runs on `DEVICE` in `ENGINE_DTYPE`; the byte costs and the probed
+# ceilings are taken from the model that ran (its dtype, its device), never from a constant.
 
 # %%
 from lab.engine import LLM
-from lab.models import load_model
 
-model, tok = load_model("smollm2-135m", dtype="float32")
+model, tok = study.load_engine_model(params)
+print(f"{params.ENGINE_MODEL}: {model.embed_tokens.weight.dtype} on {model.embed_tokens.weight.device}")
 alloc = study.engine_allocation_check(LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=512))
 run.save_table("engine_allocations", alloc)
 alloc
 
 # %%
-here = probe(seconds_budget=params.PROBE_SECONDS)
+here = model_ceilings(model, params.PROBE_SECONDS)
 print(here)
-measured = study.measure_engine_decode(model, tok, params.ENGINE_BATCHES, steps=params.DECODE_STEPS)
-smol = study.model_cost(mem.ModelShape.preset("smollm2-135m"), "fp32", "fp32")
-check = study.predicted_vs_measured(measured, here, smol)
+measured = study.measure_engine_decode(model, tok, params.ENGINE_BATCHES, params.ENGINE_CONTEXT,
+                                       params.DECODE_STEPS)
+check = study.predicted_vs_measured(measured, here, study.engine_cost(model))
 run.save_table("roofline_vs_engine", check)
 check.round(2)
 
@@ -163,7 +169,9 @@ claims
 
 # %%
 run.save_metrics(
-    model=MODEL, weights_GiB=report["weight_bytes"]["total"] / mem.GIB, kv_bytes_per_token=report["kv_bytes_per_token"],
+    model=params.MODEL, weights_GiB=report["weight_bytes"]["total"] / mem.GIB,
+    kv_bytes_per_token=report["kv_bytes_per_token"], engine_model=params.ENGINE_MODEL,
+    engine_dtype=str(model.embed_tokens.weight.dtype), engine_device=str(model.embed_tokens.weight.device),
     max_param_error_pct=float(table["error_%"].abs().max()),
     engine_alloc_max_rel_error=float((alloc["measured / predicted"] - 1).abs().max()),
     engine_decode_vs_bound_batch1=float(check["measured / bound"].iloc[0]),
@@ -177,14 +185,15 @@ if INTERACTIVE:
 
     from lab.widgets import panel
 
-    controls = {"model": w.Dropdown(options=study.MODEL_NAMES, value=MODEL),
-                "weights": w.Dropdown(options=["bf16", "fp8", "int8", "int4-g128", "gguf-q4_0"], value=WEIGHTS),
-                "kv": w.Dropdown(options=study.KV_DTYPES, value=KV_DTYPE),
-                "seq_len": w.IntSlider(value=SEQ_LEN, min=512, max=131072, step=512, continuous_update=False),
-                "concurrency": w.IntSlider(value=CONCURRENCY, min=1, max=256, continuous_update=False),
-                "gpu": w.Dropdown(options=sorted(study.GPUS), value=GPU)}
+    controls = {"model": w.Dropdown(options=study.MODEL_NAMES, value=params.MODEL),
+                "weights": w.Dropdown(options=["bf16", "fp8", "int8", "int4-g128", "gguf-q4_0"],
+                                      value=params.WEIGHTS),
+                "kv": w.Dropdown(options=study.KV_DTYPES, value=params.KV_DTYPE),
+                "seq_len": w.IntSlider(value=params.SEQ_LEN, min=512, max=131072, step=512, continuous_update=False),
+                "concurrency": w.IntSlider(value=params.CONCURRENCY, min=1, max=256, continuous_update=False),
+                "gpu": w.Dropdown(options=sorted(study.GPUS), value=params.GPU)}
     show = lambda model, weights, kv, seq_len, concurrency, gpu: print(mem.format_report(  # noqa: E731
-        mem.memory_report(model, weights, kv, seq_len, concurrency, gpu, BLOCK_SIZE)))
+        mem.memory_report(model, weights, kv, seq_len, concurrency, gpu, params.BLOCK_SIZE)))
     display(panel(show, controls, "memory report"))  # noqa: F821
 
 # %%

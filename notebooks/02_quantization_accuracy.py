@@ -28,8 +28,9 @@
 # So "unquantized" is that dequantized model, and every number below is re-quantization on top of it.
 
 # %% tags=["parameters"]
-PRESET = "quick"  # quick (minutes), reference (the committed runs) or smoke (tests); values set below win
+PRESET = "quick"  # quick (minutes), reference (committed runs), smoke (tests) or gpu (CUDA); values set below win
 INTERACTIVE = False  # show the widget cells
+DEVICE = "auto"  # auto (CUDA when present, else the CPU), cpu, cuda or cuda:N; gpu preset needs CUDA
 MODEL = "smollm2-135m"
 METHODS = ("rtn", "gptq", "awq")
 CONFIGS = ("w4g32", "w4g64", "w3g64", "w8")  # w<bits>g<group>, and w8 has one scale per output channel
@@ -57,15 +58,18 @@ import torch
 from lab.eval.harness import bad_cases
 from lab.models import load_model
 from lab.models.loader import cache_dir
-from lab.runs import params_from_namespace, start_run
+from lab.runs import params_from_namespace, resolve_device, start_run
 from lab.studies import quant_accuracy as study
 from lab.studies import quant_accuracy_plots as plots
 from lab.studies import quant_accuracy_stats as stats
 
 params = params_from_namespace(study.QuantAccuracyParams, globals())  # validates every value before heavy work
 run = start_run("02_quantization_accuracy", params)
-reference, tok = load_model(params.MODEL, dtype=torch.float32, device="cpu")
-print(f"{params.MODEL}: {sum(p.numel() for p in reference.parameters()) / 1e6:.1f} M parameters, "
+# float32 on a GPU too: accuracy is a small numerical difference, measured against a float32 reference (torch
+# leaves TF32 off for float32 matmuls by default, so CUDA computes them in full float32 as well).
+reference, tok = load_model(params.MODEL, dtype=torch.float32, device=resolve_device(params.DEVICE))
+print(f"{params.MODEL} on {reference.embed_tokens.weight.device}: "
+      f"{sum(p.numel() for p in reference.parameters()) / 1e6:.1f} M parameters, "
       f"dequantized from the GGUF's Q4_1 layers / Q8_0 embedding to float32")
 
 # %% [markdown]
@@ -77,7 +81,7 @@ print(f"{params.MODEL}: {sum(p.numel() for p in reference.parameters()) / 1e6:.1
 # interval, items *lost* (passed unquantized, failed quantized) and the share of outputs that changed. `pass_all`
 # leaves long context out (only `LONG_CONTEXT_CONFIGS` run it). Beside each GPTQ/AWQ row, what its calibration
 # set is made of (`calib_<domain>_share`: code, prose = Python docs, chat = chat and Spec-Bench prompts).
-# Quantization time is wall time on this machine.
+# Quantization time is wall time on the device the run used (DEVICE).
 
 # %%
 res = study.run_grid(params, reference, tok)

@@ -38,8 +38,9 @@
 # the weights are the GGUF's Q4_1/Q8_0, dequantized).
 
 # %% tags=["parameters"]
-PRESET = "quick"  # quick (minutes), reference (the committed runs) or smoke (tests); values set below win
+PRESET = "quick"  # quick (minutes), reference (committed runs), smoke (tests) or gpu (CUDA); values set below win
 INTERACTIVE = False  # show the widget cells
+DEVICE = "auto"  # auto (CUDA when present, else the CPU), cpu, cuda or cuda:N; gpu preset needs CUDA
 MODEL = "smollm2-135m"
 CONTEXT = 8192  # tokens of held-out text for the position study (SmolLM2's context limit)
 FIRST_BUCKET = 256  # position buckets 0-256, 256-512, 512-1K, ... up to CONTEXT
@@ -69,13 +70,16 @@ import torch
 from lab.models import load_model
 from lab.quant.calibration import build_calibration_set
 from lab.quant.kv_calibration import calibrate_kv_absmax
-from lab.runs import params_from_namespace, start_run
+from lab.runs import params_from_namespace, resolve_device, start_run
 from lab.studies import kv_quantization as study
 from lab.studies import kv_quantization_claims as claims
 
 params = params_from_namespace(study.KVStudyParams, globals())  # validates every value before heavy work
 run = start_run("03_kv_quantization", params)
-model, tok = load_model(params.MODEL, dtype=torch.float32, device="cpu")
+# float32 on a GPU too: the exact cache is the accuracy reference every format is measured against (torch
+# leaves TF32 off for float32 matmuls by default, so CUDA computes them in full float32 as well).
+model, tok = load_model(params.MODEL, dtype=torch.float32, device=resolve_device(params.DEVICE))
+print(f"{params.MODEL} on {model.embed_tokens.weight.device}, float32")
 
 # %% [markdown]
 # ## 1. Static scales from calibration, and what vLLM's 1.0 means here

@@ -28,8 +28,9 @@
 # `lab.studies.replay_break_even`.
 
 # %% tags=["parameters"]
-PRESET = "quick"  # quick (minutes), reference (the committed runs) or smoke (tests); values set below win
+PRESET = "quick"  # quick (minutes), reference (committed runs), smoke (tests) or gpu (CUDA); values set below win
 INTERACTIVE = False  # show the widget cells
+DEVICE = "auto"  # auto (CUDA when present), cpu, cuda or cuda:N: where every model runs
 LOSSLESS_MODEL = "smollm2-135m"  # section 1: is replay lossless (float32)
 LOSSLESS_TOKENS = 32
 MODELS = ("smollm2-135m", "random:smollm2-360m")  # measured on the engine, in DTYPE
@@ -40,14 +41,14 @@ HARDWARE = "h100-sxm"  # the accelerator of the break-even and PD tables
 EFFICIENCY = 0.5  # the article's compute efficiency
 PD_WINDOW = 64
 PD_PREFIX = 32768
-DTYPE = "auto"  # of the timed models (section 4): the serving dtype, or "float32"
-PROBE_SECONDS = 6.0  # this machine's ceilings in DTYPE
+DTYPE = "auto"  # of the timed models (section 4): the serving dtype on DEVICE, or "float32"
+PROBE_SECONDS = 6.0  # this machine's ceilings in DTYPE on DEVICE, per timed model
 
 # %%
 import pandas as pd
 
 from lab.engine import LLM, SamplingParams
-from lab.hardware import GPUS, probe_inference
+from lab.hardware import GPUS
 from lab.models import load_model
 from lab.replay import ReplayConfig
 from lab.runs import params_from_namespace, start_run
@@ -66,7 +67,7 @@ hw = GPUS[params.HARDWARE]
 # timings of section 4 run in DTYPE, the serving dtype.
 
 # %%
-model, tok = load_model(params.LOSSLESS_MODEL, dtype="float32")
+model, tok = load_model(params.LOSSLESS_MODEL, dtype="float32", device=params.device)
 prompts = ([tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
             for q in ("Explain how a bicycle stays upright.", "List three uses of copper.")] if tok else
            [list(range(1, 40)), list(range(7, 60))])
@@ -111,22 +112,23 @@ table
 
 # %% [markdown]
 # ## 4. Measured on this machine: recompute on the engine against loading from each tier
-# For each model, prefix M and window W: the engine's forward of the W tokens over the cached M-token prefix,
-# against reading the window's KV from host memory and from a file on disk (page cache dropped). Two
-# predictions of the recompute time: the article's compute-only rule (FLOPs at EFFICIENCY x the measured peak)
-# and a roofline with this machine's measured ceilings in the timed dtype (`lab.hardware.probe_inference`: a
-# weight-shaped GEMV's read rate, a square matmul's FLOP/s) that also reads the weights and
-# the prefix's KV, plus a fixed per-forward overhead measured once on a one-token forward. HCache's restore
+# For each model, prefix M and window W: the engine's forward of the W tokens over the cached M-token prefix on
+# DEVICE in DTYPE, against reading the window's KV from host memory and from a file on disk (page cache
+# dropped), and on a GPU from its memory and over PCIe from host memory. Two predictions of the recompute time:
+# the article's compute-only rule (FLOPs at EFFICIENCY x the measured peak) and a roofline with this machine's
+# ceilings measured in the same dtype on the same device (`lab.hardware.model_ceilings`: the
+# read rate of a GEMV shaped like the model's LM head, a square matmul's FLOP/s) that also reads the weights
+# and the prefix's KV, plus a fixed per-forward overhead measured once on a one-token forward. HCache's restore
 # (the K/V projections alone, from the layer inputs the engine kept) is timed beside them.
 
 # %%
-machine = probe_inference(params.torch_dtype, seconds_budget=params.PROBE_SECONDS)
-measured = study.measure(params, machine)
+print(f"timed in {params.torch_dtype} on {params.device}")
+measured = study.measure(params)
 run.save_table("measured", measured)
 run.save_figure("crossover", study.plot_crossover(measured))
-measured[["model", "prefix", "window", "recompute_s", "predicted_roofline_s", "predicted_article_s",
-          "hcache_restore_s", "load host memory s", "load disk file s", "measured_crossover_GBps",
-          "predicted_crossover_GBps", "roofline_error"]].round(6)
+measured[["model", "prefix", "window", "probe_GBps", "probe_TFLOPs", "recompute_s", "predicted_roofline_s",
+          "predicted_article_s", "hcache_restore_s", *[c for c in measured if c.startswith("load ")],
+          "measured_crossover_GBps", "predicted_crossover_GBps", "roofline_error"]].round(6)
 
 # %%
 summary = study.summarize(measured)
@@ -134,9 +136,9 @@ run.save_table("measured_summary", summary)
 summary.T
 
 # %% [markdown]
-# The roofline prediction is a lower bound that the CPU engine does not reach (its achieved FLOP/s is a
-# fraction of the probe's square-matmul peak: masked attention over a gathered prefix, small matrices), so the
-# times need not come within 20% of it. The verdict (load or recompute, per tier) can still be right when the
+# The roofline prediction is a lower bound that the engine does not reach (its achieved FLOP/s is a fraction of
+# the probe's square-matmul peak: masked attention over a gathered prefix, small matrices, and on a GPU kernel
+# launches for small windows), so the times need not come within 20% of it. The verdict (load or recompute, per tier) can still be right when the
 # crossover bandwidth is far from every tier's: `verdict_agrees_*` counts the points where prediction and
 # measurement pick the same side.
 #

@@ -30,10 +30,17 @@
 # near-tie between two tokens can flip and the greedy paths part from there. `identical_outputs` (share of
 # requests) and `agreeing_tokens` (mean share of each output before it parts) measure how much. The logic lives
 # in `lab.studies.spec_acceptance`.
+#
+# The `gpu` preset runs where a CPU cannot: a Llama-3-8B-shaped target with random weights, in bfloat16 on a GPU,
+# where a decode step reads 16 GB of weights and a (k + 1)-token verification should cost what one step costs.
+# Random weights say nothing about acceptance by task; that run tests the cost side of the model (c, v(k), the
+# predicted against the measured speedup) beside the roofline of the device it ran on.
 
 # %% tags=["parameters"]
-PRESET = "quick"  # quick (minutes), reference (the committed runs) or smoke (tests); values set below win
+PRESET = "quick"  # quick (minutes), reference (committed runs), smoke (tests) or gpu (CUDA); values set below win
 INTERACTIVE = False  # show the widget cells
+DEVICE = "auto"  # auto (CUDA when present, else the CPU), cpu, cuda or cuda:N; gpu preset needs CUDA
+MODEL = "smollm2-135m"  # the target; or random weights of a preset shape, e.g. random:llama-3-8b
 DATA = ""  # "": the lab's prompt set (calibration_data/spec_prompts.jsonl); or a JSONL path (Spec-Bench's format too)
 PER_CATEGORY = 5  # prompts a category in the main run
 MAX_TOKENS = 64  # new tokens a request (greedy, EOS ignored: every run decodes the same count)
@@ -42,26 +49,29 @@ K = 4  # drafts per round (the article's draft_len)
 K_SWEEP = (1, 2, 4, 8)
 SWEEP_DRAFTERS = ("ngram", "quantized")
 SWEEP_PER_CATEGORY = 2
-DRAFT_LAYERS = 10  # layerskip: the first N of the 30 layers
+DRAFT_LAYERS = 10  # layerskip: the first N of the target layers (30 in SmolLM2)
 DRAFT_QUANT = "rtn"  # quantized copy: rtn, gptq or awq (lab.quant)
 DRAFT_BITS = 4
 THRESHOLD = 0.55  # the article's acceptance_threshold
 SPEC_BENCH_PER_CATEGORY = 2  # Spec-Bench questions a category, when ../shared/data/spec_bench is present (0: skip)
 SPEC_BENCH_DRAFTERS = ("ngram", "quantized")
 REPEATS = 5  # timing repeats of the step-cost forwards
-DTYPE = "auto"  # the target's dtype: "auto" is the serving dtype (bfloat16 on this CPU), or "float32"
+DTYPE = "auto"  # the target dtype: "auto" is the serving dtype (bfloat16 here and on a GPU), or "float32"
 
 # %%
 import pandas as pd
 
-from lab.models import load_model
+from lab.hardware import probe_inference
 from lab.runs import params_from_namespace, start_run
 from lab.studies import spec_acceptance as study
+from lab.studies import spec_acceptance_plots as plots
 
 params = params_from_namespace(study.SpecParams, globals())  # validates every value before heavy work
 run = start_run("05_speculative_acceptance", params)
 prompts = study.task_prompts(params)
-model, tok = load_model("smollm2-135m", dtype=params.DTYPE, device="cpu", prepack_weights=True)
+model, tok = study.load_target(params)
+weights = model.embed_tokens.weight
+print(f"{params.MODEL} on {weights.device} in {weights.dtype}")
 drafts = study.draft_models(params, model, tok)
 pd.DataFrame([{"category": c, "prompts": sum(p.category == c for p in prompts)}
               for c in dict.fromkeys(p.category for p in prompts)])
@@ -71,14 +81,22 @@ pd.DataFrame([{"category": c, "prompts": sum(p.category == c for p in prompts)}
 # The article's model charges one target step for verifying k drafts. The engine's verification is a
 # (k+1)-token forward over the cached prefix whose LM head runs on k + 1 rows; `lab.spec.measure` times it
 # (v(k) in plain steps) beside one draft forward (c). The n-gram drafter runs no model: its c is its lookup
-# time.
+# time. Beside them, the roofline's floor under a target step and under v(k) on this device's ceilings, measured
+# in the dtype and on the device the target ran (`lab.hardware.probe_inference`, the weight read of a GEMV the
+# shape of the target's LM head): a v(k) floor of 1.0 says verification is memory-bound, as the article assumes.
 
 # %%
 main, requests, costs = study.study(params, model, tok, prompts, params.DRAFTERS, params.K, drafts)
+lm_head_shape = (model.config.vocab_size, model.config.hidden_size)
+machine = probe_inference(weights.dtype, str(weights.device), gemv_shape=lm_head_shape, seconds_budget=2.0)
+print(f"{machine.name}: {machine.mem_bandwidth / 1e9:.0f} GB/s weight read, "
+      f"{machine.peak_flops / 1e12:.2f} TFLOP/s ({weights.dtype})")
 cost_rows = pd.DataFrame([{"drafter": d, "context": c.context, "target step ms": 1e3 * c.target_step_s,
                            "draft step ms": None if c.draft_step_s is None else 1e3 * c.draft_step_s,
                            "c_forward": c.c, **{f"v({k}) forward only": c.verify_s[k] / c.target_step_s
-                                                for k in sorted(c.verify_s)}} for d, c in costs.items()])
+                                                for k in sorted(c.verify_s)},
+                           **study.roofline_costs(model, c.context, sorted(c.verify_s), machine)}
+                          for d, c in costs.items()])
 run.save_table("step_costs", cost_rows)
 cost_rows.round(3)
 
@@ -118,8 +136,8 @@ versus.round(3)
 # The error bars are the 95% intervals over prompts.
 
 # %%
-run.save_figure("acceptance_by_position", study.plot_acceptance_by_position(main))
-run.save_figure("predicted_vs_measured", study.plot_predicted_vs_measured(main))
+run.save_figure("acceptance_by_position", plots.plot_acceptance_by_position(main))
+run.save_figure("predicted_vs_measured", plots.plot_predicted_vs_measured(main))
 
 # %% [markdown]
 # ## 3. Which k? Speedup against the number of drafts
@@ -130,7 +148,7 @@ run.save_figure("predicted_vs_measured", study.plot_predicted_vs_measured(main))
 # %%
 sweep = study.k_sweep(params, model, tok, drafts)
 run.save_table("k_sweep", sweep)
-run.save_figure("speedup_vs_k", study.plot_speedup_vs_k(sweep))
+run.save_figure("speedup_vs_k", plots.plot_speedup_vs_k(sweep))
 best = study.best_k_table(sweep, main, max(params.K_SWEEP))
 run.save_table("best_k", best)
 best.round(3)

@@ -25,12 +25,14 @@
 # taking traffic. Here each is measured on the lab's engine behind its OpenAI-compatible server
 # (`lab.serve`), driven over loopback by the load generator (`lab.bench.serve`), which speaks only the
 # OpenAI protocol, so `lab bench serve --url` runs the same load against vLLM or SGLang. The logic lives in
-# `lab.studies.serving`. All of it runs on this machine's CPU: the absolute numbers are a 135M model on two
-# cores; the shapes of the curves are the point.
+# `lab.studies.serving`. The model runs on DEVICE: on a CPU the absolute numbers are a 135M model on two cores
+# and the shapes of the curves are the point; the gpu preset serves Llama-3-8B's shapes in bf16 on one GPU.
 
 # %% tags=["parameters"]
-PRESET = "quick"  # quick (minutes), reference (the committed runs) or smoke (tests); values set below win
+PRESET = "quick"  # quick (minutes), reference (committed runs), smoke (tests) or gpu (CUDA); values set below win
 INTERACTIVE = False  # show the widget cells
+DEVICE = "auto"  # auto (CUDA when present), cpu, cuda or cuda:N
+MODEL = "smollm2-135m"  # the served model, or random:<preset> (prompts are token ids)
 INPUT_LEN = (64, 192, 512)  # prompt tokens: P50, P90, P99 of the log-normal
 OUTPUT_LEN = (32, 64, 128)  # output tokens: P50, P90, P99
 CONCURRENCY = (1, 2, 4, 8, 16, 32)  # the ramp (closed loop: requests in flight)
@@ -56,12 +58,14 @@ import pandas as pd
 
 from lab.bench.serve import plot_dashboard
 from lab.models import load_model
-from lab.runs import params_from_namespace, start_run
+from lab.runs import params_from_namespace, resolve_device, start_run
 from lab.studies import serving as study
 
 params = params_from_namespace(study.ServingParams, globals())  # validates every value before heavy work
 run = start_run("06_serving_ttft", params)
-model, tok = load_model("smollm2-135m", dtype=params.DTYPE, device="cpu", prepack_weights=True)
+device = resolve_device(params.DEVICE)
+model, tok = load_model(params.MODEL, dtype=params.DTYPE, device=device, prepack_weights=True)
+print(f"{params.MODEL} in {model.embed_tokens.weight.dtype} on {device}")
 cols = ["ok", "cancelled", "failed", "output_throughput", "goodput_tokens", "goodput_requests", "slo_attainment",
         "ttft_p50", "ttft_p99", "ttft_p999", "tpot_p50", "tpot_p99", "max_gap_p99", "e2e_p99"]
 
@@ -118,11 +122,12 @@ prefix[["prefix_caching", "system_prompt_tokens", "hit_rate"] + cols].round(3)
 
 # %% [markdown]
 # ## 5. Cold start
-# Fresh processes: the first with an empty model cache (the GGUF in the wheel is converted to safetensors),
-# then with the cache filled; the first request's TTFT against the second's, without and with a warm-up request.
+# Fresh processes on DEVICE: the first with an empty model cache (SmolLM2's GGUF in the wheel is converted to
+# safetensors, whatever MODEL is), then with the cache filled; the first request's TTFT against the second's,
+# without and with a warm-up request.
 
 # %%
-cold = study.cold_start(params.COLD_START_TOKENS, params.DTYPE)
+cold = study.cold_start(params.COLD_START_TOKENS, params.DTYPE, str(device))
 run.save_table("cold_start", cold)
 cold.round(4)
 

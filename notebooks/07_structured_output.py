@@ -24,14 +24,16 @@
 # a JSON schema, a regex or an EBNF grammar becomes a pushdown automaton whose token masks are mostly
 # precomputed; each request has a matcher, and its mask sets forbidden logits to -inf before any sampling
 # (`lab.engine.structured`, docs/structured_output.md). This notebook measures, on SmolLM2-135M-Instruct in the
-# serving dtype: (a) the mask cost per decode step at batch 1 and 32, (b) grammar compile times, cold and
-# cached, and against nesting depth, (c) valid-JSON rates and field accuracy on an extraction task with and
-# without the grammar, (d) jump-forward (tokens the grammar forces, appended without sampling), and (e) the
-# article's claims. The logic lives in `lab.studies.structured_output`, `structured_output_task` and `structured_output_claims`.
+# serving dtype on DEVICE (the gpu preset: batches to 256 against a decode step of milliseconds): (a) the mask
+# cost per decode step at each of BATCHES, (b) grammar compile times, cold and cached, and against nesting
+# depth, (c) valid-JSON rates and field accuracy on an extraction task with and without the grammar, (d)
+# jump-forward (tokens the grammar forces, appended without sampling), and (e) the article's claims. The logic
+# lives in `lab.studies.structured_output`, `structured_output_task` and `structured_output_claims`.
 
 # %% tags=["parameters"]
-PRESET = "quick"  # quick (minutes), reference (the committed runs) or smoke (tests); values set below win
+PRESET = "quick"  # quick (minutes), reference (committed runs), smoke (tests) or gpu (CUDA); values set below win
 INTERACTIVE = False  # show the widget cells
+DEVICE = "auto"  # auto (CUDA when present), cpu, cuda or cuda:N
 MODEL = "smollm2-135m"  # needs its tokenizer: grammars are over its vocabulary
 DTYPE = "auto"  # the serving dtype, or "float32"
 BATCHES = (1, 4, 16, 32, 64)  # the mask-cost batch sizes
@@ -53,15 +55,18 @@ PROJECT_MODELS = ("llama-3-8b", "qwen2.5-7b", "llama-3-70b")
 import pandas as pd
 
 from lab.engine.grammar import grammars_for
+from lab.hardware import probe_inference
 from lab.models import load_model
-from lab.runs import params_from_namespace, start_run
+from lab.runs import params_from_namespace, resolve_device, start_run
 from lab.studies import structured_output_claims as claims_mod
 from lab.studies import structured_output as study
 from lab.studies import structured_output_task as task
 
 params = params_from_namespace(study.StructuredParams, globals())  # validates every value before heavy work
 run = start_run("07_structured_output", params)
-model, tok = load_model(params.MODEL, dtype=params.torch_dtype, prepack_weights=True)
+device = resolve_device(params.DEVICE)
+model, tok = load_model(params.MODEL, dtype=params.torch_dtype, device=device, prepack_weights=True)
+print(f"{params.MODEL} in {params.torch_dtype} on {device}")
 vocab = model.config.vocab_size
 stop_ids = set(model.config.eos_token_ids)  # as the engine builds its grammars
 grammars = grammars_for(tok, vocab, stop_ids)
@@ -89,7 +94,7 @@ summary.round(3)
 # xgrammar's mask on that sample.
 
 # %%
-components = study.mask_components(params, grammars, constrained_outputs, vocab)
+components = study.mask_components(params, grammars, constrained_outputs, vocab, device)
 run.save_table("mask_components", components)
 run.save_figure("mask_cost", claims_mod.plot_mask_cost(summary, components))
 components.describe().T[["count", "50%", "max"]]
@@ -149,7 +154,7 @@ jump = study.jump_forward(params, model, tok)
 run.save_table("jump_forward", jump)
 jump_summary = jump.groupby("jump_forward")[["seconds", "steps", "tokens", "forced_tokens"]].sum()
 jump_summary["items with equal outputs"] = jump.groupby("jump_forward")["equal_to_off"].sum()
-model32, _ = load_model(params.MODEL, dtype="float32")
+model32, _ = load_model(params.MODEL, dtype="float32", device=device)
 jump32 = study.jump_forward(params, model32, tok)
 jump_summary["items equal in float32"] = jump32.groupby("jump_forward")["equal_to_off"].sum()
 run.save_table("jump_forward_summary", jump_summary.reset_index())
@@ -173,12 +178,16 @@ bound
 # each request's mask in turn, at the mean fill time measured above scaled by the vocabulary; applying the mask
 # is one small kernel on the GPU, left out. The shares are upper bounds (a real step is longer than its bound);
 # "overlapped" fills the next masks during the forward (vLLM v1 does) and shows what is left uncovered; "naive"
-# is the token-by-token mask (`lab.studies.structured_output_claims`).
+# is the token-by-token mask (`lab.studies.structured_output_claims`). The same projection follows on the device
+# this run used, at the ceilings measured on it in the run's dtype (`lab.hardware.probe_inference`).
 
 # %%
 fill_row = float(components["fill_s"].mean())  # the host work per request and step (applying runs on the GPU)
 naive_row = float(components["naive_s"].dropna().median())
-proj = claims_mod.projection(params, fill_row, naive_row, vocab)
+here = probe_inference(params.torch_dtype, str(device))
+print(f"{here.name}: {here.peak_flops / 1e12:.2f} TFLOP/s, {here.mem_bandwidth / 1e9:.1f} GB/s ({here.source})")
+proj = pd.concat([claims_mod.projection(params, fill_row, naive_row, vocab),
+                  claims_mod.projection(params, fill_row, naive_row, vocab, here)], ignore_index=True)
 run.save_table("projection", proj)
 proj.round(3)
 

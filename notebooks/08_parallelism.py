@@ -25,12 +25,15 @@
 # this CPU; `lab.parallel`, docs/engine.md). This notebook measures this machine's collectives and fits the
 # alpha-beta model (latency + bytes / bandwidth), times the engine's decode and prefill steps at TP=1 and TP=2
 # with the seconds spent in collectives inside them, checks the model against that, projects the communication
-# share to Llama-3-70B at TP=8 on NVLink and on PCIe, asks what the article's 40% takes, and checks the memory
-# per device. The logic lives in `lab.studies.parallelism`.
+# share to Llama-3-70B at TP=8 on NVLink and on PCIe, asks what the article's 40% takes, times one TP=8 rank's
+# compute on DEVICE (the gpu preset: every layer of a 70B rank on one GPU) to project the step from a measurement,
+# and checks the memory per device. The processes run on this machine's CPU with gloo whatever DEVICE is (one GPU
+# cannot hold two NCCL ranks). The logic lives in `lab.studies.parallelism` and `parallelism_rank`.
 
 # %% tags=["parameters"]
-PRESET = "quick"  # quick (minutes), reference (the committed runs) or smoke (tests); values set below win
+PRESET = "quick"  # quick (minutes), reference (committed runs), smoke (tests) or gpu (CUDA); values set below win
 INTERACTIVE = False  # show the widget cells
+DEVICE = "auto"  # where one rank is timed: auto (CUDA when present), cpu, cuda or cuda:N
 MODEL = "smollm2-135m"
 DTYPE = "auto"  # of the timed steps (the equality check runs in float32)
 COMM_SIZES = tuple(4 ** k for k in range(1, 13))  # bytes, 4 B to 16 MiB
@@ -47,15 +50,18 @@ PROJECT_BATCHES = (1, 8, 64, 256)
 CONTEXT = 2048  # tokens of context per sequence in the projection
 HARDWARE = "h100-sxm"
 ALPHAS_US = (1, 2, 5, 10, 15, 20, 30, 50, 80)  # the latency sweep of the projection
+RANK_LAYERS = 1  # layers of one PROJECT_TP rank timed on DEVICE (the step scaled to all of them)
 
 # %%
 import pandas as pd
 
+from lab.hardware import probe_inference
 from lab.memory import ModelShape
 from lab.parallel.comm_model import LINKS
-from lab.runs import params_from_namespace, start_run
+from lab.runs import params_from_namespace, resolve_device, start_run
 from lab.studies import parallelism as study
 from lab.studies import parallelism_claims as claims_mod
+from lab.studies import parallelism_rank
 
 params = params_from_namespace(study.ParallelParams, globals())  # validates every value before heavy work
 run = start_run("08_parallelism", params)
@@ -107,6 +113,27 @@ sweep_alpha = study.alpha_sweep(params)
 run.save_table("alpha_sweep", sweep_alpha)
 run.save_figure("alpha_sweep", study.plot_alpha_sweep(sweep_alpha, params))
 proj.round(3)
+
+# %% [markdown]
+# ## 3b. One rank measured on DEVICE, and the step projected from it
+# What a TP rank computes between its collectives needs one device: rank 0's share of PROJECT_MODEL at PROJECT_TP
+# (its heads, MLP features and vocabulary slice) as random weights on DEVICE in its serving dtype, RANK_LAYERS of
+# its layers timed at each of PROJECT_BATCHES (CONTEXT tokens of KV a sequence) and scaled to all of them, plus its
+# LM head slice (`lab.studies.parallelism_rank`). The collectives come from the alpha-beta model as above; the
+# roofline's compute is shown on DEVICE's ceilings measured in the same dtype (`lab.hardware.probe_inference`) and
+# on HARDWARE's datasheet. The CPU presets time one layer, and their projection reads as this machine's, not a
+# GPU's.
+
+# %%
+device = resolve_device(params.DEVICE)
+rank = parallelism_rank.rank_decode(params, device, params.device_dtype)
+run.save_table("rank_decode", rank)
+here = probe_inference(params.device_dtype, str(device))
+print(f"{here.name}: {here.peak_flops / 1e12:.2f} TFLOP/s, {here.mem_bandwidth / 1e9:.1f} GB/s ({here.source})")
+rank_proj = parallelism_rank.rank_projection(params, rank, here)
+run.save_table("rank_projection", rank_proj)
+display(rank.round(3))  # noqa: F821
+rank_proj.drop(columns=["device", "datasheet"]).round(3)
 
 # %% [markdown]
 # ## 4. Memory per device
@@ -178,12 +205,15 @@ if INTERACTIVE:
 decode1 = tp[tp["phase"] == "decode"].sort_values("tokens").iloc[0]
 in_step = fitted.query("op == 'all-reduce between matmuls' and statistic == 'mean'").iloc[0]
 nvlink1 = proj[(proj["link"] == "nvlink-h100x8")].sort_values("batch").iloc[0]
+measured1 = rank_proj[(rank_proj["link"] == "nvlink-h100x8")].sort_values("batch").iloc[0]
 run.save_metrics(allreduce_alpha_us=float(in_step["alpha_us"]),
                  tp2_decode_speedup_batch1=float(decode1["speedup"]),
                  tp2_decode_comm_share_batch1=float(decode1["comm share (measured)"]),
                  tp2_comm_model_over_measured=float(decode1["model / measured"]),
                  projected_comm_share_70b_tp8_nvlink=float(nvlink1["comm share"]),
                  alpha_for_40pct_us=float(nvlink1["alpha for 40% (us)"]),
+                 rank_step_ms_measured_batch1=float(measured1["compute ms (measured)"]),
+                 comm_share_from_measured_rank_nvlink=float(measured1["comm share"]),
                  pp_wait_share_prefill_m8=float(bubble.query("phase == 'prefill'").iloc[-1]["wait share (measured)"]),
                  weights_per_rank_70b_tp8_GB=float(per_rank["weight bytes"].max() / 1e9),
                  wrong_claims=int((claims["holds"] == False).sum()))  # noqa: E712

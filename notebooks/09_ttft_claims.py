@@ -22,12 +22,14 @@
 # and a warm-up take a cold start from 15 s to 4 s and a first-request TTFT from 3 s to 300 ms. This notebook
 # counts (a) prefill FLOPs with and without a cached prefix and measures TTFT for a miss and a hit, (b) the INT8
 # weight bytes, (c) TTFT against the share of the prompt in the prefix cache, and (d) a cold start by part on the
-# lab's engine, then sets each claim against the numbers (e). The logic lives in `lab.studies.ttft_claims` and
-# `ttft_claims_table`. Timings are medians with min-max over repeats.
+# lab's engine, then sets each claim against the numbers (e). The engine, its fresh processes and `lab serve` run
+# on DEVICE (the gpu preset: 4K- and 8K-token prompts on one GPU). The logic lives in `lab.studies.ttft_claims`
+# and `ttft_claims_table`. Timings are medians with min-max over repeats.
 
 # %% tags=["parameters"]
-PRESET = "quick"  # quick (about a minute), reference (the committed runs) or smoke (tests); values set below win
+PRESET = "quick"  # quick (about a minute), reference (committed runs), smoke (tests) or gpu (CUDA); values set below win
 INTERACTIVE = False  # show the widget cells
+DEVICE = "auto"  # auto (CUDA when present), cpu, cuda or cuda:N
 MODEL = "smollm2-135m"  # the engine model
 DTYPE = "auto"  # the serving dtype, or "float32"
 SHAPES = ("smollm2-135m", "llama-3-8b", "llama-3-70b")  # model shapes counted, not run
@@ -46,13 +48,15 @@ KV_TOKENS = 32768  # bf16 KV tokens beside the weights in the total-memory savin
 import pandas as pd
 
 from lab.models import load_model
-from lab.runs import params_from_namespace, start_run
+from lab.runs import params_from_namespace, resolve_device, start_run
 from lab.studies import ttft_claims as study
 from lab.studies import ttft_claims_serving as serving
 from lab.studies import ttft_claims_table as table
 
 params = params_from_namespace(study.TTFTParams, globals())  # validates every value before heavy work
 run = start_run("09_ttft_claims", params)
+device = resolve_device(params.DEVICE)
+print(f"{params.MODEL} in {params.torch_dtype} on {device}")
 
 # %% [markdown]
 # ## (a) What the KV cache does for the first token
@@ -70,7 +74,7 @@ flops.round(3).T
 # cache, and of a prompt seen before (every full block but the last reused).
 
 # %%
-model, tok = load_model(params.MODEL, dtype=params.torch_dtype, prepack_weights=True)
+model, tok = load_model(params.MODEL, dtype=params.torch_dtype, device=device, prepack_weights=True)
 llm = study.make_engine(model, tok, max(params.PROMPT_TOKENS, params.SWEEP_TOKENS))
 first = study.first_token_points(params, llm)
 run.save_table("first_token_ttft", first)
@@ -134,7 +138,7 @@ cold.round(3)
 # `/health` without warm-up, on `/ready` with it. `first_token_at_s` is when the first user gets a token.
 
 # %%
-probes = serving.probe_table(params.MODEL, params.DTYPE, params.COLD_PROMPT, params.PROBE_REPEATS)
+probes = serving.probe_table(params.MODEL, params.DTYPE, params.COLD_PROMPT, params.PROBE_REPEATS, str(device))
 run.save_table("readiness_probes", probes)
 probe_summary = probes.drop(columns="repeat").groupby("probe").median()
 probe_summary.round(3)

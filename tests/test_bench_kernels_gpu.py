@@ -75,3 +75,29 @@ def test_without_gpu_points_to_dry_run(tmp_path):
     assert proc.returncode != 0
     assert "--dry-run" in proc.stderr and "GPU" in proc.stderr
     assert not any(tmp_path.iterdir())
+
+
+def test_a_check_tolerance_follows_the_dtype_resolution_at_the_outputs_magnitude(monkeypatch):
+    """A fixed 2e-2 is below bfloat16's half-step for outputs from 8 up: a correctly rounded kernel failed."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    from kernels_gpu_caches import check_record
+    from kernels_gpu_sweep import GPU_SWEEP, Heads
+
+    heads = Heads("h", 4, 2, 16)
+    ref = torch.linspace(8.0, 15.9, 256)
+    out = ref.bfloat16()  # correctly rounded: error up to half of bf16's 2^-4 step from 8 up
+    assert float((out.float() - ref).abs().max()) > 2e-2
+    ok = check_record("k", heads, "plain", {}, out, ref, GPU_SWEEP.tolerance_ulps)
+    assert ok["ok"] and ok["tolerance"] == pytest.approx(GPU_SWEEP.tolerance_ulps * 2 ** -7 * 15.9)
+    wrong = check_record("k", heads, "plain", {}, (ref + 0.5).bfloat16(), ref, GPU_SWEEP.tolerance_ulps)
+    assert not wrong["ok"]
+    nan = check_record("k", heads, "plain", {}, torch.full_like(out, float("nan")), ref, GPU_SWEEP.tolerance_ulps)
+    assert not nan["ok"]
+
+
+def test_a_nan_costs_its_value_not_the_result_file():
+    from lab.runs import json_safe
+
+    result = {"checks": [{"max_abs_error": float("nan"), "ok": False}], "peers": (1.5, float("inf")), "n": 3}
+    text = json.dumps(json_safe(result), allow_nan=False)
+    assert json.loads(text) == {"checks": [{"max_abs_error": None, "ok": False}], "peers": [1.5, None], "n": 3}

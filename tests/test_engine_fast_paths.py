@@ -7,6 +7,7 @@
 - `lab bench engine` runs end to end at toy sizes and reports bounds, fractions and targets.
 """
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -146,18 +147,47 @@ def test_engine_bench_at_toy_sizes_reports_bounds_fractions_and_targets():
             assert w["bound_s"] > 0 and 0 < w["fraction_of_roofline"]
     assert result["engines"][1]["weight_MB"] < 0.5 * result["engines"][0]["weight_MB"]  # packed 4-bit weights
     assert set(result["peers"][0]["workloads"]) == {w.name for w in workloads}
+    # the peer on the engine's device (on a GPU the ratio compared a GPU engine with a CPU peer)
+    assert {e["device"] for e in result["engines"]} == {p["device"] for p in result["peers"]} == {"cpu"}
     names = [t["target"] for t in targets(result)]
     assert any("engine / transformers" in n for n in names) and any("4-bit" in n for n in names)
     assert "of roofline" in format_result(result)
 
 
+def _suite(tmp_path, *args, **env):
+    import os
+
+    return subprocess.run(["bash", str(ROOT / "bench" / "gpu_suite.sh"), *args], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "OUT_DIR": str(tmp_path / "gpu"), "PYTHON": sys.executable,
+                                          **env}, timeout=900)
+
+
 def test_gpu_suite_dry_run(tmp_path):
-    out = subprocess.run(["bash", str(ROOT / "bench" / "gpu_suite.sh"), "--dry-run"], cwd=ROOT, capture_output=True,
-                         text=True, env={**__import__("os").environ, "OUT_DIR": str(tmp_path), "PYTHON": sys.executable},
-                         timeout=900)
+    """The suite's steps on the CPU at toy sizes: the pre-flight's checks pass, every file is written, the plan
+    is printed with its estimate, and the pack holds them all (at most 8 files come back from the device)."""
+    import tarfile
+
+    out = _suite(tmp_path, "--dry-run", "--pack", str(tmp_path / "gpu.tar.gz"))
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    for name in ("bench_engine.json", "bench_engine.png", "kernels_gpu.json", "kernels_gpu.png"):
-        assert (tmp_path / name).stat().st_size > 0
+    files = ("preflight.json", "kernels_gpu.json", "kernels_gpu.png", "bench_engine.json", "bench_engine.png",
+             "suite.json")
+    for name in files:
+        assert (tmp_path / "gpu" / name).stat().st_size > 0
+    preflight = json.loads((tmp_path / "gpu" / "preflight.json").read_text())
+    assert preflight["ok"] and [c["check"] for c in preflight["checks"]] == [
+        "versions", "kernels_compiled", "kernel_checks", "engine_backends", "seeded_sampling"]
+    suite = json.loads((tmp_path / "gpu" / "suite.json").read_text())
+    assert set(suite["steps"]) == {"preflight", "kernels", "engine"}
+    plan = sum(s["estimate_s"] for s in suite["steps"].values())
+    assert f"total      {plan} s of a 480 s budget" in out.stdout and plan <= 480
+    with tarfile.open(tmp_path / "gpu.tar.gz") as tar:
+        assert {Path(n).name for n in tar.getnames()} >= set(files)
+
+
+def test_gpu_suite_refuses_a_plan_over_its_budget(tmp_path):
+    out = _suite(tmp_path, "--dry-run", BUDGET_S="100")
+    assert out.returncode == 3 and "exceeds the budget (100 s): refused" in out.stderr
+    assert not (tmp_path / "gpu" / "preflight.json").exists()
 
 
 @pytest.mark.parametrize("T, S", [(64, 64), (16, 64)])

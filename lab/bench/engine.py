@@ -170,7 +170,7 @@ def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: 
     ceilings = probe_inference(dtype)
     size = ModelBytes.of(llm.model, kv_bytes_per_token=llm.runner.kv_cache_bytes / (
         llm.block_manager.num_blocks * llm.config.block_size))
-    out = {"variant": variant.label, "dtype": str(dtype).removeprefix("torch."), "ceilings": {
+    out = {"variant": variant.label, "dtype": str(dtype).removeprefix("torch."), "device": str(llm.device), "ceilings": {
         "read_GBps": ceilings.mem_bandwidth / 1e9, "gemm_GFLOPs": ceilings.peak_flops / 1e9,
         "source": ceilings.source}, "weight_MB": size.weight_bytes / 1e6, "workloads": {}}
     for w in workloads:

@@ -14,13 +14,16 @@ import time
 import torch
 
 from lab.bench.engine import Workload, metric_of, prompt_ids
+from lab.timing import sync
 
 
 def _hf_generate(hf, tok, prompts: list[list[int]], max_tokens: int) -> float:
-    batch = tok.pad({"input_ids": prompts}, padding=True, return_tensors="pt")
+    batch = tok.pad({"input_ids": prompts}, padding=True, return_tensors="pt").to(hf.device)
+    sync()
     t = time.perf_counter()
     hf.generate(**batch, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
                 pad_token_id=tok.pad_token_id)
+    sync()
     return time.perf_counter() - t
 
 
@@ -30,14 +33,15 @@ def run_transformers(model: str, dtype: str, workloads: list[Workload], scale: f
 
     from lab.models.loader import default_device, default_dtype, load_tokenizer, parse_dtype, resolve_model_dir
 
-    torch_dtype = parse_dtype(dtype) or default_dtype(default_device())
+    device = default_device()  # the engine's: a peer on another device would compare devices, not engines
+    torch_dtype = parse_dtype(dtype) or default_dtype(device)
     model_dir = resolve_model_dir(model)  # the converted checkpoint the lab loads, and its tokenizer
     tok = load_tokenizer(model_dir)
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).eval()
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).to(device).eval()
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    out = {"peer": f"transformers-{str(torch_dtype).removeprefix('torch.')}", "workloads": {}}
+    out = {"peer": f"transformers-{str(torch_dtype).removeprefix('torch.')}", "device": str(device), "workloads": {}}
     for w in workloads:
         prompts = prompt_ids(w, tok, hf.config.vocab_size, scale)
         _hf_generate(hf, tok, prompts, min(4, w.max_tokens))  # warm-up

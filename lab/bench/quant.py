@@ -8,8 +8,9 @@ where it imports, its scale and clip searches (where its time goes) are timed be
 layer and inputs (`autoawq_peer_timing`); where it does not, the reason is recorded, never a number.
 
 The time is dominated by float32 matrix products (AWQ evaluates its inspected block 21 times per scaling
-group), so the report also gives the machine's measured GEMM rate and the share of CPU busy before the run:
-timings taken beside another job mean little.
+group), so the report also gives the device it ran on (`--device`: the CPU or a CUDA device), that device's
+measured float32 GEMM rate and the share of CPU busy before the run: timings taken beside another job mean little.
+The targets are the 2-core CPU's; on a GPU the ratio to them is shown all the same.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def _timed(fn) -> float:
 
 
 @torch.no_grad()
-def autoawq_peer_timing(model: str, blocks: int, block_tokens: int, layer: int = 0) -> list[dict]:
+def autoawq_peer_timing(model: str, blocks: int, block_tokens: int, layer: int = 0, device: str = "cpu") -> list[dict]:
     """The lab's AWQ searches and AutoAWQ's on the same layer, inputs and machine, one after the other:
     the norm -> gate_up scale search (inspecting the MLP), the up -> down scale search, and the o_proj clip
     search on AutoAWQ's 10-ratio grid. (AutoAWQ's whole-model pipeline needs a Hugging Face model class
@@ -58,7 +59,7 @@ def autoawq_peer_timing(model: str, blocks: int, block_tokens: int, layer: int =
     from lab.quant.pipeline import QuantJob, calibration_token_ids
     from lab.quant.rtn import QuantSpec
 
-    net, tok = load_model(model, dtype=torch.float32, device="cpu")
+    net, tok = load_model(model, dtype=torch.float32, device=device)
     job = QuantJob(model=model, method="awq", calib_samples=blocks, calib_tokens=block_tokens, calib_packed=True)
     cal = CalibrationPass(net, calibration_token_ids(tok, job))
     for i in range(layer):
@@ -103,14 +104,19 @@ def autoawq_peer_timing(model: str, blocks: int, block_tokens: int, layer: int =
 
 
 def run_quant_bench(model: str = "smollm2-135m", gptq_blocks: int = 128, awq_blocks: int = 32,
-                    block_tokens: int = 512, bits: int = 4, group_size: int = 64, progress: bool = False) -> dict:
+                    block_tokens: int = 512, bits: int = 4, group_size: int = 64, progress: bool = False,
+                    device: str = "auto") -> dict:
+    """GPTQ then AWQ on `device` ("auto": CUDA when present, else the CPU; checked before any model loads)."""
     from lab.models import load_model
     from lab.quant.pipeline import QuantJob, quantize_model
+    from lab.runs import check_device, resolve_device
 
+    check_device("device", device)
+    where = str(resolve_device(device))
     busy = cpu_busy_fraction()
     rows = []
     for method, blocks in (("gptq", gptq_blocks), ("awq", awq_blocks)):
-        net, tok = load_model(model, dtype=torch.float32, device="cpu")
+        net, tok = load_model(model, dtype=torch.float32, device=where)
         job = QuantJob(model=model, method=method, bits=bits, group_size=group_size, calib_samples=blocks,
                        calib_tokens=block_tokens, calib_packed=True)
         _, summary = quantize_model(job, net, tok, progress=progress)
@@ -120,17 +126,18 @@ def run_quant_bench(model: str = "smollm2-135m", gptq_blocks: int = 128, awq_blo
     from lab.quant import autoawq_peer
 
     missing = autoawq_peer.available()
-    peer_rows = [] if missing else autoawq_peer_timing(model, awq_blocks, block_tokens)
+    peer_rows = [] if missing else autoawq_peer_timing(model, awq_blocks, block_tokens, device=where)
+    ceilings = probe_inference(torch.float32, where)  # the GEMM rate of the device the timings ran on
     return {"model": model, "bits": bits, "group_size": group_size, "rows": [asdict(r) for r in rows],
             "autoawq": missing or "AutoAWQ 0.2.9 imports: its searches timed on the same layer and inputs",
-            "autoawq_peer": peer_rows,
-            "gemm_gflops_fp32": probe_inference(torch.float32).peak_flops / 1e9, "threads": torch.get_num_threads(),
+            "autoawq_peer": peer_rows, "device": where, "device_name": ceilings.name,
+            "gemm_gflops_fp32": ceilings.peak_flops / 1e9, "threads": torch.get_num_threads(),
             "cpu_busy_at_start": busy}
 
 
 def format_result(r: dict) -> str:
-    lines = [f"{r['model']} w{r['bits']}g{r['group_size']}, {r['threads']} threads, "
-             f"fp32 GEMM {r['gemm_gflops_fp32']:.0f} GFLOP/s"]
+    lines = [f"{r['model']} w{r['bits']}g{r['group_size']} on {r['device']} ({r['device_name']}), "
+             f"{r['threads']} threads, fp32 GEMM {r['gemm_gflops_fp32']:.0f} GFLOP/s"]
     for row in r["rows"]:
         verdict = "within" if row["seconds"] <= row["target_seconds"] else "OVER"
         lines.append(f"{row['method']:5s} {row['calib_blocks']:4d} x {row['calib_tokens']} tokens: "

@@ -70,7 +70,7 @@ def _bench_quant(args) -> int:
     from lab.provenance import provenance
 
     result = run_quant_bench(model=args.model, gptq_blocks=args.gptq_blocks, awq_blocks=args.awq_blocks,
-                             block_tokens=args.block_tokens, progress=True)
+                             block_tokens=args.block_tokens, progress=True, device=args.device)
     print(format_result(result))
     if args.json:
         record = {"result": result, "provenance": provenance(vars(args) | {"command": "lab bench quant"})}
@@ -121,10 +121,14 @@ def add_bench(sub) -> None:
     bs.add_argument("--plot", default=None, help="write the dashboard (latency, throughput, engine state) PNG here")
     bs.set_defaults(func=_bench_serve)
 
+    from lab.cli.quant import device_arg
+
     bq = bench_sub.add_parser("quant", help="GPTQ and AWQ time on the whole model at the reference sizes")
     bq.add_argument("--model", default="smollm2-135m")
     bq.add_argument("--gptq-blocks", type=int, default=128)
     bq.add_argument("--awq-blocks", type=int, default=32)
     bq.add_argument("--block-tokens", type=int, default=512)
+    bq.add_argument("--device", type=device_arg, default="auto",
+                    help="where to quantize: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N")
     bq.add_argument("--json", default=None, help="also write the result and its provenance here")
     bq.set_defaults(func=_bench_quant)

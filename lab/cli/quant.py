@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
+
+
+def device_arg(text: str) -> str:
+    """A `--device` value checked as the parser reads it ("auto", "cpu", "cuda", "cuda:N"; CUDA only where it
+    exists), so a bad one fails before any model loads."""
+    from lab.runs import check_device
+
+    try:
+        check_device("--device", text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def _quant(args) -> int:
@@ -13,7 +26,7 @@ def _quant(args) -> int:
                    group_size=None if args.group_size == 0 else args.group_size, symmetric=args.symmetric,
                    act_order=args.act_order, calib_samples=args.calib_samples, calib_tokens=args.calib_tokens,
                    calib_mix=args.calib_mix, calib_packed=args.calib_packed)
-    print(json.dumps(run_quant_job(job, args.out), indent=2))
+    print(json.dumps(run_quant_job(job, args.out, device=args.device), indent=2))
     return 0
 
 
@@ -71,6 +84,8 @@ def add_quant(sub) -> None:
     q.add_argument("--calib-mix", choices=["stratified", "short_qa"], default="stratified")
     q.add_argument("--calib-packed", action="store_true",
                    help="calibrate on CALIB_SAMPLES blocks of exactly CALIB_TOKENS tokens (GPTQ's and AutoAWQ's layout)")
+    q.add_argument("--device", type=device_arg, default="auto",
+                   help="where to quantize: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N")
     q.add_argument("--out", required=True, help="output directory (Hugging Face style, with quantization_config)")
     q.set_defaults(func=_quant)
 

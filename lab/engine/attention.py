@@ -43,6 +43,7 @@ class PagedAttentionMetadata:
     decode_lens: torch.Tensor  # [Bd] context length of each decode, its new token included
     prefills: list[tuple[int, int, torch.Tensor, int]]  # (first token row, query length, block ids, context length)
     staging: StagingMetadata | None = None
+    max_decode_len: int = 0  # decode_lens.max(), kept on the host: reading it from a device stalls the step
 
 
 class TorchPagedAttention:

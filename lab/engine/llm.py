@@ -224,7 +224,7 @@ class LLM:
             for i, (seq, _) in enumerate(plain):
                 if seq.params.penalized:
                     logits[i] = penalize(logits[i], seq, self.eos_token_ids | set(seq.params.stop_token_ids))
-            tokens = sample(logits, [s.params for s, _ in plain], [s.generator for s, _ in plain])
+            tokens = sample(logits, [s.params for s, _ in plain], [s.generator(logits.device) for s, _ in plain])
             emitted.update((seq.request_id, [t]) for (seq, _), t in zip(plain, tokens))
             for (seq, row), t in zip(plain, tokens):
                 if seq.logprobs is not None:

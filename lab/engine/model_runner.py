@@ -79,7 +79,7 @@ class ModelRunner:
 
     def prepare(self, scheduled: list[tuple[Sequence, int]]):
         """Flat input_ids, positions and attention metadata."""
-        bs, dev = self.block_size, self.device
+        bs = self.block_size
         ids, positions, slots = [], [], []
         decode_rows, decode_tables, decode_lens, prefills = [], [], [], []
         row = 0
@@ -94,25 +94,34 @@ class ModelRunner:
                 decode_tables.append(table)
                 decode_lens.append(end)
             else:
-                prefills.append((row, n, torch.tensor(table, device=dev), end))
+                prefills.append((row, n, table, end))
             row += n
         width = max((len(t) for t in decode_tables), default=0)
-        tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long, device=dev)
-        lens = torch.tensor(decode_lens, dtype=torch.long, device=dev)
-        outside = torch.arange(width * bs, device=dev)[None, :] >= lens[:, None]
-        bias = torch.zeros(outside.shape, dtype=self.dtype, device=dev).masked_fill_(outside, float("-inf"))
-        positions = torch.tensor(positions, dtype=torch.long, device=dev)
+        padded = [b for t in decode_tables for b in t + [0] * (width - len(t))]
+        ids, positions, slots, decode_rows, tables, lens, *prefill_tables = self.to_device(
+            ids, positions, slots, decode_rows, padded, decode_lens, *(p[2] for p in prefills))
+        outside = torch.arange(width * bs, device=self.device)[None, :] >= lens[:, None]
+        bias = torch.zeros(outside.shape, dtype=self.dtype, device=self.device).masked_fill_(outside, float("-inf"))
         meta = PagedAttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            slot_mapping=slots,
             positions=positions,
-            decode_rows=torch.tensor(decode_rows, dtype=torch.long, device=dev),
-            decode_blocks=tables.view(-1),
+            decode_rows=decode_rows,
+            decode_blocks=tables,
             decode_bias=bias[:, None, None, :],
             decode_lens=lens,
-            prefills=prefills,
+            prefills=[(r, n, t, end) for (r, n, _, end), t in zip(prefills, prefill_tables)],
             staging=self.kv.staging_metadata(scheduled, row),
+            max_decode_len=max(decode_lens, default=0),
         )
-        return torch.tensor(ids, dtype=torch.long, device=dev), positions, meta
+        return ids, positions, meta
+
+    def to_device(self, *lists: list[int]) -> list[torch.Tensor]:
+        """Host integer lists as int64 tensors on the model's device, in one copy: a tensor per list would be one
+        synchronous host-to-device copy each (eight a step); one pinned buffer is one asynchronous transfer."""
+        flat = torch.tensor([v for values in lists for v in values], dtype=torch.long, device="cpu")
+        if self.device.type != "cpu":
+            flat = flat.pin_memory().to(self.device, non_blocking=True)
+        return list(flat.split([len(values) for values in lists]))
 
     @torch.inference_mode()
     def execute(self, scheduled: list[tuple[Sequence, int]], extra_rows: dict[int, int] | None = None) -> ModelOutput:

@@ -162,7 +162,7 @@ def probabilities(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
-    """One token per row of `logits` [B, vocab] (float32)."""
+    """One token per row of `logits` [B, vocab] (float32); a row's generator lives on the logits' device."""
     tokens = logits.argmax(-1).tolist()  # greedy rows are done here, in one batched call
     for i, p in enumerate(params):
         if p.greedy:
@@ -279,12 +279,23 @@ class Sequence:
         self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
         self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
             [None] if params.prompt_logprobs is not None else None)
-        self.generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        self._generators: dict[torch.device, torch.Generator] = {}
         self.grammar = None  # its grammar's matcher, if params.structured_outputs (lab.engine.structured)
         self.metrics = RequestMetrics(arrival_time=time.perf_counter(), num_prompt_tokens=len(token_ids))
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    def generator(self, device: torch.device | str) -> torch.Generator | None:
+        """The request's seeded generator on `device`, where the probabilities it draws from live: torch refuses
+        a CPU generator for CUDA probabilities. One stream per device (a drafter may run on another), each
+        seeded with the request's seed; None without a seed."""
+        if self.params.seed is None:
+            return None
+        device = torch.device(device)
+        if device not in self._generators:
+            self._generators[device] = torch.Generator(device=device).manual_seed(self.params.seed)
+        return self._generators[device]
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -49,7 +49,7 @@ class TritonPagedAttention:
         # Block tables and lengths once per step (every layer reads the same ones).
         self.decode_tables = meta.decode_blocks.view(bd, -1).to(torch.int32) if bd else None
         self.decode_lens = meta.decode_lens.to(torch.int32)
-        self.max_context = int(meta.decode_lens.max()) if bd else 0
+        self.max_context = meta.max_decode_len
         if meta.prefills:
             width = max(blocks.numel() for _, _, blocks, _ in meta.prefills)
             self.prefill_tables = torch.stack([torch.nn.functional.pad(blocks, (0, width - blocks.numel()))

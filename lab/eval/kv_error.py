@@ -38,10 +38,16 @@ class _Recorder:
         return out
 
 
+def _inputs(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and positions on the model's device."""
+    device = model.embed_tokens.weight.device
+    return torch.tensor(ids, device=device), torch.arange(len(ids), device=device)
+
+
 @torch.inference_mode()
 def record(model, ids: list[int]) -> _Recorder:
     rec = _Recorder(len(model.layers))
-    rec.hidden = model(torch.tensor(ids), torch.arange(len(ids)), rec)
+    rec.hidden = model(*_inputs(model, ids), rec)
     return rec
 
 
@@ -58,8 +64,9 @@ def attention_error_by_position(model, rec: _Recorder, fmt: KVCacheFormat, roles
     With `stride` > 1 only every stride-th query is measured (NaN elsewhere): the error of a position does
     not depend on the others', and 8K x 8K attention for every format and layer is the study's cost."""
     T = rec.k[0].shape[0]
-    rows = torch.arange(0, T, stride)
-    pos = torch.arange(T)
+    device = rec.k[0].device
+    rows = torch.arange(0, T, stride, device=device)
+    pos = torch.arange(T, device=device)
     errors = []
     for layer in range(len(model.layers)):
         q, k, v, out = rec.q[layer][rows], rec.k[layer], rec.v[layer], rec.out[layer][rows]
@@ -70,7 +77,7 @@ def attention_error_by_position(model, rec: _Recorder, fmt: KVCacheFormat, roles
             masks[role] = exact_mask(fmt, role, rows[:, None], pos[None, :])
         got = partly_exact_attention(q, read["k"], read["v"], k, v, masks["k"], masks["v"], q_positions=rows)
         errors.append((got - out).flatten(1).norm(dim=1) / out.flatten(1).norm(dim=1).clamp_min(1e-12))
-    full = torch.full((T,), float("nan"))
+    full = torch.full((T,), float("nan"), device=device)
     full[rows] = torch.stack(errors).mean(0)
     return full
 
@@ -80,7 +87,7 @@ def kl_by_position(model, ids: list[int], exact_hidden: torch.Tensor, fmt: KVCac
                    scales: KVScales | None = None, chunk: int = 512) -> torch.Tensor:
     """Next-token KL(exact || quantized cache) per position; the LM head runs `chunk` rows at a time."""
     cache = QuantizedContiguousKVCache(model, fmt, scales, roles, blocked=True)
-    hidden = model(torch.tensor(ids), torch.arange(len(ids)), cache)
+    hidden = model(*_inputs(model, ids), cache)
     kls = []
     for a in range(0, len(ids), chunk):
         p = model.compute_logits(exact_hidden[a:a + chunk]).double().log_softmax(-1)

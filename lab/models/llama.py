@@ -85,9 +85,10 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, cos) and (-sin, sin) [T, 1, d] for `positions`, built once per forward for all layers. The bound
-        check reads the positions back to the host, which a compiled graph cannot (the engine checks
-        max_model_len against the table before it compiles anything)."""
-        if not torch.compiler.is_compiling() and positions.numel() and int(positions.max()) >= self.max_positions:
+        is checked for host positions only: reading device positions back would stall every forward (and a
+        compiled graph cannot), so the engine checks max_model_len against the table once, when it starts."""
+        if (positions.device.type == "cpu" and not torch.compiler.is_compiling() and positions.numel()
+                and int(positions.max()) >= self.max_positions):
             raise ValueError(f"position {int(positions.max())} is beyond the rotary table of {self.max_positions}")
         cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
         return torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)

@@ -173,7 +173,10 @@ def _load(model, dtype: torch.dtype, device: torch.device, max_positions: int | 
             else:
                 torch.nn.init.ones_(p)
         net.store_weights_transposed()
-        return net.to(dtype).eval(), None
+        net = net.to(dtype)
+        net.rope.float()  # the rotary tables stay float32, as a loaded model's do (.to cast them)
+        net.rope.reset_tables()
+        return net.eval(), None
     model_dir = resolve_model_dir(model)
     config = ModelConfig.from_json(model_dir / "config.json")
     files = sorted(model_dir.glob("*.safetensors"))

@@ -35,7 +35,7 @@ def subsample_tokens(x: torch.Tensor, n_tokens: int) -> torch.Tensor:
     x = x.reshape(-1, x.shape[-1])
     if x.shape[0] <= n_tokens:
         return x
-    return x[torch.linspace(0, x.shape[0] - 1, n_tokens).round().long()]
+    return x[torch.linspace(0, x.shape[0] - 1, n_tokens, device=x.device).round().long()]
 
 
 @torch.no_grad()
@@ -52,18 +52,18 @@ def search_clip(w: torch.Tensor, x: torch.Tensor, spec: QuantSpec, n_grid: int =
         raise ValueError(f"max_shrink={max_shrink} must be in [0, 1) and n_grid={n_grid} >= 1")
     w = w.detach().float()
     x = subsample_tokens(x, n_tokens).float()
-    ratios_grid = torch.linspace(1.0, 1.0 - max_shrink, n_grid).tolist()
+    ratios_grid = torch.linspace(1.0, 1.0 - max_shrink, n_grid, device="cpu").tolist()
     width = spec.group_width(w.shape[1])
     clipped = w.clone()
-    ratios = torch.ones(w.shape[0], spec.num_groups(w.shape[1]))
+    ratios = torch.ones(w.shape[0], spec.num_groups(w.shape[1]), device=w.device)
     before = after = 0.0
     for g, c0 in enumerate(range(0, w.shape[1], width)):
         xg = x[:, c0:c0 + width]
         for r0 in range(0, w.shape[0], row_chunk):
             wg = w[r0:r0 + row_chunk, c0:c0 + width]
             absmax = wg.abs().amax(dim=1, keepdim=True)
-            best_err = torch.full((wg.shape[0],), math.inf)
-            best_ratio = torch.ones(wg.shape[0])
+            best_err = torch.full((wg.shape[0],), math.inf, device=w.device)
+            best_ratio = torch.ones(wg.shape[0], device=w.device)
             for i, ratio in enumerate(ratios_grid):
                 wc = wg.clamp(-ratio * absmax, ratio * absmax)
                 scale, zero = group_params(wc, spec)
@@ -73,7 +73,7 @@ def search_clip(w: torch.Tensor, x: torch.Tensor, spec: QuantSpec, n_grid: int =
                     before += float(err.sum())
                 better = err < best_err
                 best_err = torch.where(better, err, best_err)
-                best_ratio = torch.where(better, torch.tensor(ratio), best_ratio)
+                best_ratio = torch.where(better, ratio, best_ratio)
             after += float(best_err.sum())
             ratios[r0:r0 + row_chunk, g] = best_ratio
             m = best_ratio[:, None] * absmax

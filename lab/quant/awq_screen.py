@@ -111,10 +111,10 @@ class ChangeScreen:
         self.inner_out = self.inner(first_out)
         self.second_t = second_weight.detach().t().bfloat16().contiguous()
         n = self.x.shape[0]
-        self.change = torch.empty(n, self.w.shape[0], dtype=torch.bfloat16)
-        self.sum = torch.empty(n, self.w.shape[0])
-        self.inner_change = torch.empty(n, self.second_t.shape[0], dtype=torch.bfloat16)
-        self.out_change = torch.empty(n, self.second_t.shape[1], dtype=torch.bfloat16)
+        self.change = torch.empty(n, self.w.shape[0], dtype=torch.bfloat16, device=self.x.device)
+        self.sum = torch.empty(n, self.w.shape[0], device=self.x.device)
+        self.inner_change = torch.empty(n, self.second_t.shape[0], dtype=torch.bfloat16, device=self.x.device)
+        self.out_change = torch.empty(n, self.second_t.shape[1], dtype=torch.bfloat16, device=self.x.device)
 
     def inner(self, first_out: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

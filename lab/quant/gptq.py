@@ -51,10 +51,10 @@ class HessianAccumulator:
     running sum is kept in float64, since a sum of many batches loses the small eigenvalues that
     the inverse depends on."""
 
-    def __init__(self, in_features: int):
+    def __init__(self, in_features: int, device: torch.device | str = "cpu"):
         if in_features < 1:
             raise ValueError(f"in_features={in_features} must be >= 1")
-        self.sum = torch.zeros(in_features, in_features, dtype=torch.float64)
+        self.sum = torch.zeros(in_features, in_features, dtype=torch.float64, device=device)
         self.n = 0
 
     @property
@@ -137,7 +137,7 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, spec: QuantSpec,
         raise ValueError(f"weight {tuple(weight.shape)} and Hessian {tuple(H.shape)} do not match: "
                          f"H must be [in, in] for weight [out, in]")
     W = weight.detach().float().clone()
-    H = H.detach().float().clone()
+    H = H.detach().to(device=W.device, dtype=torch.float32, copy=True)  # GPTQ runs where the weight lives
     rows, cols = W.shape
     width = spec.group_width(cols)
 
@@ -188,10 +188,10 @@ def gptq_quantize(weight: torch.Tensor, H: torch.Tensor, spec: QuantSpec,
     if static is not None:
         scales = torch.stack([s for s, _ in static], dim=1)
         zeros = torch.stack([z for _, z in static], dim=1)
-        g_idx = torch.arange(cols) // width
+        g_idx = torch.arange(cols, device=W.device) // width
     else:
         scales, zeros = torch.stack(group_scales, dim=1), torch.stack(group_zeros, dim=1)
-        g_idx = torch.arange(cols) // width  # group of each position in quantization order
+        g_idx = torch.arange(cols, device=W.device) // width  # group of each position in quantization order
     if perm is not None:
         inv = torch.argsort(perm)
         Q = Q[:, inv]
@@ -230,7 +230,7 @@ def gptq_quantize_model(model: nn.Module, calib_token_ids: list[list[int]], spec
         # One walk through the layer; each linear's inputs already see the linears quantized before it.
         for name, inputs in cal.sequential(layer):
             lin = layer.get_submodule(name)
-            acc = HessianAccumulator(lin.in_features)
+            acc = HessianAccumulator(lin.in_features, device=lin.weight.device)
             for x in inputs:
                 acc.add_batch(x)
             result = gptq_quantize(lin.weight, acc.H, spec, config)

@@ -94,12 +94,17 @@ class KVCacheFormat:
 @dataclass
 class QuantizedKV:
     """codes: float8 values, or integer codes as uint8 [T, H, D] (unpacked); scale and zero broadcast against
-    them (zero None for fp8 and symmetric grids, where it is implied); clipped: elements saturated."""
+    them (zero None for fp8 and symmetric grids, where it is implied); clipped: elements saturated, counted on
+    the codes' device and read only when asked (reading it at every write would stall a GPU step per layer)."""
 
     codes: torch.Tensor
     scale: torch.Tensor
     zero: torch.Tensor | None
-    clipped: int
+    saturated: torch.Tensor | int
+
+    @property
+    def clipped(self) -> int:
+        return int(self.saturated)
 
 
 def fp8_max(dtype: str) -> float:
@@ -131,7 +136,7 @@ def _fp16(scale: torch.Tensor) -> torch.Tensor:
     the largest |x| inside the grid."""
     s = scale.clamp_min(MIN_SCALE)
     h = s.half().float()
-    return torch.where(h < s, torch.nextafter(h.half(), torch.tensor(float("inf"), dtype=torch.half)).float(), h)
+    return torch.where(h < s, torch.nextafter(h.half(), torch.full_like(h, float("inf"), dtype=torch.half)).float(), h)
 
 
 def static_scale(absmax: torch.Tensor, fmt: KVCacheFormat) -> torch.Tensor:
@@ -165,7 +170,7 @@ def quantize(x: torch.Tensor, fmt: KVCacheFormat, role: str, scale: torch.Tensor
             scale = _fp16((_absmax_over(x, gran, fmt.token_group) / top))
         y = x / scale
         # A dynamic scale maps the largest |x| to the top by construction (beyond it only by rounding).
-        clipped = int((y.abs() > top).sum()) if fmt.static else 0
+        clipped = (y.abs() > top).sum() if fmt.static else 0
         codes = y.clamp(-top, top).to(FP8_TYPES[fmt.dtype])
         return QuantizedKV(codes, scale, None, clipped)
 
@@ -173,7 +178,7 @@ def quantize(x: torch.Tensor, fmt: KVCacheFormat, role: str, scale: torch.Tensor
     if not fmt.asymmetric:
         zero = torch.full_like(scale, 2 ** (fmt.bits - 1))
         q = torch.round(x / scale) + zero
-        clipped = int(((q < 0) | (q > levels)).sum())
+        clipped = ((q < 0) | (q > levels)).sum()
         return QuantizedKV(q.clamp(0, levels).to(torch.uint8), scale, None, clipped)
     if gran == "per-token":
         lo, hi = x.amin(dim=2, keepdim=True), x.amax(dim=2, keepdim=True)

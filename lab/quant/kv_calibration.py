@@ -63,9 +63,11 @@ class KVScales:
     def unit(cls, model, fmt: KVCacheFormat) -> KVScales:
         """Statistics that give `fmt` a static scale of exactly 1.0, vLLM's default when no k_scale/v_scale
         is given (for fp8 e4m3, an |x| of 448 maps to the top): the uncalibrated baseline."""
-        top = static_scale(torch.ones(1), fmt).reciprocal() if not fmt.is_fp8 else torch.tensor(fp8_max(fmt.dtype))
+        device = model.embed_tokens.weight.device
+        top = (static_scale(torch.ones(1, device=device), fmt).reciprocal() if not fmt.is_fp8
+               else fp8_max(fmt.dtype))
         shape = (len(model.layers), model.config.num_key_value_heads)
-        full = torch.full(shape, float(top))
+        full = torch.full(shape, float(top), device=device)
         return cls(full, full.clone(), full.clone(), "unit", None)
 
     def scale(self, fmt: KVCacheFormat, layer: int, role: str) -> torch.Tensor:

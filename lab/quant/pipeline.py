@@ -120,11 +120,15 @@ def checkpoint_format(job: QuantJob) -> str:
     return "awq" if job.method == "awq" else "gptq"
 
 
-def run_quant_job(job: QuantJob, out_dir: str | Path, progress: bool = True) -> dict:
-    """`lab quant`: quantize `job.model` and save it to `out_dir`; returns the summary and the path."""
+def run_quant_job(job: QuantJob, out_dir: str | Path, progress: bool = True, device: str = "auto") -> dict:
+    """`lab quant`: quantize `job.model` on `device` ("auto": CUDA when present, else the CPU; checked before
+    the model loads) and save it to `out_dir`; returns the summary, the path and the device it ran on."""
     from lab.models import load_model
+    from lab.runs import check_device, resolve_device
 
-    model, tok = load_model(job.model, dtype=torch.float32, device="cpu")
+    check_device("device", device)
+    # float32 on every device: the algorithms' statistics (Hessians, scale searches) want its precision.
+    model, tok = load_model(job.model, dtype=torch.float32, device=resolve_device(device))
     codes, summary = quantize_model(job, model, tok, progress)
     path = save_quantized(model, codes, job.spec(), checkpoint_format(job), out_dir, tokenizer=tok)
-    return {"out_dir": str(path), **summary}
+    return {"out_dir": str(path), "device": str(model.embed_tokens.weight.device), **summary}

@@ -129,7 +129,7 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                          f"zeros {tuple(zeros.shape)}")
     if g_idx is None:
         width = q.shape[1] if group_size is None else group_size
-        g_idx = torch.arange(q.shape[1]) // width
+        g_idx = torch.arange(q.shape[1], device=q.device) // width
     if g_idx.shape != (q.shape[1],) or int(g_idx.max()) >= scales.shape[1] or int(g_idx.min()) < 0:
         raise ValueError(f"g_idx must map each of the {q.shape[1]} columns to one of "
                          f"{scales.shape[1]} groups")

@@ -67,19 +67,20 @@ def disk_load(nbytes: int, repeats: int = 5, directory: str | None = None) -> Ti
         return Timing("disk file", nbytes, median_seconds(read, repeats, drop))
 
 
-def gpu_loads(nbytes: int, repeats: int = 5) -> list[Timing]:
+def gpu_loads(nbytes: int, repeats: int = 5, flush_bytes: int = 512 * 1024**2) -> list[Timing]:
+    """Device memory and the two host-to-device paths. Before each timed copy a `flush_bytes` device buffer is
+    written (untimed), several times an H100/H200's 50-60 MB L2: a window of a few MB copied again and again
+    would otherwise be read from L2, and "device memory" would be L2's bandwidth, not HBM's."""
     if not torch.cuda.is_available():
         return []
-    sync = torch.cuda.synchronize
-    out = []
+    flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
     dev_src = torch.empty(max(nbytes, 1), dtype=torch.uint8, device="cuda")
     dev_dst = torch.empty_like(dev_src)
+    out = []
     for what, src in (("device memory", dev_src), ("pinned host -> device", torch.empty(nbytes, dtype=torch.uint8).pin_memory()),
                       ("pageable host -> device", torch.empty(nbytes, dtype=torch.uint8))):
-        def copy(src=src):
-            dev_dst.copy_(src, non_blocking=True)
-            sync()
-        out.append(Timing(what, nbytes, median_seconds(copy, repeats)))
+        out.append(Timing(what, nbytes, median_seconds(lambda src=src: dev_dst.copy_(src, non_blocking=True), repeats,
+                                                       lambda: flush.fill_(0))))
     return out
 
 

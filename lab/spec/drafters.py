@@ -138,7 +138,7 @@ class ModelDrafter:
                     token = int(row.argmax())
                 else:
                     q = probabilities(row[None], seq.params)[0]
-                    token = int(torch.multinomial(q, 1, generator=seq.generator))
+                    token = int(torch.multinomial(q, 1, generator=seq.generator(q.device)))
                     probs.append(q)
                 shadow.token_ids.append(token)
                 tokens.append(token)

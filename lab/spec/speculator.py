@@ -216,7 +216,7 @@ class Speculator(EngineExtension):
         _, draft = self.drafts.pop(seq.request_id)
         d = len(draft.tokens)
         base = len(seq) - d
-        v = verify(draft.tokens, probabilities(logits, seq.params), draft.probs, seq.generator)
+        v = verify(draft.tokens, probabilities(logits, seq.params), draft.probs, seq.generator(logits.device))
         del seq.token_ids[base:]
         seq.num_computed_tokens = base + v.num_accepted  # the KV of rejected drafts is dropped
         self.totals.record(d, v.num_accepted)

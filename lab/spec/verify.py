@@ -35,11 +35,13 @@ def verify(draft: list[int], target_probs: torch.Tensor, draft_probs: torch.Tens
     if draft_probs is not None and draft_probs.shape != (k, target_probs.shape[1]):
         raise ValueError(f"draft_probs must be [k = {k}, {target_probs.shape[1]}], got {tuple(draft_probs.shape)}")
     p = target_probs.double()
+    if draft_probs is not None:
+        draft_probs = draft_probs.to(p.device)  # a drafter may run on another device than the target
     out = []
     for i, x in enumerate(draft):
         q_x = 1.0 if draft_probs is None else float(draft_probs[i, x])
         ratio = float(p[i, x]) / q_x if q_x > 0 else float("inf")
-        if ratio >= 1 or float(torch.rand((), dtype=torch.float64, generator=generator)) < ratio:
+        if ratio >= 1 or float(torch.rand((), dtype=torch.float64, device=p.device, generator=generator)) < ratio:
             out.append(x)
             continue
         q = torch.zeros_like(p[i])

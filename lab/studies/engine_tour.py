@@ -13,7 +13,7 @@ import pandas as pd
 
 from lab.engine import LLM, SamplingParams
 from lab.engine.trace import traced_generate
-from lab.runs import as_tuple, check_range
+from lab.runs import as_tuple, check_device, check_range, resolve_device
 
 SYSTEM_PROMPT = ("You are a concise assistant for an inference-optimization lab. Answer in at most three "
                  "sentences, prefer numbers to adjectives, and say when you are unsure.")
@@ -30,6 +30,7 @@ QUESTIONS = [
 class TourParams:
     PRESET: str = "quick"
     INTERACTIVE: bool = False
+    DEVICE: str = "auto"  # where the engine runs: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"
     MODEL: str = "smollm2-135m"
     NUM_REQUESTS: int = 8
     MAX_TOKENS: int = 48
@@ -39,11 +40,20 @@ class TourParams:
     MAX_NUM_BATCHED_TOKENS: int = 64
     TTFT_REPEATS: int = 5  # alone-request TTFT, prefix miss then hit
     BUDGETS: tuple = (16, 32, 64, 128, 256)  # the token-budget sweep (and the widget's slider)
-    # The tour is short at reference size already; smoke is seconds: few requests, few tokens.
-    PRESETS: ClassVar[dict] = {"quick": {"TTFT_REPEATS": 3},
-                               "smoke": {"NUM_REQUESTS": 3, "MAX_TOKENS": 8, "TTFT_REPEATS": 1, "BUDGETS": (16, 64)}}
+    # The tour is short at reference size already; smoke is seconds: few requests, few tokens. gpu: the tour at
+    # serving batch, which a CPU takes many minutes over: every question running at once with 128-token answers,
+    # a pool that still fills and preempts (96 blocks for some 140 wanted), token budgets up to 2048 a step, and
+    # TTFT medians over 20 repeats, which a GPU's small run-to-run spread lets show a prefix hit's saving.
+    PRESETS: ClassVar[dict] = {
+        "quick": {"TTFT_REPEATS": 3},
+        "smoke": {"NUM_REQUESTS": 3, "MAX_TOKENS": 8, "TTFT_REPEATS": 1, "BUDGETS": (16, 64)},
+        "gpu": {"NUM_REQUESTS": len(QUESTIONS), "MAX_TOKENS": 128, "NUM_KV_BLOCKS": 96,
+                "MAX_NUM_SEQS": len(QUESTIONS), "MAX_NUM_BATCHED_TOKENS": 256, "TTFT_REPEATS": 20,
+                "BUDGETS": (32, 256, 2048)},
+    }
 
     def __post_init__(self):
+        check_device("DEVICE", self.DEVICE)
         check_range("NUM_REQUESTS", self.NUM_REQUESTS, 1, len(QUESTIONS), int)
         check_range("MAX_TOKENS", self.MAX_TOKENS, 1, 1024, int)
         check_range("BLOCK_SIZE", self.BLOCK_SIZE, 1, 256, int)
@@ -58,7 +68,8 @@ class TourParams:
 
 def make_engine(p: TourParams, model=None, tokenizer=None, **overrides) -> LLM:
     kw = dict(block_size=p.BLOCK_SIZE, num_kv_blocks=p.NUM_KV_BLOCKS, max_num_seqs=p.MAX_NUM_SEQS,
-              max_num_batched_tokens=p.MAX_NUM_BATCHED_TOKENS, max_model_len=1024) | overrides
+              max_num_batched_tokens=p.MAX_NUM_BATCHED_TOKENS, max_model_len=1024,
+              device=resolve_device(p.DEVICE)) | overrides
     return LLM(model if model is not None else p.MODEL, tokenizer=tokenizer, **kw)
 
 

@@ -32,7 +32,7 @@ from lab.eval.harness import long_text  # noqa: F401  (notebook 03 calls study.l
 from lab.eval.kv_error import attention_error_by_position, kl_by_position, record
 from lab.quant.kv import KVCacheFormat, parse_format
 from lab.quant.kv_calibration import KVScales
-from lab.runs import as_tuple, check_choice, check_range
+from lab.runs import as_tuple, check_choice, check_device, check_range
 
 
 def position_buckets(n: int, first: int = 256) -> list[tuple[int, int]]:
@@ -67,6 +67,7 @@ ENGINE_BLOCK_SIZE = EngineConfig.block_size  # the engine's default block size, 
 class KVStudyParams:
     PRESET: str = "quick"
     INTERACTIVE: bool = False
+    DEVICE: str = "auto"  # auto: CUDA when present, else the CPU; the model stays float32 on either
     MODEL: str = "smollm2-135m"
     CONTEXT: int = 8192  # tokens of held-out text for the position study (SmolLM2's context limit)
     FIRST_BUCKET: int = 256
@@ -109,9 +110,16 @@ class KVStudyParams:
                   "E2E_FORMATS": ("fp8_e4m3/per-tensor", "int4/per-token"), "HELDOUT_SEQUENCES": 2, "HELDOUT_TOKENS": 64,
                   "MAX_TOKENS": 8, "ITEMS_PER_CATEGORY": 1, "LONG_CONTEXT_ITEMS": 0, "POOL_MIB": 2.0,
                   "CONCURRENCY_LEN": 64},
+        # gpu: the long-context questions a CPU can only sample. Every reference format on SmolLM2's whole
+        # 8K context with the attention error at every query position (stride 1, not every 8th); end to end,
+        # held-out sequences of 2K tokens instead of 512 (the error accumulates with context) and every one
+        # of the 30 long-context items; static scales calibrated on four times the sequences.
+        "gpu": {"ATTENTION_STRIDE": 1, "CALIB_SAMPLES": 128, "HELDOUT_SEQUENCES": 32, "HELDOUT_TOKENS": 2048,
+                "LONG_CONTEXT_ITEMS": 30},
     }
 
     def __post_init__(self):
+        check_device("DEVICE", self.DEVICE)
         for name in ("GROWTH_FORMATS", "ROLE_FORMATS", "E2E_FORMATS"):
             setattr(self, name, as_tuple(name, getattr(self, name)))
             for f in getattr(self, name):
@@ -218,7 +226,7 @@ def max_concurrency(model, tokenizer, names: list[str], calibrated: KVScales, po
                   if fmt is not None else None)
         vocab = model.config.vocab_size
         for _ in range(n):
-            llm.add_request(torch.randint(0, vocab, (seq_len - 1,), generator=gen).tolist(),
+            llm.add_request(torch.randint(0, vocab, (seq_len - 1,), generator=gen, device="cpu").tolist(),
                             SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
         peak = 0
         while llm.scheduler.has_unfinished():

@@ -2,12 +2,14 @@
 
 Tables and figures for the notebook; the arithmetic lives in `lab.memory`, `lab.roofline` and
 `lab.hardware`. Two checks against measurement: the engine's real allocations against the account,
-and the engine's measured decode-step time on this machine against the roofline's lower bound
-(from `lab.hardware.probe`). The claims table recomputes the source articles' numbers.
+and the engine's measured decode-step time on this machine against the roofline's lower bound. Both
+take the model's dtype and device from the model that ran (`engine_cost`, `lab.hardware.model_ceilings`), never
+from a constant. The claims table recomputes the source articles' numbers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from typing import ClassVar
@@ -18,8 +20,9 @@ from lab import memory as mem
 from lab import roofline
 from lab.claims import CLAIMS_COLUMNS, check, claim_row
 from lab.hardware import GPUS, Hardware, get_gpu
-from lab.roofline import model_cost  # noqa: F401  notebook 01 calls it as study.model_cost
-from lab.runs import as_tuple, check_choice, check_range
+from lab.models.loader import EMBEDDED_MODELS, preset_names
+from lab.roofline import model_cost
+from lab.runs import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
 
 KV_DTYPES = ["bf16", "fp8", "int8", "int4", "int2"]
 MODEL_NAMES = ["smollm2-135m", "llama-2-7b", "llama-3-8b", "llama-3-70b", "qwen2.5-7b", "qwen2.5-72b", "mistral-7b",
@@ -30,6 +33,7 @@ MODEL_NAMES = ["smollm2-135m", "llama-2-7b", "llama-3-8b", "llama-3-70b", "qwen2
 class MemoryParams:
     PRESET: str = "quick"
     INTERACTIVE: bool = False
+    DEVICE: str = "auto"  # where the engine check (section 6) runs; the INT4 claim is a CPU study
     MODEL: str = "llama-3-8b"
     WEIGHTS: str = "int4-g128"
     KV_DTYPE: str = "bf16"
@@ -40,17 +44,28 @@ class MemoryParams:
     LENGTH_P50: int = 600  # request lengths (prompt + output) for the paging-waste study
     LENGTH_P90: int = 2000
     LENGTH_P99: int = 6000
+    ENGINE_MODEL: str = "smollm2-135m"  # the engine check's model: smollm2-135m or random:<preset>
+    ENGINE_DTYPE: str = "float32"  # its dtype ("auto": the serving dtype on DEVICE); the committed CPU runs: float32
     ENGINE_BATCHES: tuple = (1, 4, 16, 32)  # batch sizes timed on the lab engine for the roofline check
+    ENGINE_CONTEXT: int = 128  # tokens of context of every timed sequence
     PROBE_SECONDS: float = 4.0  # this machine's bandwidth and FLOP/s probe
     DECODE_STEPS: int = 8  # timed decode steps per batch size
     INT4_BATCHES: tuple = (1, 32)  # the INT4 decode claim (section 7)
     INT4_CONTEXT: int = 128
     INT4_STEPS: int = 16
-    # Under a minute at reference size, so quick is reference; smoke trims the timed engine work.
-    PRESETS: ClassVar[dict] = {"smoke": {"ENGINE_BATCHES": (1, 4), "PROBE_SECONDS": 2.0, "DECODE_STEPS": 3,
-                                         "INT4_BATCHES": (1, 2), "INT4_CONTEXT": 32, "INT4_STEPS": 3}}
+    # Under a minute at reference size, so quick is reference; smoke trims the timed engine work. gpu: the
+    # roofline check at a production shape, which a CPU cannot time: Llama-3-8B (random weights) in bfloat16 on
+    # the GPU, decode at batch 1 to 64 over 1024 tokens of context, from weight-bound to KV-bound steps, against
+    # the ceilings probed there; the accounts (sections 2 to 5) for the H200 it runs on.
+    PRESETS: ClassVar[dict] = {
+        "smoke": {"ENGINE_BATCHES": (1, 4), "PROBE_SECONDS": 2.0, "DECODE_STEPS": 3,
+                  "INT4_BATCHES": (1, 2), "INT4_CONTEXT": 32, "INT4_STEPS": 3},
+        "gpu": {"GPU": "h200", "ENGINE_MODEL": "random:llama-3-8b", "ENGINE_DTYPE": "bfloat16",
+                "ENGINE_BATCHES": (1, 8, 32, 64), "ENGINE_CONTEXT": 1024, "DECODE_STEPS": 16},
+    }
 
     def __post_init__(self):
+        check_device("DEVICE", self.DEVICE)
         check_choice("MODEL", self.MODEL, MODEL_NAMES)
         mem.weight_format(self.WEIGHTS)  # raises with the known formats
         check_choice("KV_DTYPE", self.KV_DTYPE, KV_DTYPES)
@@ -69,6 +84,9 @@ class MemoryParams:
         for name in ("DECODE_STEPS", "INT4_STEPS"):
             check_range(name, getattr(self, name), 2, 1000, int)
         check_range("INT4_CONTEXT", self.INT4_CONTEXT, 1, 8192, int)
+        check_choice("ENGINE_MODEL", self.ENGINE_MODEL, [*EMBEDDED_MODELS, *(f"random:{n}" for n in preset_names())])
+        check_dtype("ENGINE_DTYPE", self.ENGINE_DTYPE)
+        check_range("ENGINE_CONTEXT", self.ENGINE_CONTEXT, 1, 8192, int)
 
 
 def parameter_table() -> pd.DataFrame:
@@ -162,6 +180,26 @@ def roofline_points(hw: Hardware, cost: roofline.ModelCost, context: int, prefil
     return pts
 
 
+def load_engine_model(p: MemoryParams):
+    """The engine check's model and tokenizer (None for random weights), on DEVICE in ENGINE_DTYPE."""
+    from lab.models import load_model
+
+    return load_model(p.ENGINE_MODEL, dtype=p.ENGINE_DTYPE, device=resolve_device(p.DEVICE))
+
+
+def engine_shape(model) -> mem.ModelShape:
+    return mem.ModelShape.from_hf_config(model.config.to_hf_dict(), "engine model")
+
+
+def engine_cost(model) -> roofline.ModelCost:
+    """The roofline's numbers for `model` as the engine runs it: every weight (embeddings and norms too, which
+    `model_cost` would take as bf16) and the KV cache (which the engine keeps in the model's dtype) in the dtype
+    of its weights, so a bfloat16 model costs 2 bytes an element and a float32 one 4."""
+    s, dtype = engine_shape(model), mem.dtype_name(model.embed_tokens.weight.dtype)
+    weights = mem.weight_bytes(s, dtype, unquantized=dtype)["total"]
+    return dataclasses.replace(model_cost(s, dtype, dtype), weight_bytes=weights)
+
+
 def measure_engine_decode(model, tokenizer, batches, context: int = 128, steps: int = 8) -> pd.DataFrame:
     """Median decode-step time of the lab engine at each batch size, every sequence at ~`context` tokens."""
     from lab.timing import decode_engine, decode_step_seconds
@@ -185,7 +223,7 @@ def predicted_vs_measured(measured: pd.DataFrame, hw: Hardware, cost: roofline.M
 
 def engine_allocation_check(llm) -> pd.DataFrame:
     """The engine's real bytes (weights, KV pool) beside what `lab.memory` predicts for its shape."""
-    s = mem.ModelShape.preset("smollm2-135m")
+    s = engine_shape(llm.model)
     dtype = mem.dtype_name(next(llm.model.parameters()).dtype)
     params = {p.data_ptr(): p for p in llm.model.parameters()}
     rows = [("weights", sum(p.numel() * p.element_size() for p in params.values()),

@@ -30,13 +30,19 @@ from lab.parallel.sharding import rank_shapes
 from lab.models.loader import default_dtype, parse_dtype
 from lab.parallel import comm_bench
 from lab.parallel.comm_model import LINKS, Link, alpha_for_share, pipeline_bubble, tp_decode_step
-from lab.runs import as_tuple, check_choice, check_dtype, check_range
+from lab.runs import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
+
+# The multi-process measurements (links, TP and PP on the engine) run as processes of one CPU with gloo: one GPU
+# cannot hold two NCCL ranks, so on a GPU machine they stay on its CPU and DEVICE times one rank's compute
+# (`lab.studies.parallelism_rank`).
+PROCESS_DEVICE = "cpu"
 
 
 @dataclass
 class ParallelParams:
     PRESET: str = "quick"
     INTERACTIVE: bool = False
+    DEVICE: str = "auto"  # where one rank's compute is timed: "auto" (CUDA when present), "cpu", "cuda", "cuda:N"
     MODEL: str = "smollm2-135m"
     DTYPE: str = "auto"  # of the timed steps (the equality check runs in float32)
     COMM_SIZES: tuple = tuple(4 ** k for k in range(1, 13))  # bytes, 4 B .. 16 MiB
@@ -53,17 +59,26 @@ class ParallelParams:
     CONTEXT: int = 2048  # tokens of context per sequence in the projection
     HARDWARE: str = "h100-sxm"
     ALPHAS_US: tuple = (1, 2, 5, 10, 15, 20, 30, 50, 80)  # the latency sweep of the projection
+    RANK_LAYERS: int = 1  # layers of one PROJECT_TP rank timed on DEVICE (the step scaled to all of them)
     PRESETS: ClassVar[dict] = {
         "quick": {"COMM_REPEATS": 10, "BATCHES": (1, 8), "PREFILL_TOKENS": (256,), "STEPS": 6,
                   "MICRO_BATCHES": (1, 2, 4, 8), "PP_BATCH": 8},
         "smoke": {"MODEL": "random:tiny", "COMM_SIZES": (16, 4096), "COMM_REPEATS": 2, "BATCHES": (1, 2),
                   "PREFILL_TOKENS": (32,), "STEPS": 2, "MICRO_BATCHES": (1, 2), "PP_BATCH": 2, "PP_PROMPT": 8,
                   "ALPHAS_US": (5, 20)},
+        # gpu: every layer of one Llama-3-70B TP=8 rank timed on the GPU in bf16 (17 GB of weights, KV to batch
+        # 256 at 2K tokens), and the TP=8 step projected from that measured compute; the multi-process
+        # measurements stay on the CPU (PROCESS_DEVICE), at sizes that keep them near a minute
+        "gpu": {"RANK_LAYERS": 80, "COMM_REPEATS": 10, "BATCHES": (1, 8), "PREFILL_TOKENS": (128,), "STEPS": 4,
+                "MICRO_BATCHES": (1, 2, 8), "PP_BATCH": 8, "PP_PROMPT": 32},
     }
 
     def __post_init__(self):
+        check_device("DEVICE", self.DEVICE)
         check_dtype("DTYPE", self.DTYPE)
-        self.torch_dtype = parse_dtype(self.DTYPE) or default_dtype("cpu")
+        # the engine's processes run on PROCESS_DEVICE, one rank's compute on DEVICE: each in its serving dtype
+        self.torch_dtype = parse_dtype(self.DTYPE) or default_dtype(PROCESS_DEVICE)
+        self.device_dtype = parse_dtype(self.DTYPE) or default_dtype(resolve_device(self.DEVICE))
         for name in ("COMM_SIZES", "BATCHES", "PREFILL_TOKENS", "MICRO_BATCHES", "PROJECT_BATCHES", "ALPHAS_US"):
             setattr(self, name, as_tuple(name, getattr(self, name)))
             for v in getattr(self, name):
@@ -75,13 +90,14 @@ class ParallelParams:
         check_range("PROJECT_TP", self.PROJECT_TP, 1, 64, int)
         check_range("CONTEXT", self.CONTEXT, 1, 1 << 20, int)
         check_choice("HARDWARE", self.HARDWARE, sorted(GPUS))
-        ModelShape.preset(self.PROJECT_MODEL)  # an unknown preset is refused here, by name
+        layers = ModelShape.preset(self.PROJECT_MODEL).num_layers  # an unknown preset is refused here, by name
+        check_range("RANK_LAYERS", self.RANK_LAYERS, 1, layers, int)
 
 
 # ---- this machine's links ------------------------------------------------------------------------------------
 def links(p: ParallelParams) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(the ping-pong and all-reduce sweep between 2 processes, and each op's alpha-beta fit)."""
-    sweep = comm_bench.measure(2, p.COMM_SIZES, p.COMM_REPEATS)
+    sweep = comm_bench.measure(2, p.COMM_SIZES, p.COMM_REPEATS, device=PROCESS_DEVICE)
     return sweep, comm_bench.fit(sweep, 2)
 
 
@@ -164,9 +180,9 @@ def _engine(p: ParallelParams, tp: int, batch: int, context: int):
     from lab.engine import LLM
 
     max_len = context + p.STEPS + 8
-    return LLM(p.MODEL, dtype=p.DTYPE, tensor_parallel_size=tp, max_num_seqs=batch, max_model_len=max_len,
-               num_kv_blocks=batch * -(-max_len // 16) + 8, max_num_batched_tokens=max(4096, batch * context),
-               enable_prefix_caching=False)
+    return LLM(p.MODEL, dtype=p.DTYPE, device=PROCESS_DEVICE, tensor_parallel_size=tp, max_num_seqs=batch,
+               max_model_len=max_len, num_kv_blocks=batch * -(-max_len // 16) + 8,
+               max_num_batched_tokens=max(4096, batch * context), enable_prefix_caching=False)
 
 
 def _timed_step(llm, rows: list, **labels) -> None:
@@ -254,7 +270,8 @@ def engine_memory(p: ParallelParams, tp: int = 2, num_kv_blocks: int = 64) -> pd
     beside `rank_memory`'s count of that rank's share."""
     from lab.engine import LLM
 
-    llm = LLM(p.MODEL, dtype=p.DTYPE, tensor_parallel_size=tp, num_kv_blocks=num_kv_blocks, max_model_len=512)
+    llm = LLM(p.MODEL, dtype=p.DTYPE, device=PROCESS_DEVICE, tensor_parallel_size=tp, num_kv_blocks=num_kv_blocks,
+              max_model_len=512)
     stats, block_size = llm.stats(), llm.block_manager.block_size
     llm.close()
     fmt = {4: "fp32", 2: "bf16"}[p.torch_dtype.itemsize]
@@ -276,8 +293,9 @@ def pp_steps(p: ParallelParams, context: int = 256) -> pd.DataFrame:
     for m in tqdm((None, *p.MICRO_BATCHES), desc="PP=2: micro-batch counts"):
         opts = {} if m is None else {"pipeline_parallel_size": 2, "pipeline_micro_batches": m}
         max_len = context + p.STEPS * (p.PP_PROMPT + 1) + 8
-        llm = LLM(p.MODEL, dtype=p.DTYPE, max_num_seqs=p.PP_BATCH, max_model_len=max_len, enable_prefix_caching=False,
-                  num_kv_blocks=2 * p.PP_BATCH * -(-max_len // 16), max_num_batched_tokens=p.PP_BATCH * context, **opts)
+        llm = LLM(p.MODEL, dtype=p.DTYPE, device=PROCESS_DEVICE, max_num_seqs=p.PP_BATCH, max_model_len=max_len,
+                  enable_prefix_caching=False, num_kv_blocks=2 * p.PP_BATCH * -(-max_len // 16),
+                  max_num_batched_tokens=p.PP_BATCH * context, **opts)
         for i in range(p.PP_BATCH):
             llm.add_request([(7 * i + j) % 1000 + 10 for j in range(context)],
                             SamplingParams(temperature=0, max_tokens=p.STEPS + 2, ignore_eos=True))

@@ -44,7 +44,7 @@ from lab.memory import ModelShape, WeightFormat, weight_bytes
 from lab.quant.formats import AWQ_BITS
 from lab.quant.pipeline import METHODS, QuantJob, quantize_model
 from lab.quant.rtn import QuantSpec
-from lab.runs import as_tuple, check_choice, check_range
+from lab.runs import as_tuple, check_choice, check_device, check_range
 
 _CONFIG = re.compile(r"w(\d)(?:g(\d+))?")
 MIXES = ("stratified", "short_qa")
@@ -68,6 +68,7 @@ def parse_config(name: str, symmetric: bool = False) -> QuantSpec:
 class QuantAccuracyParams:
     PRESET: str = "quick"
     INTERACTIVE: bool = False
+    DEVICE: str = "auto"  # auto: CUDA when present, else the CPU; the models stay float32 on either
     MODEL: str = "smollm2-135m"
     METHODS: tuple = ("rtn", "gptq", "awq")
     CONFIGS: tuple = ("w4g32", "w4g64", "w3g64", "w8")
@@ -96,9 +97,16 @@ class QuantAccuracyParams:
                            "HELDOUT_TOKENS": 256, "MAX_TOKENS": 32, "ITEMS_PER_CATEGORY": 6, "SUMMARIZATION_DOCS": 2},
         "smoke": _FEWER | {"GPTQ_CALIB": (4, 64), "AWQ_CALIB": (4, 64), "HELDOUT_SEQUENCES": 2, "HELDOUT_TOKENS": 64,
                            "MAX_TOKENS": 12, "ITEMS_PER_CATEGORY": 2, "SUMMARIZATION_DOCS": 1},
+        # gpu: what 2 CPU cores cannot afford: the reference grid (every method and configuration, calibrated as
+        # the reference is) on four times the held-out sequences (narrower intervals on the method-against-RTN
+        # comparisons), every long-context item at every configuration, and four times the summarization prompts
+        # of the calibration-mismatch comparison.
+        "gpu": {"HELDOUT_SEQUENCES": 64, "LONG_CONTEXT_ITEMS": 30, "SUMMARIZATION_DOCS": 32, "N_PROMPTS": 12,
+                "LONG_CONTEXT_CONFIGS": ("w4g32", "w4g64", "w3g64", "w8")},
     }
 
     def __post_init__(self):
+        check_device("DEVICE", self.DEVICE)
         for name in ("METHODS", "CONFIGS", "LONG_CONTEXT_CONFIGS", "GPTQ_CALIB", "AWQ_CALIB", "DOMAINS"):
             setattr(self, name, as_tuple(name, getattr(self, name)))
         if not self.METHODS or not self.CONFIGS:
@@ -365,7 +373,7 @@ def checkpoint_outputs(kept: dict, reference, tokenizer, prompts: list[str], max
     for (method, config), (model, codes, job) in tqdm(kept.items(), desc="checkpoints"):
         out_dir = Path(out_root) / f"{method}-{config}"
         save_quantized(model, codes, job.spec(), checkpoint_format(job), out_dir, tokenizer=tokenizer)
-        loaded, _ = load_quantized(out_dir, dtype=torch.float32, device="cpu")
+        loaded, _ = load_quantized(out_dir, dtype=torch.float32, device=reference.embed_tokens.weight.device)
         got = greedy_token_ids(loaded, tokenizer, prompts, max_tokens)
         mem = greedy_token_ids(model, tokenizer, prompts, max_tokens)
         rows += [{"prompt": i, "model": f"{method} {config} (checkpoint)", "output": tokenizer.decode(t),

@@ -22,7 +22,7 @@ from lab.hardware import GPUS, Hardware
 from lab.memory import ModelShape
 from lab.models.loader import default_dtype, parse_dtype
 from lab.replay.cost import LINKS, break_even_table, recompute_seconds, window_cost
-from lab.runs import as_tuple, check_choice, check_dtype, check_range
+from lab.runs import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
 
 COST_MODELS = ["smollm2-135m", "llama-2-7b", "llama-3-8b", "llama-3-70b", "qwen2.5-72b", "deepseek-v3"]
 ATTENTION = {"llama-2-7b": "MHA", "deepseek-v3": "MLA"}  # the rest are GQA
@@ -32,6 +32,7 @@ ATTENTION = {"llama-2-7b": "MHA", "deepseek-v3": "MLA"}  # the rest are GQA
 class ReplayParams:
     PRESET: str = "quick"
     INTERACTIVE: bool = False
+    DEVICE: str = "auto"  # where the models run: the lossless check, the timed recomputes and the probe
     LOSSLESS_MODEL: str = "smollm2-135m"  # the replay = no-replay check, in float32
     LOSSLESS_TOKENS: int = 32
     MODELS: tuple = ("smollm2-135m", "random:smollm2-360m")  # measured on the engine
@@ -42,18 +43,27 @@ class ReplayParams:
     EFFICIENCY: float = 0.5  # the article's compute efficiency for its self-diagnosis rule
     PD_WINDOW: int = 64
     PD_PREFIX: int = 32768
-    DTYPE: str = "auto"  # of the timed models: the serving dtype (the lossless check runs in float32)
-    PROBE_SECONDS: float = 6.0  # this machine's ceilings in DTYPE
+    DTYPE: str = "auto"  # of the timed models: the serving dtype on DEVICE (the lossless check runs in float32)
+    PROBE_SECONDS: float = 6.0  # this machine's ceilings in DTYPE on DEVICE, probed once per timed model
     PRESETS: ClassVar[dict] = {
         "quick": {"MODELS": ("smollm2-135m",), "PREFIXES": (1024, 4096), "WINDOWS": (16, 64, 256), "REPEATS": 2,
                   "PROBE_SECONDS": 4.0},
         "smoke": {"LOSSLESS_MODEL": "random:tiny", "LOSSLESS_TOKENS": 8, "MODELS": ("random:tiny",),
                   "PREFIXES": (64, 128), "WINDOWS": (16, 32), "REPEATS": 1, "PROBE_SECONDS": 2.0},
+        # What a CPU cannot time: the recompute at a production shape, Llama-3-8B (random weights; Llama-3.1-8B
+        # has the same shape and a 128K context) in bfloat16 on the GPU, against prefixes up to 32K, and against
+        # the GPU's own tiers (its memory, pinned and pageable host memory over PCIe); the tables for the H200 it
+        # runs on. The lossless check on the real model, on the GPU.
+        "gpu": {"MODELS": ("random:llama-3-8b",), "DTYPE": "bfloat16", "PREFIXES": (2048, 8192, 32768),
+                "WINDOWS": (16, 64, 256), "REPEATS": 5, "HARDWARE": "h200", "LOSSLESS_TOKENS": 64,
+                "PROBE_SECONDS": 4.0},
     }
 
     def __post_init__(self):
+        check_device("DEVICE", self.DEVICE)
         check_dtype("DTYPE", self.DTYPE)
-        self.torch_dtype = parse_dtype(self.DTYPE) or default_dtype("cpu")  # what "auto" means on this machine
+        self.device = resolve_device(self.DEVICE)
+        self.torch_dtype = parse_dtype(self.DTYPE) or default_dtype(self.device)  # what "auto" means there
         self.MODELS, self.PREFIXES, self.WINDOWS = (as_tuple(n, getattr(self, n)) for n in ("MODELS", "PREFIXES",
                                                                                              "WINDOWS"))
         check_choice("HARDWARE", self.HARDWARE, sorted(GPUS))
@@ -105,18 +115,22 @@ def pd_scenario(p: ReplayParams) -> pd.DataFrame:
 
 # ---- measurement ---------------------------------------------------------------------------------------
 
-def measure(p: ReplayParams, machine: Hardware) -> pd.DataFrame:
-    """For each model, prefix and window: the engine's recompute time, the tiers' load times for the window's
-    KV, and the two predictions of the recompute time."""
+def measure(p: ReplayParams) -> pd.DataFrame:
+    """For each model, prefix and window: the engine's recompute time on DEVICE in DTYPE, the tiers' load times
+    for the window's KV, and the two predictions of the recompute time, from ceilings probed in that dtype on
+    that device (`model_ceilings`, kept in the columns probe_GBps and probe_TFLOPs)."""
     from lab.engine import LLM
     from lab.models import load_model
     from lab.replay import ReplayConfig
     from lab.replay.measure import RecomputeBench, tier_loads
+    from lab.hardware import model_ceilings
 
     rows = []
     total = max(p.PREFIXES) + max(p.WINDOWS)
     for name in p.MODELS:
-        model, _ = load_model(name, dtype=p.DTYPE, device="cpu", max_positions=total + 16, prepack_weights=True)
+        model, _ = load_model(name, dtype=p.torch_dtype, device=p.device, max_positions=total + 16,
+                              prepack_weights=True)
+        machine = model_ceilings(model, p.PROBE_SECONDS)
         c = model.config
         shape = ModelShape.from_hf_config(c.to_hf_dict(), name)
         weight_bytes = sum(t.numel() * t.element_size() for t in model.parameters())
@@ -145,6 +159,7 @@ def measure(p: ReplayParams, machine: Hardware) -> pd.DataFrame:
             kv = bench.kv_bytes(w)
             predicted = bound + overhead
             row = {"model": name, "prefix": m, "window": w, "kv_bytes": kv, "recompute_s": seconds,
+                   "probe_GBps": machine.mem_bandwidth / 1e9, "probe_TFLOPs": machine.peak_flops / 1e12,
                    "achieved_GFLOPs": cost.recompute_flops / seconds / 1e9,
                    "roofline_bound_s": bound, "overhead_s": overhead, "predicted_roofline_s": predicted,
                    "predicted_article_s": cost.recompute_flops / (p.EFFICIENCY * machine.peak_flops),
@@ -169,7 +184,7 @@ def summarize(measured: pd.DataFrame) -> pd.DataFrame:
                "roofline_median_error": float(d["roofline_error"].median()),
                "article_rule_median_ratio": float((d["predicted_article_s"] / d["recompute_s"]).median()),
                "achieved_GFLOPs_median": float(d["achieved_GFLOPs"].median())}
-        for tier in ("host memory", "disk file"):
+        for tier in _tiers(d):
             load = d[f"load {tier} s"]
             row[f"recompute_beats_{tier}"] = int((d["recompute_s"] < load).sum())
             row[f"hcache_beats_{tier}"] = int((d["hcache_restore_s"] < load).sum())
@@ -177,6 +192,11 @@ def summarize(measured: pd.DataFrame) -> pd.DataFrame:
         row["hcache_speedup_over_recompute_median"] = float((d["recompute_s"] / d["hcache_restore_s"]).median())
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _tiers(measured: pd.DataFrame) -> list[str]:
+    """The tiers measured: host memory and a disk file everywhere, the device's own on a GPU."""
+    return [c[len("load "):-len(" s")] for c in measured.columns if c.startswith("load ")]
 
 
 def plot_crossover(df: pd.DataFrame):
@@ -190,9 +210,9 @@ def plot_crossover(df: pd.DataFrame):
             color = f"C{i}"
             ax.plot(g["prefix"], g["measured_crossover_GBps"], "o-", color=color, label=f"W={w} measured")
             ax.plot(g["prefix"], g["predicted_crossover_GBps"], "x--", color=color, alpha=0.7)
-        for col, style in (("load host memory s", ":"), ("load disk file s", "-.")):
-            bw = (d["kv_bytes"] / d[col]).median() / 1e9
-            ax.axhline(bw, color="k", ls=style, lw=1, label=f"{col[5:-2]}: {bw:.3g} GB/s (median)")
+        for tier, style in zip(_tiers(d), (":", "-.", "--", (0, (1, 4)), (0, (5, 5)))):
+            bw = (d["kv_bytes"] / d[f"load {tier} s"]).median() / 1e9
+            ax.axhline(bw, color="k", ls=style, lw=1, label=f"{tier}: {bw:.3g} GB/s (median)")
         ax.set(xscale="log", yscale="log", xlabel="prefix M (tokens)", ylabel="crossover bandwidth B* (GB/s)",
                title=f"{name}: tiers below B* lose to recompute\n(x--: roofline prediction)")
         ax.legend(fontsize=7)

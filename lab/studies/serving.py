@@ -33,7 +33,8 @@ from tqdm.auto import tqdm
 
 from lab.bench.serve import LengthDist, LoadConfig, LoadReport, run_load_sync
 from lab.engine import LLM
-from lab.runs import as_tuple, check_dtype, check_range
+from lab.models.loader import preset_config
+from lab.runs import as_tuple, check_device, check_dtype, check_range
 from lab.serve import ServerThread
 
 
@@ -41,6 +42,8 @@ from lab.serve import ServerThread
 class ServingParams:
     PRESET: str = "quick"
     INTERACTIVE: bool = False
+    DEVICE: str = "auto"  # where the served model runs: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"
+    MODEL: str = "smollm2-135m"  # the served model; prompts are token ids, so a random:<preset> needs no tokenizer
     INPUT_LEN: tuple = (64, 192, 512)  # P50, P90, P99 of the log-normal prompt length (tokens)
     OUTPUT_LEN: tuple = (32, 64, 128)  # P50, P90, P99 of the output length
     CONCURRENCY: tuple = (1, 2, 4, 8, 16, 32)  # the ramp: requests in flight (closed loop)
@@ -60,17 +63,27 @@ class ServingParams:
     SEED: int = 0
     DTYPE: str = "auto"  # the served model's: the serving dtype
     COLD_START_TOKENS: int = 128  # the cold-start request's output
-    # quick: a ramp to 16 in flight with fewer requests a level, three batch sizes (minutes); smoke: seconds.
+    # quick: a ramp to 16 in flight with fewer requests a level, three batch sizes (minutes); smoke: seconds;
+    # gpu: Llama-3-8B's shapes (random weights: timing needs no trained ones) in bf16 on one GPU, prompts of
+    # 512-2K tokens (6K long ones, a 2K system prompt), to 32 in flight, production SLOs (TTFT 1 s, TPOT 50 ms):
+    # the regime a CPU cannot reach; 8 requests a level keep it near a minute.
     PRESETS: ClassVar[dict] = {
         "quick": {"CONCURRENCY": (1, 2, 4, 8, 16), "REQUESTS_PER_LEVEL": 12, "BATCH_SIZES": (1, 4, 16),
                   "DURATION": 90.0, "COLD_START_TOKENS": 64},
         "smoke": {"INPUT_LEN": (16, 32, 48), "OUTPUT_LEN": (4, 6, 8), "CONCURRENCY": (1, 2), "REQUESTS_PER_LEVEL": 4,
                   "BATCH_SIZES": (1, 2), "LONG_PROMPT": 256, "CHUNK_TOKENS": 64, "SYSTEM_PROMPT": 64,
                   "MAX_MODEL_LEN": 512, "DURATION": 60.0, "KV_BLOCKS": 128, "COLD_START_TOKENS": 16},
+        "gpu": {"MODEL": "random:llama-3-8b", "DTYPE": "bfloat16", "INPUT_LEN": (512, 1024, 2048),
+                "CONCURRENCY": (2, 8, 32), "REQUESTS_PER_LEVEL": 8, "BATCH_SIZES": (8, 32), "SLO_TTFT": 1.0,
+                "SLO_TPOT": 0.05, "LONG_PROMPT": 6144, "CHUNK_TOKENS": 512, "SYSTEM_PROMPT": 2048,
+                "MAX_MODEL_LEN": 8192, "KV_BLOCKS": 8192, "DURATION": 60.0},
     }
 
     def __post_init__(self):
+        check_device("DEVICE", self.DEVICE)
         check_dtype("DTYPE", self.DTYPE)
+        if self.MODEL.startswith("random:"):
+            preset_config(self.MODEL.removeprefix("random:"))  # an unknown preset is refused here, by name
         for name in ("INPUT_LEN", "OUTPUT_LEN", "CONCURRENCY", "BATCH_SIZES"):
             setattr(self, name, as_tuple(name, getattr(self, name)))
             for v in getattr(self, name):
@@ -95,7 +108,7 @@ class ServingParams:
 
 def load_config(p: ServingParams, **overrides) -> LoadConfig:
     """The study's load; `serve_and_load` points it at the server it starts."""
-    base = LoadConfig(num_requests=p.REQUESTS_PER_LEVEL, input_len=LengthDist(*p.INPUT_LEN),
+    base = LoadConfig(model=p.MODEL, num_requests=p.REQUESTS_PER_LEVEL, input_len=LengthDist(*p.INPUT_LEN),
                       output_len=LengthDist(*p.OUTPUT_LEN), max_model_len=p.MAX_MODEL_LEN, duration_s=p.DURATION,
                       slo_ttft_s=p.SLO_TTFT, slo_tpot_s=p.SLO_TPOT, seed=p.SEED, scrape_interval_s=0.25)
     return replace(base, **overrides)
@@ -105,8 +118,8 @@ def serve_and_load(model, tokenizer, engine: dict, cfg: LoadConfig) -> LoadRepor
     """Start a server with `engine` settings (LLM keyword arguments), run one load against it, stop it."""
     llm = LLM(model, tokenizer=tokenizer, **engine)
     try:
-        with ServerThread(llm) as srv:
-            return run_load_sync(replace(cfg, url=srv.url))
+        with ServerThread(llm, model_name=cfg.model) as srv:  # prompt ids are drawn from the model's vocabulary
+            return run_load_sync(replace(cfg, url=srv.url, vocab_size=model.config.vocab_size))
     finally:
         del llm
         gc.collect()  # the app and the engine reference each other: free this KV pool before the next one
@@ -237,7 +250,7 @@ import torch
 from lab.engine import LLM, SamplingParams
 from lab.models import load_model
 t1 = time.perf_counter()
-model, tok = load_model("smollm2-135m", dtype=sys.argv[3], device="cpu", prepack_weights=True)
+model, tok = load_model("smollm2-135m", dtype=sys.argv[3], device=sys.argv[4], prepack_weights=True)
 t2 = time.perf_counter()
 llm = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=512)
 prompt = list(range(1000, 1000 + int(sys.argv[1])))
@@ -251,17 +264,18 @@ print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_ttft_s": first.
 """
 
 
-def cold_start(prompt_tokens: int = 128, dtype: str = "auto") -> pd.DataFrame:
-    """Fresh processes: the first with an empty model cache (the GGUF is converted), then with the cache warm;
-    then the first request's TTFT without and with a warm-up request."""
+def cold_start(prompt_tokens: int = 128, dtype: str = "auto", device: str = "cpu") -> pd.DataFrame:
+    """Fresh processes on `device`: the first with an empty model cache (SmolLM2's GGUF is converted, whatever
+    the study serves: a random model has no file to convert), then with the cache warm; then the first request's
+    TTFT without and with a warm-up request."""
     rows = []
     with tempfile.TemporaryDirectory() as cache:
         for label, env_cache, mode in (("first load: convert the GGUF", cache, "cold"),
                                        ("cached safetensors", cache, "cold"),
                                        ("cached, warm-up request first", cache, "warm")):
             env = os.environ | {"LAB_CACHE_DIR": env_cache}
-            out = subprocess.run([sys.executable, "-c", _COLD_START, str(prompt_tokens), mode, dtype], env=env,
-                                 capture_output=True, text=True, check=True)
+            out = subprocess.run([sys.executable, "-c", _COLD_START, str(prompt_tokens), mode, dtype, device],
+                                 env=env, capture_output=True, text=True, check=True)
             rows.append({"case": label, **json.loads(out.stdout.strip().splitlines()[-1])})
     t = pd.DataFrame(rows)
     t["first_over_second_ttft"] = t["first_ttft_s"] / t["second_ttft_s"]

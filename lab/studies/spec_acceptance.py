@@ -21,30 +21,42 @@ import time
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
 from lab.engine import LLM, SamplingParams
 from lab.quant.calibration import SPEC_BENCH_PATH, chat_token_ids
-from lab.runs import as_tuple, check_choice, check_dtype, check_range
+from lab.runs import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
 from lab.spec.drafters import layer_skip_model, quantized_copy
 from lab.spec.measure import StepCosts, step_costs
 from lab.spec.prompts import TaskPrompt, load_prompts
 from lab.spec.speculator import DRAFTERS, SpeculativeConfig, SpecStats
 from lab.spec.theory import best_k, expected_tokens_by_position, expected_tokens_per_round, predicted_run_speedup
-from lab.studies.spec_acceptance_claims import claims_table  # noqa: F401  (notebook 05 calls study.claims_table)
+from lab.studies.spec_acceptance_claims import (  # noqa: F401  (notebook 05 calls them from here)
+    claims_table, roofline_costs)
 from lab.studies.spec_acceptance_intervals import (  # noqa: F401  (notebook 05 calls drafter_comparison)
     beside, drafter_comparison, error_columns, interval_columns)
 
 STUDY_DRAFTERS = tuple(d for d in DRAFTERS if d != "model")
 MAX_MODEL_LEN = 4096
+PROMPT_MODEL = "smollm2-135m"  # whose tokenizer renders the prompts (a random: target has none of its own)
+
+
+def target_config(model: str):
+    """The target's config, read before any weight loads: the embedded SmolLM2 or a `random:<preset>` shape."""
+    from lab.models.loader import preset_config
+
+    if model != PROMPT_MODEL and not (isinstance(model, str) and model.startswith("random:")):
+        raise ValueError(f"parameter MODEL={model!r} is not {PROMPT_MODEL!r} or 'random:<preset>'")
+    return preset_config(model.removeprefix("random:"))
 
 
 @dataclass
 class SpecParams:
     PRESET: str = "quick"
     INTERACTIVE: bool = False
+    DEVICE: str = "auto"  # auto: CUDA when present, else the CPU
+    MODEL: str = PROMPT_MODEL  # the target: SmolLM2, or random weights of a preset shape ("random:llama-3-8b")
     DATA: str = ""  # "": the lab's prompt set (calibration_data/spec_prompts.jsonl); else a JSONL path
     PER_CATEGORY: int = 5
     MAX_TOKENS: int = 64
@@ -53,7 +65,7 @@ class SpecParams:
     K_SWEEP: tuple = (1, 2, 4, 8)
     SWEEP_DRAFTERS: tuple = ("ngram", "quantized")
     SWEEP_PER_CATEGORY: int = 2
-    DRAFT_LAYERS: int = 10  # layerskip: the first N of SmolLM2's 30 layers
+    DRAFT_LAYERS: int = 10  # layerskip: the first N of the target's layers (SmolLM2 has 30)
     DRAFT_QUANT: str = "rtn"  # quantized: lab.quant method of the copy (rtn, gptq, awq)
     DRAFT_BITS: int = 4
     THRESHOLD: float = 0.55  # the article's acceptance_threshold
@@ -68,10 +80,24 @@ class SpecParams:
         "smoke": {"PER_CATEGORY": 1, "MAX_TOKENS": 8, "K": 2, "K_SWEEP": (1, 2), "SWEEP_PER_CATEGORY": 1,
                   "SWEEP_DRAFTERS": ("ngram",), "SPEC_BENCH_DRAFTERS": ("ngram",), "SPEC_BENCH_PER_CATEGORY": 1,
                   "REPEATS": 1},
+        # gpu: speculation where verification is truly memory-bound: a Llama-3-8B-shaped target (random weights)
+        # in bfloat16, whose (k + 1)-token verification reads 16 GB of weights like a one-token step, against the
+        # roofline of the device's measured ceilings. Random weights say nothing about acceptance by task: the
+        # preset tests the cost side (c, v(k), predicted against measured speedup), with the drafters that cost
+        # less than the target on a GPU (the quantized copy runs dequantized there, at the target's cost), and
+        # without Spec-Bench's categories (acceptance by task again).
+        "gpu": {"MODEL": "random:llama-3-8b", "DTYPE": "bfloat16", "DRAFT_LAYERS": 4, "PER_CATEGORY": 2,
+                "DRAFTERS": ("ngram", "layerskip"), "SWEEP_DRAFTERS": ("ngram", "layerskip"), "SWEEP_PER_CATEGORY": 1,
+                "SPEC_BENCH_PER_CATEGORY": 0, "REPEATS": 5},
     }
 
     def __post_init__(self):
+        check_device("DEVICE", self.DEVICE)
         check_dtype("DTYPE", self.DTYPE)
+        target = target_config(self.MODEL)
+        if target.vocab_size < target_config(PROMPT_MODEL).vocab_size:
+            raise ValueError(f"MODEL={self.MODEL!r}: its vocabulary ({target.vocab_size}) is smaller than that "
+                             f"of the prompts' tokenizer ({PROMPT_MODEL})")
         for name in ("DRAFTERS", "K_SWEEP", "SWEEP_DRAFTERS", "SPEC_BENCH_DRAFTERS"):
             setattr(self, name, as_tuple(name, getattr(self, name)))
         for name in ("DRAFTERS", "SWEEP_DRAFTERS", "SPEC_BENCH_DRAFTERS"):
@@ -84,11 +110,22 @@ class SpecParams:
         check_range("K", self.K, 1, 32, int)
         for k in self.K_SWEEP:
             check_range("K_SWEEP", k, 1, 32, int)
-        check_range("DRAFT_LAYERS", self.DRAFT_LAYERS, 1, 29, int)
+        check_range("DRAFT_LAYERS", self.DRAFT_LAYERS, 1, target.num_hidden_layers - 1, int)
         check_choice("DRAFT_QUANT", self.DRAFT_QUANT, ("rtn", "gptq", "awq"))
         check_choice("DRAFT_BITS", self.DRAFT_BITS, (2, 3, 4, 8))
         check_range("THRESHOLD", self.THRESHOLD, 0.0, 1.0)
         check_range("REPEATS", self.REPEATS, 1, 100, int)
+
+
+def load_target(p: SpecParams):
+    """The target on DEVICE in DTYPE (weights prepacked where that pays, as `LLM` would) and the tokenizer that
+    renders the prompts: its own, or SmolLM2's for a random target (its ids fit the target's vocabulary, checked
+    in `__post_init__`, and the engine's text output skips ids the tokenizer lacks)."""
+    from lab.models import load_model
+    from lab.models.loader import load_tokenizer, resolve_model_dir
+
+    model, tok = load_model(p.MODEL, dtype=p.DTYPE, device=resolve_device(p.DEVICE), prepack_weights=True)
+    return model, tok or load_tokenizer(resolve_model_dir(PROMPT_MODEL))
 
 
 def task_prompts(p: SpecParams, per_category: int | None = None) -> list[TaskPrompt]:
@@ -314,71 +351,3 @@ def spec_bench(p: SpecParams, model, tokenizer, drafts: dict, log=print):
     prompts = load_prompts(SPEC_BENCH_PATH, p.SPEC_BENCH_PER_CATEGORY)
     return study(replace(p, DATA=str(SPEC_BENCH_PATH)), model, tokenizer, prompts, p.SPEC_BENCH_DRAFTERS, p.K,
                  drafts, log)
-
-
-def plot_acceptance_by_position(main: pd.DataFrame):
-    import matplotlib.pyplot as plt
-
-    drafters = list(dict.fromkeys(main["drafter"]))
-    fig, axes = plt.subplots(1, len(drafters), figsize=(4.5 * len(drafters), 3.4), squeeze=False, sharey=True)
-    for ax, drafter in zip(axes[0], drafters):
-        for _, r in main[(main["drafter"] == drafter) & (main["category"] != "all")].iterrows():
-            if r["acceptance_by_position"]:
-                ax.errorbar(range(1, len(r["acceptance_by_position"]) + 1), r["acceptance_by_position"],
-                            yerr=_yerr(r["acceptance_by_position"], r["acceptance_by_position_low"],
-                                       r["acceptance_by_position_high"]), marker="o", capsize=2, label=r["category"])
-        ax.set(title=drafter, xlabel="draft position", ylim=(0, 1.02))
-    axes[0][0].set_ylabel("acceptance given the earlier ones (95% over prompts)")
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-def _yerr(value, low, high):
-    """matplotlib's asymmetric error bars (distances below and above) from an interval's ends; clipped at 0,
-    since a bootstrap quantile can differ from the point value in the last bit."""
-    value = np.asarray(value, float)
-    return np.clip(np.stack([value - np.asarray(low, float), np.asarray(high, float) - value]), 0, None)
-
-
-def plot_speedup_vs_k(sweep: pd.DataFrame):
-    import matplotlib.pyplot as plt
-
-    drafters = list(dict.fromkeys(sweep["drafter"]))
-    fig, axes = plt.subplots(1, len(drafters), figsize=(5 * len(drafters), 3.6), squeeze=False, sharey=True)
-    for ax, drafter in zip(axes[0], drafters):
-        d = sweep[(sweep["drafter"] == drafter) & (sweep["category"] != "all")]
-        for i, (cat, g) in enumerate(d.groupby("category", sort=False)):
-            color = f"C{i}"
-            ax.errorbar(g["k"], g["measured_speedup"], marker="o", color=color, capsize=2, label=f"{cat} measured",
-                        yerr=_yerr(g["measured_speedup"], g["measured_speedup_low"], g["measured_speedup_high"]))
-            ax.plot(g["k"], g["predicted_measured_costs"], ls="--", color=color, alpha=0.7)
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set(title=f"{drafter} (dashed: predicted with measured c, v(k))", xlabel="k (drafts per round)")
-    axes[0][0].set_ylabel("speedup over plain decoding")
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
-def plot_predicted_vs_measured(main: pd.DataFrame):
-    import matplotlib.pyplot as plt
-
-    d = main[main["category"] != "all"]
-    fig, ax = plt.subplots(figsize=(4.6, 4.2))
-    for i, (drafter, g) in enumerate(d.groupby("drafter", sort=False)):
-        xerr = _yerr(g["measured_speedup"], g["measured_speedup_low"], g["measured_speedup_high"])
-        ax.errorbar(g["measured_speedup"], g["predicted_article"], xerr=xerr, fmt="x", color=f"C{i}", capsize=2,
-                    label=f"{drafter}: article (v=1)")
-        ax.errorbar(g["measured_speedup"], g["predicted_measured_costs"], xerr=xerr, fmt="o", color=f"C{i}",
-                    capsize=2, label=f"{drafter}: measured v(k)")
-    lo = min(d["measured_speedup"].min(), d["predicted_measured_costs"].min(), d["predicted_article"].min()) * 0.9
-    hi = max(d["measured_speedup"].max(), d["predicted_measured_costs"].max(), d["predicted_article"].max()) * 1.1
-    ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8)
-    ax.plot([lo, hi], [lo * 1.1, hi * 1.1], color="grey", lw=0.5, ls=":")
-    ax.plot([lo, hi], [lo * 0.9, hi * 0.9], color="grey", lw=0.5, ls=":")
-    ax.set(xlabel="measured speedup (95% over prompts)", ylabel="predicted speedup",
-           title="per category (dotted: ±10%)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig

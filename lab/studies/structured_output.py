@@ -39,7 +39,7 @@ from lab.engine.structured import GrammarState, StructuredOutputsConfig
 from lab.hardware import GPUS
 from lab.memory import ModelShape
 from lab.models.loader import default_dtype, parse_dtype
-from lab.runs import as_tuple, check_choice, check_dtype, check_range
+from lab.runs import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
 from lab.studies import structured_output_task as task
 from lab.timing import median_seconds
 
@@ -94,6 +94,7 @@ def grammar_suite(list_items: int) -> dict[str, StructuredOutputsParams]:
 class StructuredParams:
     PRESET: str = "quick"
     INTERACTIVE: bool = False
+    DEVICE: str = "auto"  # where the model runs: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"
     MODEL: str = "smollm2-135m"  # needs its tokenizer: grammars are over its vocabulary
     DTYPE: str = "auto"  # the serving dtype, or "float32"
     BATCHES: tuple = (1, 4, 16, 32, 64)  # the mask-cost batch sizes
@@ -116,11 +117,15 @@ class StructuredParams:
         "smoke": {"BATCHES": (1, 4), "MASK_STEPS": 3, "WARM_STEPS": 1, "LIST_ITEMS": 4, "NAIVE_SAMPLE": 64,
                   "NAIVE_POSITIONS": 3, "COMPILE_REPEATS": 1, "NESTING_DEPTHS": (1, 2), "ITEMS": 3,
                   "MAX_TOKENS": 48, "JUMP_ITEMS": 1},
+        # the article's regime: the host's mask fill against a decode step of milliseconds on one GPU, batches
+        # to 256 (on a CPU the step is so long that the mask vanishes in it), projected to the H200's datasheet
+        "gpu": {"BATCHES": (1, 16, 64, 256), "JUMP_ITEMS": 8, "HARDWARE": "h200"},
     }
 
     def __post_init__(self):
+        check_device("DEVICE", self.DEVICE)
         check_dtype("DTYPE", self.DTYPE)
-        self.torch_dtype = parse_dtype(self.DTYPE) or default_dtype("cpu")
+        self.torch_dtype = parse_dtype(self.DTYPE) or default_dtype(resolve_device(self.DEVICE))
         self.BATCHES, self.NESTING_DEPTHS, self.PROJECT_MODELS = (
             as_tuple(n, getattr(self, n)) for n in ("BATCHES", "NESTING_DEPTHS", "PROJECT_MODELS"))
         for b in self.BATCHES:
@@ -203,15 +208,18 @@ def mask_summary(steps: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def mask_components(p: StructuredParams, grammars, outputs: list[list[int]], vocab: int) -> pd.DataFrame:
+def mask_components(p: StructuredParams, grammars, outputs: list[list[int]], vocab: int,
+                    device: torch.device) -> pd.DataFrame:
     """Each constrained output replayed through a new matcher: per position, the fill and apply times and the
     allowed tokens; at NAIVE_POSITIONS positions, the naive mask (NAIVE_SAMPLE tokens tried one by one with
-    accept and rollback), scaled to the vocabulary, and whether it agrees with xgrammar's mask on the sample."""
+    accept and rollback), scaled to the vocabulary, and whether it agrees with xgrammar's mask on the sample.
+    The mask is applied to logits on `device`, where the engine applies it (its copy there included)."""
     compiled = grammars.compile(StructuredOutputsParams(json=list_schema(p.LIST_ITEMS)), any_whitespace=False)
     rng = np.random.default_rng(0)
     total = sum(len(o) for o in outputs)
     naive_at = set(np.linspace(0, max(total - 1, 0), min(p.NAIVE_POSITIONS, total)).astype(int).tolist())
-    logits = torch.zeros(1, vocab)
+    logits = torch.zeros(1, vocab, device=device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)  # not the launch
     rows, k = [], 0
     for out in tqdm(outputs, desc="mask components: outputs"):
         state = GrammarState(compiled, vocab)
@@ -222,6 +230,7 @@ def mask_components(p: StructuredParams, grammars, outputs: list[list[int]], voc
             state.words()  # fills row 0 with this state's mask
             t1 = time.perf_counter()
             apply_bitmask(logits, state.bitmask[:1])
+            sync()
             t2 = time.perf_counter()
             row = {"fill_s": t1 - t0, "apply_s": t2 - t1, "allowed": int(state.allowed().sum())}
             if k in naive_at:

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from lab.claims import check, claim_row, from_check
-from lab.hardware import GPUS
+from lab.hardware import GPUS, Hardware
 from lab.intervals import rate
 from lab.memory import ModelShape
 
@@ -34,12 +34,13 @@ CONTEXT = 2048  # tokens of context per sequence in the projected steps
 
 
 def projection(p: StructuredParams, fill_s_per_row: float, naive_s_per_row: float, vocab_here: int,
-               hardware: str | None = None, batches=PROJECT_BATCHES, models=None) -> pd.DataFrame:
+               hardware: str | Hardware | None = None, batches=PROJECT_BATCHES, models=None) -> pd.DataFrame:
     """Per model and batch size: the roofline's decode step on the accelerator (bf16 weights and KV), the host's
     serial mask fill (the mean per row measured here, scaled by vocabulary), and the fill's share of a step that
     waits for it, or, overlapped with the forward, the part of it left uncovered; and the share the naive mask
-    (every token tried against the grammar) would take."""
-    hw = GPUS[hardware or p.HARDWARE]
+    (every token tried against the grammar) would take. `hardware`: a `lab.hardware.GPUS` name (default
+    HARDWARE) or a measured `Hardware` (`lab.hardware.probe_inference`: the device the run used)."""
+    hw = hardware if isinstance(hardware, Hardware) else GPUS[hardware or p.HARDWARE]
     rows = []
     for name in models or p.PROJECT_MODELS:
         shape = ModelShape.preset(name)

@@ -41,13 +41,14 @@ import pandas as pd
 from lab import memory as mem
 from lab import roofline as rl
 from lab.models.loader import default_dtype, parse_dtype
-from lab.runs import as_tuple, check_dtype, check_range
+from lab.runs import as_tuple, check_device, check_dtype, check_range, resolve_device
 
 
 @dataclass
 class TTFTParams:
     PRESET: str = "quick"
     INTERACTIVE: bool = False
+    DEVICE: str = "auto"  # where the engine runs: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"
     MODEL: str = "smollm2-135m"  # the engine model (token ids only: any lab model name)
     DTYPE: str = "auto"  # the serving dtype, or "float32"
     SHAPES: tuple = ("smollm2-135m", "llama-3-8b", "llama-3-70b")  # counted, not run
@@ -66,11 +67,17 @@ class TTFTParams:
         "smoke": {"PROMPT_TOKENS": 64, "CACHED_TOKENS": 48, "SWEEP_TOKENS": 128, "HIT_RATES": (0, 50, 100),
                   "HIGH_HIT": 50, "REPEATS": 1, "COLD_REPEATS": 1, "COLD_PROMPT": 16,
                   "PROBE_REPEATS": 1},
+        # gpu: TTFT of 4K- and 8K-token prompts on one GPU, where a prefill is milliseconds and compute-bound as in
+        # serving (on a CPU an 8K prompt takes seconds), and the cold start and readiness with a CUDA context to
+        # create; one fresh process a case keeps it near a minute
+        "gpu": {"PROMPT_TOKENS": 4096, "CACHED_TOKENS": 3584, "SWEEP_TOKENS": 8000, "REPEATS": 5, "COLD_REPEATS": 1,
+                "COLD_PROMPT": 2048, "PROBE_REPEATS": 1},
     }
 
     def __post_init__(self):
+        check_device("DEVICE", self.DEVICE)
         check_dtype("DTYPE", self.DTYPE)
-        self.torch_dtype = parse_dtype(self.DTYPE) or default_dtype("cpu")
+        self.torch_dtype = parse_dtype(self.DTYPE) or default_dtype(resolve_device(self.DEVICE))
         self.SHAPES, self.HIT_RATES = as_tuple("SHAPES", self.SHAPES), as_tuple("HIT_RATES", self.HIT_RATES)
         for s in self.SHAPES:
             mem.ModelShape.preset(s)  # raises on an unknown shape
@@ -239,7 +246,7 @@ import lab.engine
 from lab.engine import LLM, SamplingParams
 from lab.models import load_model
 t1 = time.perf_counter()
-model, tok = load_model(sys.argv[1], dtype=sys.argv[2], device="cpu", prepack_weights=True)
+model, tok = load_model(sys.argv[1], dtype=sys.argv[2], device=sys.argv[5], prepack_weights=True)
 t2 = time.perf_counter()
 n = int(sys.argv[4])
 llm = LLM(model, tokenizer=tok, max_model_len=n + 32, max_num_seqs=2)
@@ -268,7 +275,8 @@ def read_seconds(files: list[Path], chunk: int = 16 << 20) -> float:
 
 def _child(p: TTFTParams, mode: str) -> dict:
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", _CHILD, p.MODEL, p.DTYPE, mode, str(p.COLD_PROMPT)],
+    out = subprocess.run([sys.executable, "-c", _CHILD, p.MODEL, p.DTYPE, mode, str(p.COLD_PROMPT),
+                          str(resolve_device(p.DEVICE))],
                          capture_output=True, text=True, check=True)
     wall = time.perf_counter() - t0
     r = json.loads(out.stdout.strip().splitlines()[-1])
@@ -276,7 +284,7 @@ def _child(p: TTFTParams, mode: str) -> dict:
 
 
 def cold_start(p: TTFTParams) -> tuple[pd.DataFrame, dict]:
-    """Fresh processes per case, COLD_REPEATS each: the weights file cold (evicted, its residency checked) or
+    """Fresh processes on DEVICE per case, COLD_REPEATS each: the weights file cold (evicted, its residency checked) or
     warm, the first request with or without a warm-up request. Also `python -c pass` alone, and the weights file
     read through cold and warm (the disk's rate, without conversion)."""
     from lab.models.loader import resolve_model_dir

@@ -12,6 +12,8 @@ would first route traffic: on `/health` for a server without warm-up (a probe po
 `/ready` for one with it. What it returns, in seconds from the spawn: when the server answered `/health`, when it
 answered `/ready`, and the first and second requests' latency (one generated token, so about their TTFT plus
 HTTP). A probe on `/ready` routes later; the question is whether the first user's first token comes earlier.
+`lab serve` has no device option (it loads on CUDA when it sees one), so `device_env` puts it on the run's device
+through `CUDA_VISIBLE_DEVICES`.
 """
 
 from __future__ import annotations
@@ -53,16 +55,30 @@ def _request_s(url: str, model: str, prompt_tokens: int, offset: int) -> float:
     return time.perf_counter() - t
 
 
-def probe_timeline(model: str, dtype: str, prompt_tokens: int, warmup: bool, timeout: float = 180) -> dict:
-    """One fresh `lab serve` process (see the module docstring); the first request goes out when the route a probe
-    would use answers 200: `/ready` with `warmup`, `/health` without."""
+def device_env(device: str) -> dict[str, str]:
+    """This process's environment with only `device` visible to CUDA ("cpu": none; "cuda:N": the N-th of those
+    visible here; "cuda": unchanged), for a child that puts its model on CUDA whenever it sees one."""
+    env = os.environ.copy()
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    elif device.startswith("cuda:"):
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        index = int(device.removeprefix("cuda:"))
+        env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[index] if visible else str(index)
+    return env
+
+
+def probe_timeline(model: str, dtype: str, prompt_tokens: int, warmup: bool, device: str = "cpu",
+                   timeout: float = 180) -> dict:
+    """One fresh `lab serve` process on `device` (see the module docstring); the first request goes out when the
+    route a probe would use answers 200: `/ready` with `warmup`, `/health` without."""
     from lab.serve.server import free_port
 
     port = free_port()
     cmd = [sys.executable, "-m", "lab.cli", "serve", "--model", model, "--port", str(port), "--dtype", dtype,
            "--max-model-len", str(prompt_tokens + 32), "--max-num-seqs", "2"] + (["--warmup"] if warmup else [])
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ.copy())
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=device_env(device))
     try:
         url = f"http://127.0.0.1:{port}"
         live = _first_200(url + "/health", proc, timeout, t0)
@@ -77,9 +93,9 @@ def probe_timeline(model: str, dtype: str, prompt_tokens: int, warmup: bool, tim
             "routed_s": routed, "first_request_s": first, "first_token_at_s": routed + first, "second_request_s": second}
 
 
-def probe_table(model: str, dtype: str, prompt_tokens: int, repeats: int) -> pd.DataFrame:
-    """`probe_timeline` with and without warm-up, `repeats` fresh processes each, alternating."""
-    return pd.DataFrame([{**probe_timeline(model, dtype, prompt_tokens, warmup), "repeat": r}
+def probe_table(model: str, dtype: str, prompt_tokens: int, repeats: int, device: str = "cpu") -> pd.DataFrame:
+    """`probe_timeline` on `device` with and without warm-up, `repeats` fresh processes each, alternating."""
+    return pd.DataFrame([{**probe_timeline(model, dtype, prompt_tokens, warmup, device), "repeat": r}
                          for r in range(repeats) for warmup in (False, True)])
 
 
@@ -102,7 +118,7 @@ def engine_int8(model_name: str) -> pd.DataFrame:
     from lab.quant.packed import rtn_packed
     from lab.quant.rtn import QuantSpec
 
-    bf16, _ = load_model(model_name, dtype="bfloat16", device="cpu")
+    bf16, _ = load_model(model_name, dtype="bfloat16", device="cpu")  # a byte count: the packed kernel is the CPU's
     spec = QuantSpec(bits=8, group_size=None)
     shape = mem.ModelShape.preset(model_name)
     builds = (("bf16", bf16, mem.weight_bytes(shape, "bf16")["total"]),

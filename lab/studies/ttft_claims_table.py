@@ -14,6 +14,7 @@ import pandas as pd
 
 from lab import memory as mem
 from lab.claims import WRONG, claim_row, from_check
+from lab.runs import resolve_device
 
 if TYPE_CHECKING:
     from lab.studies.ttft_claims import TTFTParams
@@ -122,8 +123,10 @@ def cold_rows(p: TTFTParams, cold: pd.DataFrame, weights_bytes: float) -> list[d
         "an 8-token warm-up request at start lowers real requests' TTFT by 30-50%", "30-50% (seeds/002 §3.2)",
         f"first request ({p.COLD_PROMPT} tokens) in a fresh process: {_t(no)} without a warm-up, {_t(yes)} after "
         f"an 8-token one: {100 * cut:.1f}% lower",
-        from_check(bool(0.3 <= cut <= 0.5)), "on this CPU (a GPU's first request also pays kernel loading and "
-        "graph capture, which a CPU has not)"))
+        from_check(bool(0.3 <= cut <= 0.5)),
+        "on this GPU (its first request pays kernel loading and selection, which a warm-up moves out of it)"
+        if resolve_device(p.DEVICE).type == "cuda" else "on this CPU (a GPU's first request also pays kernel "
+        "loading and graph capture, which a CPU has not)"))
     start = _cell(cold, "cold file, no warm-up", "to_first_token_s")
     py = _cell(cold, "python -c pass", "process_wall_s")
     imp = _cell(cold, "cold file, no warm-up", "import_s")

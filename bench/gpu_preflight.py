@@ -1,0 +1,144 @@
+"""Pre-flight for a GPU run: in under a minute, what must hold before the suite's minutes are worth spending.
+
+A session is lent 15 minutes of GPU time in all, so a suite that dies at minute four on an import or a device
+mismatch costs the whole loan. The checks, in order, each timed:
+
+1. versions: torch, its CUDA, Triton, the device's name and memory;
+2. `lab.kernels` imports, and is compiled, not interpreted (`TRITON_INTERPRET` unset on a GPU);
+3. each kernel against its float32 reference in bfloat16 on small shapes: decode for every cache format and
+   a GQA layout, and prefill (the checks of `bench/kernels_gpu.py`, on its dry-run shapes, with its tolerance
+   in units of bfloat16's last place);
+4. the engine on both attention backends gives the same greedy tokens (`random:tiny`, in float32);
+5. a seeded sampled request draws the same tokens twice, on the engine's device (a CPU generator beside CUDA
+   probabilities made every seeded request fail).
+
+`--dry-run` runs the same on the CPU (float32, Triton's interpreter): the tests run it. Writes
+`preflight.json` to `--out`; exits 1 if a check fails, so `bench/gpu_suite.sh` stops there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from kernels_gpu_sweep import DRY_RUN_SWEEP
+from kernels_gpu_timing import Bench
+from lab.provenance import provenance
+from lab.runs import json_safe
+
+GPU_CHECK_SWEEP = dataclasses.replace(DRY_RUN_SWEEP, device="cuda", dtype="bfloat16", decode_num_splits=None,
+                                      tolerance_ulps=4, flush_bytes=1024**2)
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 9, 10], [1, 2, 3, 4, 5, 1, 2, 3]]
+
+
+def versions(device: torch.device) -> dict:
+    import triton
+
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
+           "triton_interpret": os.environ.get("TRITON_INTERPRET")}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        out |= {"device": props.name, "memory_GiB": props.total_memory / 2**30,
+                "capability": f"{props.major}.{props.minor}"}
+    return out
+
+
+def kernels_compiled(dry_run: bool) -> dict:
+    import lab.kernels.paged_attention  # noqa: F401  (the import is the check)
+
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    if interpreted != dry_run:
+        raise RuntimeError(f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r}: the kernels would be "
+                           f"{'interpreted on a GPU' if interpreted else 'compiled in a dry run'}")
+    return {"interpreted": interpreted}
+
+
+def kernel_checks(dry_run: bool) -> dict:
+    from kernels_gpu_decode import check_decode, decode_groups
+    from kernels_gpu_prefill import check_prefill
+
+    sweep = DRY_RUN_SWEEP if dry_run else GPU_CHECK_SWEEP
+    bench = Bench.create(sweep)
+    checks = [check_decode(bench, heads, fmt) for heads, fmt in decode_groups(sweep)] + check_prefill(bench)
+    failed = [c for c in checks if not c["ok"]]
+    if failed:
+        raise RuntimeError(f"{len(failed)} kernel check(s) out of tolerance: {failed}")
+    return {"checks": checks}
+
+
+def _engine(device: torch.device, backend: str):
+    from lab.engine import LLM
+    from lab.models import load_model
+
+    model, _ = load_model("random:tiny", dtype=torch.float32, device=device)
+    return LLM(model, num_kv_blocks=32, max_model_len=128, attention_backend=backend)
+
+
+def engine_backends(device: torch.device) -> dict:
+    from lab.engine import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    tokens = {b: [o.token_ids for o in _engine(device, b).generate(PROMPTS, params)] for b in ("torch", "triton")}
+    if tokens["torch"] != tokens["triton"]:
+        raise RuntimeError(f"greedy tokens differ between the backends: {tokens}")
+    return {"tokens": tokens["torch"]}
+
+
+def seeded_sampling(device: torch.device) -> dict:
+    from lab.engine import SamplingParams
+
+    llm = _engine(device, "torch")
+    params = SamplingParams(temperature=0.9, top_p=0.9, seed=11, max_tokens=8, ignore_eos=True)
+    draws = [[o.token_ids for o in llm.generate(PROMPTS, params)] for _ in range(2)]
+    if draws[0] != draws[1]:
+        raise RuntimeError(f"one seed gave two different draws: {draws}")
+    return {"tokens": draws[0], "device": str(llm.device)}
+
+
+def run(dry_run: bool) -> dict:
+    device = torch.device("cpu" if dry_run else "cuda")
+    checks = [("versions", lambda: versions(device)), ("kernels_compiled", lambda: kernels_compiled(dry_run)),
+              ("kernel_checks", lambda: kernel_checks(dry_run)), ("engine_backends", lambda: engine_backends(device)),
+              ("seeded_sampling", lambda: seeded_sampling(device))]
+    results, started = [], time.perf_counter()
+    for name, check in checks:
+        t = time.perf_counter()
+        try:
+            detail, ok = check(), True
+        except Exception as e:  # every check runs and is reported, whatever an earlier one did
+            detail, ok = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-2000:]}, False
+        results.append({"check": name, "ok": ok, "seconds": time.perf_counter() - t, **detail})
+        print(f"{'ok  ' if ok else 'FAIL'} {name:<17} {results[-1]['seconds']:6.1f} s"
+              + ("" if ok else f"  {detail['error'][:300]}"))
+    return {"dry_run": dry_run, "ok": all(r["ok"] for r in results), "seconds": time.perf_counter() - started,
+            "provenance": provenance({"dry_run": dry_run}), "checks": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="the same checks on the CPU, in Triton's interpreter")
+    parser.add_argument("--out", type=Path, default=Path("results/gpu"), help="folder for preflight.json")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton's first import, which reads it once
+    elif not torch.cuda.is_available():
+        print("bench/gpu_preflight.py checks a GPU, and CUDA is not available: use --dry-run", file=sys.stderr)
+        return 2
+    result = run(args.dry_run)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "preflight.json").write_text(json.dumps(json_safe(result), indent=1, allow_nan=False) + "\n")
+    print(f"pre-flight {'passed' if result['ok'] else 'FAILED'} in {result['seconds']:.0f} s: "
+          f"{args.out / 'preflight.json'}")
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
