@@ -16,10 +16,8 @@ measured ceilings (`lab.hardware.probe_inference`, the same dtype) and on HARDWA
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
@@ -28,6 +26,7 @@ from lab.hardware import GPUS, Hardware
 from lab.memory import ModelShape
 from lab.parallel.comm_model import LINKS, tp_comm_seconds, tp_decode_step
 from lab.parallel.sharding import rank_shapes
+from lab.timing import median_seconds
 
 if TYPE_CHECKING:
     from lab.studies.parallelism import ParallelParams
@@ -52,23 +51,10 @@ def _layers_forward(layers: list[dict], kv: list[tuple], x: torch.Tensor, rank: 
     return x
 
 
-def _median_seconds(fn, repeats: int, sync) -> float:
-    fn()  # warm-up: allocation and kernel selection
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 def rank_decode(p: ParallelParams, device: torch.device, dtype: torch.dtype) -> pd.DataFrame:
     """Per batch of PROJECT_BATCHES: the median over STEPS of RANK_LAYERS layers of rank 0's decode step and of
     its LM head slice, on `device` in `dtype`, and the step scaled to all the rank's layers."""
     rank = rank_shapes(ModelShape.preset(p.PROJECT_MODEL), p.PROJECT_TP)[0]  # rank 0 holds the larger share
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     with torch.no_grad():
         layers = [_layer(rank, device, dtype) for _ in range(p.RANK_LAYERS)]
         head = torch.randn(rank.vocab_size, rank.hidden_size, device=device, dtype=dtype) * 0.02
@@ -77,8 +63,8 @@ def rank_decode(p: ParallelParams, device: torch.device, dtype: torch.dtype) -> 
             kv = [tuple(torch.randn(batch, rank.num_kv_heads, p.CONTEXT, rank.head_dim, device=device, dtype=dtype)
                         for _ in range(2)) for _ in range(p.RANK_LAYERS)]
             x = torch.randn(batch, rank.hidden_size, device=device, dtype=dtype)
-            layers_s = _median_seconds(lambda: _layers_forward(layers, kv, x, rank), p.STEPS, sync)
-            head_s = _median_seconds(lambda: F.linear(x, head), p.STEPS, sync)
+            layers_s = median_seconds(lambda: _layers_forward(layers, kv, x, rank), p.STEPS)
+            head_s = median_seconds(lambda: F.linear(x, head), p.STEPS)
             rows.append({"batch": batch, "layers timed": p.RANK_LAYERS, "layers ms (timed)": 1e3 * layers_s,
                          "LM head ms": 1e3 * head_s,
                          "rank step ms (measured)": 1e3 * (layers_s * rank.num_layers / p.RANK_LAYERS + head_s)})
