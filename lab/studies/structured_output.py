@@ -41,7 +41,7 @@ from lab.memory import ModelShape
 from lab.models.loader import default_dtype, parse_dtype
 from lab.runs import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
 from lab.studies import structured_output_task as task
-from lab.timing import median_seconds
+from lab.timing import median_seconds, sync
 
 EMAIL, DATE = r"[a-z]{1,10}\.[a-z]{1,10}@[a-z]{2,8}\.(com|org|net)", r"\d{4}-\d{2}-\d{2}"
 ARITHMETIC = ('root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= factor (("*" | "/") factor)*\n'
@@ -219,7 +219,6 @@ def mask_components(p: StructuredParams, grammars, outputs: list[list[int]], voc
     total = sum(len(o) for o in outputs)
     naive_at = set(np.linspace(0, max(total - 1, 0), min(p.NAIVE_POSITIONS, total)).astype(int).tolist())
     logits = torch.zeros(1, vocab, device=device)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)  # not the launch
     rows, k = [], 0
     for out in tqdm(outputs, desc="mask components: outputs"):
         state = GrammarState(compiled, vocab)
@@ -230,7 +229,7 @@ def mask_components(p: StructuredParams, grammars, outputs: list[list[int]], voc
             state.words()  # fills row 0 with this state's mask
             t1 = time.perf_counter()
             apply_bitmask(logits, state.bitmask[:1])
-            sync()
+            sync()  # the apply's time, not its launch's
             t2 = time.perf_counter()
             row = {"fill_s": t1 - t0, "apply_s": t2 - t1, "allowed": int(state.allowed().sum())}
             if k in naive_at:
