@@ -43,7 +43,7 @@ reproduce: setup
 	$(VENV)/bin/lab bench engine --json results/bench_engine.json --plot results/bench_engine.png
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist worksteal
 
 $(BROWSER_STAMP): $(STAMP)
 	$(PIP) install -e ".[browser]"

@@ -1,7 +1,20 @@
-"""Shared fixtures: the real model is loaded once per test session (it converts on first use)."""
+"""Shared fixtures: the real model is loaded once per test session (it converts on first use).
+
+`make test` runs the suite in two pytest-xdist workers, one per core. Each worker and every process it spawns
+(notebook kernels, servers, ranks) keeps one OpenMP thread: two processes of two spinning threads each on two
+cores made every step 30-80x slower (see `one_thread`), while one thread each keeps both cores busy with
+the many tests that are too small to split across threads."""
+
+import os
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"  # before torch starts its pool
 
 import pytest
 import torch
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 import lab  # noqa: F401  first: on a machine without CUDA it sets TRITON_INTERPRET before triton is imported
 

@@ -82,6 +82,19 @@ def test_second_load_reads_the_converted_cache(monkeypatch):
     assert model.config.num_hidden_layers == 30 and tok is not None
 
 
+def test_a_conversion_finished_by_another_process_first_is_kept(tmp_path):
+    """Two processes (the test workers, two notebooks) may convert the same GGUF at once: the one that finishes
+    second keeps the first's copy instead of failing on the occupied directory, and leaves no partial files."""
+    from lab.models.gguf import convert_gguf
+    from lab.models.loader import embedded_gguf_path
+
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "config.json").write_text("{}")  # what the other process's finished conversion left
+    assert convert_gguf(embedded_gguf_path("smollm2-135m"), out) == out
+    assert (out / "config.json").read_text() == "{}" and [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
 def _save_tiny_hf(tmp_path, config):
     from transformers import AutoModelForCausalLM
 

@@ -10,6 +10,8 @@ that permutation here. The converted directory is what every later load reads, i
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -105,8 +107,11 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     reader = gguf.GGUFReader(gguf_path)
     config = gguf_config(reader)
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    tmp.mkdir(parents=True, exist_ok=True)
+    # A directory of this process's own: two processes converting at once (parallel test workers, two
+    # notebooks) must not write into one another's half-finished files.
+    tmp = out_dir.with_name(f"{out_dir.name}.partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
     save_file(gguf_state_dict(reader, config), tmp / "model.safetensors")
     hf = config.to_hf_dict()
     hf["torch_dtype"] = "float32"
@@ -115,5 +120,10 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
     tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     tok.save_pretrained(tmp)
     (tmp / "SOURCE.json").write_text(json.dumps({"gguf": str(gguf_path), "size": gguf_path.stat().st_size}))
-    tmp.rename(out_dir)  # atomic: a half-written cache is never mistaken for a finished one
+    try:
+        tmp.rename(out_dir)  # atomic: a half-written cache is never mistaken for a finished one
+    except OSError:
+        if not (out_dir / "config.json").exists():
+            raise
+        shutil.rmtree(tmp)  # another process finished the same conversion first: keep its copy
     return out_dir
