@@ -49,6 +49,7 @@ MISMATCH_SAMPLES = 128
 SUMMARIZATION_DOCS = 8
 CHECKPOINT_CONFIG = "w4g64"
 N_PROMPTS = 6
+QUANT_LAYERS = ()  # decoder layers to quantize, the rest left unquantized; () quantizes all of them
 SEED = 0
 
 # %%

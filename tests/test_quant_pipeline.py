@@ -45,3 +45,31 @@ def test_quant_job_rejects_bad_options():
         QuantJob(method="smoothquant")
     with pytest.raises(ValueError, match="act_order"):
         QuantJob(method="awq", act_order=True)
+    with pytest.raises(ValueError, match="layers"):
+        QuantJob(method="rtn", layers=())
+    with pytest.raises(ValueError, match="layers"):
+        QuantJob(method="rtn", layers=(0, -1))
+
+
+def test_a_job_on_some_layers_quantizes_those_and_saves_the_rest_unquantized(tmp_path, smollm):
+    import copy
+
+    import pytest
+
+    from lab.cli.quant import layer_list
+    from lab.quant.formats import save_quantized
+    from lab.quant.pipeline import QuantJob, checkpoint_format, quantize_model
+
+    float_model, tok = smollm
+    job = QuantJob(method="rtn", layers=layer_list("0,2"))
+    with pytest.raises(ValueError, match="30 decoder layers"):
+        quantize_model(QuantJob(method="rtn", layers=(0, 30)), copy.deepcopy(float_model), tok)
+    model = copy.deepcopy(float_model)
+    codes, summary = quantize_model(job, model, tok, progress=False)
+    assert summary["layers"] == 2 and {k.split(".")[1] for k in codes} == {"0", "2"}
+    loaded, _ = load_quantized(save_quantized(model, codes, job.spec(), checkpoint_format(job), tmp_path / "q"),
+                               dtype=torch.float32)
+    before, after = decoder_linears(float_model), decoder_linears(loaded)
+    for name, lin in after.items():
+        changed = not torch.equal(lin.weight.float(), before[name].weight.float())
+        assert changed == (name.split(".")[1] in ("0", "2")), name

@@ -33,6 +33,8 @@ def test_parse_config():
     ({"LONG_CONTEXT_ITEMS": 31}, "LONG_CONTEXT_ITEMS"),
     ({"MISMATCH_METHOD": "rtn"}, "MISMATCH_METHOD"),
     ({"METHODS": "gptq"}, "list or tuple"),
+    ({"QUANT_LAYERS": (0, -1)}, "QUANT_LAYERS"),
+    ({"QUANT_LAYERS": 3}, "list or tuple"),
 ])
 def test_bad_parameters_are_named(change, match):
     with pytest.raises(ValueError, match=match):
@@ -44,18 +46,19 @@ def test_common_prefix():
     assert common_prefix([7, 8], [7, 8]) == 2
 
 
-@pytest.mark.parametrize("method,config", [("rtn", "w4g64"), ("rtn", "w8")])
-def test_weight_byte_account_matches_the_checkpoint_file(smollm, tmp_path, method, config):
+@pytest.mark.parametrize("method,config,layers", [("rtn", "w4g64", None), ("rtn", "w8", None), ("rtn", "w4g64", (0, 5))])
+def test_weight_byte_account_matches_the_checkpoint_file(smollm, tmp_path, method, config, layers):
     """Predicted bytes (lab.memory's account, fp32 for the unquantized parts as saved here) equal the
     safetensors file to the byte, once the file's JSON header and GPTQ's g_idx (int32 per input column
-    of every linear, which the account leaves out) are added."""
+    of every linear, which the account leaves out) are added. With some layers quantized, the others'
+    linears are stored in fp32 and counted so."""
     import copy
 
     from lab.quant.formats import save_quantized
 
     model, tok = smollm
     spec = parse_config(config)
-    job = QuantJob(method=method, bits=spec.bits, group_size=spec.group_size)
+    job = QuantJob(method=method, bits=spec.bits, group_size=spec.group_size, layers=layers)
     quantized = copy.deepcopy(model)
     codes, _ = quantize_model(job, quantized, tok, progress=False)
     out = save_quantized(quantized, codes, spec, checkpoint_format(job), tmp_path / config)
@@ -66,20 +69,24 @@ def test_weight_byte_account_matches_the_checkpoint_file(smollm, tmp_path, metho
     g_idx = sum(end - start for key, meta in header.items() if key.endswith(".g_idx")
                 for start, end in [meta["data_offsets"]])
     assert g_idx == 4 * sum(lin.in_features * (3 if "qkv" in name else 2 if "gate_up" in name else 1)
-                            for name, lin in quantized.layers.named_modules() if isinstance(lin, torch.nn.Linear))
-    predicted = quantized_weight_bytes("smollm2-135m", spec, unquantized="fp32")
+                            for name, lin in quantized.layers.named_modules() if isinstance(lin, torch.nn.Linear)
+                            and (layers is None or int(name.split(".")[0]) in layers))
+    predicted = quantized_weight_bytes("smollm2-135m", spec, unquantized="fp32",
+                                       layers=None if layers is None else len(layers))
     assert path.stat().st_size == predicted + g_idx + 8 + header_len
 
 
 def test_quant_bench_reports_both_methods_against_their_targets():
     from lab.bench.quant import TARGETS_S, format_result, run_quant_bench
 
-    r = run_quant_bench(gptq_blocks=2, awq_blocks=1, block_tokens=32)
+    # Two of the 30 layers (the CLI's default is all): the whole-model targets are pro-rated by layers.
+    r = run_quant_bench(gptq_blocks=2, awq_blocks=1, block_tokens=32, layers=(0, 1))
     assert [row["method"] for row in r["rows"]] == ["gptq", "awq"]
     for row in r["rows"]:
-        assert row["seconds"] > 0 and row["ratio_to_target"] == row["seconds"] / TARGETS_S[row["method"]]
+        assert row["layers"] == 2 and row["target_seconds"] == TARGETS_S[row["method"]] * 2 / 30
+        assert row["seconds"] > 0 and row["ratio_to_target"] == row["seconds"] / row["target_seconds"]
     text = format_result(r)
-    assert "gptq" in text and "awq" in text and "AutoAWQ" in text
+    assert "gptq" in text and "awq" in text and "AutoAWQ" in text and "2 of 30 layers" in text
     from lab.quant.autoawq_peer import available
 
     if not available():  # AutoAWQ imports: its searches were timed beside the lab's

@@ -29,6 +29,7 @@ TARGETS_S = {"gptq": 300.0, "awq": 600.0}
 @dataclass
 class QuantBenchRow:
     method: str
+    layers: int
     calib_blocks: int
     calib_tokens: int
     seconds: float
@@ -105,8 +106,10 @@ def autoawq_peer_timing(model: str, blocks: int, block_tokens: int, layer: int =
 
 def run_quant_bench(model: str = "smollm2-135m", gptq_blocks: int = 128, awq_blocks: int = 32,
                     block_tokens: int = 512, bits: int = 4, group_size: int = 64, progress: bool = False,
-                    device: str = "auto") -> dict:
-    """GPTQ then AWQ on `device` ("auto": CUDA when present, else the CPU; checked before any model loads)."""
+                    device: str = "auto", layers: tuple[int, ...] | None = None) -> dict:
+    """GPTQ then AWQ on `device` ("auto": CUDA when present, else the CPU; checked before any model loads).
+    `layers` quantizes only those decoder layers (a quick run); the whole-model targets are then pro-rated by
+    the share of layers quantized (every decoder layer has the same shapes, so each costs about the same)."""
     from lab.models import load_model
     from lab.quant.pipeline import QuantJob, quantize_model
     from lab.runs import check_device, resolve_device
@@ -118,17 +121,17 @@ def run_quant_bench(model: str = "smollm2-135m", gptq_blocks: int = 128, awq_blo
     for method, blocks in (("gptq", gptq_blocks), ("awq", awq_blocks)):
         net, tok = load_model(model, dtype=torch.float32, device=where)
         job = QuantJob(model=model, method=method, bits=bits, group_size=group_size, calib_samples=blocks,
-                       calib_tokens=block_tokens, calib_packed=True)
+                       calib_tokens=block_tokens, calib_packed=True, layers=layers)
         _, summary = quantize_model(job, net, tok, progress=progress)
         seconds = summary["quantization_seconds"]
-        rows.append(QuantBenchRow(method, blocks, block_tokens, seconds, TARGETS_S[method],
-                                  seconds / TARGETS_S[method]))
+        target = TARGETS_S[method] * summary["layers"] / len(net.layers)
+        rows.append(QuantBenchRow(method, summary["layers"], blocks, block_tokens, seconds, target, seconds / target))
     from lab.quant import autoawq_peer
 
     missing = autoawq_peer.available()
     peer_rows = [] if missing else autoawq_peer_timing(model, awq_blocks, block_tokens, device=where)
     ceilings = probe_inference(torch.float32, where)  # the GEMM rate of the device the timings ran on
-    return {"model": model, "bits": bits, "group_size": group_size, "rows": [asdict(r) for r in rows],
+    return {"model": model, "bits": bits, "group_size": group_size, "model_layers": len(net.layers), "rows": [asdict(r) for r in rows],
             "autoawq": missing or "AutoAWQ 0.2.9 imports: its searches timed on the same layer and inputs",
             "autoawq_peer": peer_rows, "device": where, "device_name": ceilings.name,
             "gemm_gflops_fp32": ceilings.peak_flops / 1e9, "threads": torch.get_num_threads(),
@@ -140,7 +143,8 @@ def format_result(r: dict) -> str:
              f"{r['threads']} threads, fp32 GEMM {r['gemm_gflops_fp32']:.0f} GFLOP/s"]
     for row in r["rows"]:
         verdict = "within" if row["seconds"] <= row["target_seconds"] else "OVER"
-        lines.append(f"{row['method']:5s} {row['calib_blocks']:4d} x {row['calib_tokens']} tokens: "
+        part = "" if row["layers"] == r["model_layers"] else f", {row['layers']} of {r['model_layers']} layers"
+        lines.append(f"{row['method']:5s} {row['calib_blocks']:4d} x {row['calib_tokens']} tokens{part}: "
                      f"{row['seconds']:7.1f} s   target {row['target_seconds']:.0f} s   "
                      f"ratio {row['ratio_to_target']:.2f} ({verdict})")
     lines.append(f"AutoAWQ: {r['autoawq']}")

@@ -70,7 +70,7 @@ def _bench_quant(args) -> int:
     from lab.provenance import provenance
 
     result = run_quant_bench(model=args.model, gptq_blocks=args.gptq_blocks, awq_blocks=args.awq_blocks,
-                             block_tokens=args.block_tokens, progress=True, device=args.device)
+                             block_tokens=args.block_tokens, progress=True, device=args.device, layers=args.layers)
     print(format_result(result))
     if args.json:
         record = {"result": result, "provenance": provenance(vars(args) | {"command": "lab bench quant"})}
@@ -121,7 +121,7 @@ def add_bench(sub) -> None:
     bs.add_argument("--plot", default=None, help="write the dashboard (latency, throughput, engine state) PNG here")
     bs.set_defaults(func=_bench_serve)
 
-    from lab.cli.quant import device_arg
+    from lab.cli.quant import device_arg, layer_list
 
     bq = bench_sub.add_parser("quant", help="GPTQ and AWQ time on the whole model at the reference sizes")
     bq.add_argument("--model", default="smollm2-135m")
@@ -130,5 +130,7 @@ def add_bench(sub) -> None:
     bq.add_argument("--block-tokens", type=int, default=512)
     bq.add_argument("--device", type=device_arg, default="auto",
                     help="where to quantize: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N")
+    bq.add_argument("--layers", type=layer_list, default=None,
+                    help="quantize only these decoder layers, e.g. 0,1 (a quick run; the targets are pro-rated)")
     bq.add_argument("--json", default=None, help="also write the result and its provenance here")
     bq.set_defaults(func=_bench_quant)

@@ -19,13 +19,22 @@ def device_arg(text: str) -> str:
     return text
 
 
+def layer_list(text: str) -> tuple[int, ...]:
+    """`--layers 0,1,5`: decoder layer indices, checked as the parser reads them."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--layers {text!r}: expected comma-separated layer indices, e.g. 0,1,5") \
+            from None
+
+
 def _quant(args) -> int:
     from lab.quant.pipeline import QuantJob, run_quant_job
 
     job = QuantJob(model=args.model, method=args.method, bits=args.bits,
                    group_size=None if args.group_size == 0 else args.group_size, symmetric=args.symmetric,
                    act_order=args.act_order, calib_samples=args.calib_samples, calib_tokens=args.calib_tokens,
-                   calib_mix=args.calib_mix, calib_packed=args.calib_packed)
+                   calib_mix=args.calib_mix, calib_packed=args.calib_packed, layers=args.layers)
     print(json.dumps(run_quant_job(job, args.out, device=args.device), indent=2))
     return 0
 
@@ -84,6 +93,8 @@ def add_quant(sub) -> None:
     q.add_argument("--calib-mix", choices=["stratified", "short_qa"], default="stratified")
     q.add_argument("--calib-packed", action="store_true",
                    help="calibrate on CALIB_SAMPLES blocks of exactly CALIB_TOKENS tokens (GPTQ's and AutoAWQ's layout)")
+    q.add_argument("--layers", type=layer_list, default=None,
+                   help="decoder layers to quantize, e.g. 0,1,5 (default: all); the others are saved unquantized")
     q.add_argument("--device", type=device_arg, default="auto",
                    help="where to quantize: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N")
     q.add_argument("--out", required=True, help="output directory (Hugging Face style, with quantization_config)")

@@ -38,10 +38,17 @@ class QuantJob:
     # True: calib_samples blocks of exactly calib_tokens cut from a 512-sample set (GPTQ's and AutoAWQ's layout).
     calib_packed: bool = False
     seed: int = 0
+    # Decoder layers to quantize (None: all). The others stay unquantized and are saved so: a study of one
+    # layer's sensitivity, or a quick check of the pipeline (calibration still flows through every layer).
+    layers: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.method not in METHODS:
             raise ValueError(f"method {self.method!r} is not one of {METHODS}")
+        if self.layers is not None:
+            self.layers = tuple(self.layers)
+            if not self.layers or any(not isinstance(i, int) or i < 0 for i in self.layers):
+                raise ValueError(f"layers={self.layers!r} must be None (all) or non-negative layer indices")
         if self.method == "awq" and self.act_order:
             raise ValueError("act_order is a GPTQ option; AWQ has no column order")
         self.spec()  # bits and group size checked here, before any model is loaded
@@ -50,18 +57,23 @@ class QuantJob:
         return QuantSpec(bits=self.bits, group_size=self.group_size, symmetric=self.symmetric)
 
 
-def decoder_linears(model) -> dict[str, torch.nn.Linear]:
+def decoder_linears(model, layers: tuple[int, ...] | None = None) -> dict[str, torch.nn.Linear]:
+    """The decoder linears by lab module name, of `layers` (None: every layer; an index past the model's
+    last layer is refused)."""
+    n = len(model.layers)
+    if layers is not None and max(layers) >= n:
+        raise ValueError(f"layers={layers!r}: the model has {n} decoder layers (indices 0 to {n - 1})")
     return {f"layers.{i}.{name}": layer.get_submodule(name)
-            for i, layer in enumerate(model.layers) for name in LINEAR_STEPS}
+            for i, layer in enumerate(model.layers) if layers is None or i in layers for name in LINEAR_STEPS}
 
 
-def _rtn_codes(model, spec: QuantSpec) -> dict:
+def _rtn_codes(model, spec: QuantSpec, layers: tuple[int, ...] | None = None) -> dict:
     """RTN codes of every decoder linear, writing their dequantized weights into the model.
 
     The codes come from the original weights: re-quantizing already quantized weights can pick
     another grid (RTN widens a group's range to include 0), so codes are never re-derived."""
     codes = {}
-    for name, lin in decoder_linears(model).items():
+    for name, lin in decoder_linears(model, layers).items():
         q, scales, zeros = quantize(lin.weight.detach().float(), spec)
         lin.weight.data.copy_(dequantize(q, scales, zeros, group_size=spec.group_size).to(lin.weight.dtype))
         codes[name] = (q, scales, zeros, None)
@@ -96,20 +108,24 @@ def calibration_token_ids(tokenizer, job: QuantJob) -> list[list[int]]:
 def quantize_model(job: QuantJob, model, tokenizer, progress: bool = True) -> tuple[dict, dict]:
     """Quantize `model` in place as `job` says (its `model` field is not read): returns the codes of
     every decoder linear, for `save_quantized`, and a summary (time, calibration size, tokens per task)."""
+    decoder_linears(model, job.layers)  # a layer past the model's last is refused before calibration
     calib, tasks = ([], {}) if job.method == "rtn" else _calibration(tokenizer, job)
     spec = job.spec()
+    layers = None if job.layers is None else list(job.layers)
     t = time.perf_counter()
     if job.method == "rtn":
-        codes = _rtn_codes(model, spec)
+        codes = _rtn_codes(model, spec, job.layers)
     elif job.method == "gptq":
         codes: dict = {}
-        gptq_quantize_model(model, calib, spec, GPTQConfig(act_order=job.act_order), progress=progress, results=codes)
+        gptq_quantize_model(model, calib, spec, GPTQConfig(act_order=job.act_order), layers=layers,
+                            progress=progress, results=codes)
     else:
         from .awq import awq_quantize_model
 
         codes = {}
-        awq_quantize_model(model, calib, spec, progress=progress, results=codes)
+        awq_quantize_model(model, calib, spec, layers=layers, progress=progress, results=codes)
     summary = {"method": job.method, "bits": job.bits, "group_size": job.group_size,
+               "layers": len(model.layers) if job.layers is None else len(set(job.layers)),
                "quantization_seconds": time.perf_counter() - t, "calibration_sequences": len(calib),
                "calibration_tokens": sum(map(len, calib)), "calibration_tasks": tasks}
     return codes, summary

@@ -87,6 +87,7 @@ class QuantAccuracyParams:
     SUMMARIZATION_DOCS: int = 8
     CHECKPOINT_CONFIG: str = "w4g64"
     N_PROMPTS: int = 6
+    QUANT_LAYERS: tuple = ()  # decoder layers to quantize, the rest left unquantized; (): all of them
     SEED: int = 0
     # quick: every method at the 4-bit configuration on fewer calibration and evaluation tokens, no long
     # context (minutes instead of 84); smoke: the tests' seconds.
@@ -96,7 +97,8 @@ class QuantAccuracyParams:
         "quick": _FEWER | {"GPTQ_CALIB": (16, 256), "AWQ_CALIB": (8, 256), "HELDOUT_SEQUENCES": 8,
                            "HELDOUT_TOKENS": 256, "MAX_TOKENS": 32, "ITEMS_PER_CATEGORY": 6, "SUMMARIZATION_DOCS": 2},
         "smoke": _FEWER | {"GPTQ_CALIB": (4, 64), "AWQ_CALIB": (4, 64), "HELDOUT_SEQUENCES": 2, "HELDOUT_TOKENS": 64,
-                           "MAX_TOKENS": 12, "ITEMS_PER_CATEGORY": 2, "SUMMARIZATION_DOCS": 1},
+                           "MAX_TOKENS": 12, "ITEMS_PER_CATEGORY": 2, "SUMMARIZATION_DOCS": 1,
+                           "QUANT_LAYERS": (0, 1)},
         # gpu: what 2 CPU cores cannot afford: the reference grid (every method and configuration, calibrated as
         # the reference is) on four times the held-out sequences (narrower intervals on the method-against-RTN
         # comparisons), every long-context item at every configuration, and four times the summarization prompts
@@ -107,7 +109,7 @@ class QuantAccuracyParams:
 
     def __post_init__(self):
         check_device("DEVICE", self.DEVICE)
-        for name in ("METHODS", "CONFIGS", "LONG_CONTEXT_CONFIGS", "GPTQ_CALIB", "AWQ_CALIB", "DOMAINS"):
+        for name in ("METHODS", "CONFIGS", "LONG_CONTEXT_CONFIGS", "GPTQ_CALIB", "AWQ_CALIB", "DOMAINS", "QUANT_LAYERS"):
             setattr(self, name, as_tuple(name, getattr(self, name)))
         if not self.METHODS or not self.CONFIGS:
             raise ValueError("METHODS and CONFIGS must each name at least one entry")
@@ -129,6 +131,8 @@ class QuantAccuracyParams:
         for name, hi in (("HELDOUT_SEQUENCES", 256), ("HELDOUT_TOKENS", 2048), ("MAX_TOKENS", 512),
                          ("MISMATCH_SAMPLES", 512), ("SUMMARIZATION_DOCS", 64), ("N_PROMPTS", 64)):
             check_range(name, getattr(self, name), 1, hi, int)
+        for i in self.QUANT_LAYERS:  # the model's layer count is checked when it quantizes, before the work
+            check_range("QUANT_LAYERS", i, 0, 1023, int)
         check_range("LONG_CONTEXT_ITEMS", self.LONG_CONTEXT_ITEMS, 0, 30, int)
         check_range("ITEMS_PER_CATEGORY", self.ITEMS_PER_CATEGORY, 0, 1000, int)
         if self.CHECKPOINT_CONFIG not in self.CONFIGS:
@@ -199,16 +203,21 @@ def checkpoint_prompts(tokenizer, n: int) -> list[str]:
             for q in questions[:n]]
 
 
-def quantized_weight_bytes(model_name: str, spec: QuantSpec | None, unquantized: str = "fp16") -> float:
-    """Bytes of the model with its decoder linears stored as `spec` (None: all `unquantized`): codes at
-    `spec.bits`, an fp16 scale and (asymmetric grids) a zero point at `spec.bits` per group or per output
-    channel, the rest (embedding, norms) in `unquantized`, as GPTQ/AWQ checkpoints keep them."""
+def quantized_weight_bytes(model_name: str, spec: QuantSpec | None, unquantized: str = "fp16",
+                           layers: int | None = None) -> float:
+    """Bytes of the model with the decoder linears of `layers` of its layers (None: all) stored as `spec`
+    (None: all `unquantized`): codes at `spec.bits`, an fp16 scale and (asymmetric grids) a zero point at
+    `spec.bits` per group or per output channel, the rest (other layers' linears, embedding, norms) in
+    `unquantized`, as GPTQ/AWQ checkpoints keep them. Every decoder layer has the same linears."""
     shape = ModelShape.preset(model_name)
+    plain = weight_bytes(shape, unquantized)
     if spec is None:
-        return weight_bytes(shape, unquantized)["total"]
+        return plain["total"]
     fmt = WeightFormat(f"w{spec.bits}g{spec.group_size}", spec.bits, spec.group_size, scale_bytes=2,
                        zero_bytes=0 if spec.symmetric else spec.bits / 8, per_channel=spec.group_size is None)
-    return weight_bytes(shape, fmt, unquantized=unquantized)["total"]
+    packed = weight_bytes(shape, fmt, unquantized=unquantized)
+    left = 0.0 if layers is None else 1 - layers / shape.num_layers  # the share of layers left unquantized
+    return packed["total"] + left * sum(plain[k] - packed[k] for k in ("attention", "mlp"))
 
 
 # ---- one model ------------------------------------------------------------------------------------------
@@ -218,7 +227,7 @@ def make_job(p: QuantAccuracyParams, method: str, spec: QuantSpec, calib: tuple,
              packed: bool = True) -> QuantJob:
     return QuantJob(model=p.MODEL, method=method, bits=spec.bits, group_size=spec.group_size,
                     symmetric=spec.symmetric, calib_samples=calib[0], calib_tokens=calib[1], calib_mix=mix,
-                    calib_packed=packed, seed=p.SEED)
+                    calib_packed=packed, seed=p.SEED, layers=p.QUANT_LAYERS or None)
 
 
 def quantize_copy(reference, tokenizer, job: QuantJob):
@@ -290,7 +299,7 @@ def run_grid(p: QuantAccuracyParams, reference, tokenizer, log=print) -> Grid:
         df = run_sensitive(model, tokenizer, sensitive_items(p, long_context=with_long), p.MAX_TOKENS)
         outputs[label] = df
         row = {"model": label, "method": method, "config": config, "bits": spec.bits, "group_size": spec.group_size,
-               "weight_MB_fp16_rest": quantized_weight_bytes(p.MODEL, spec) / 1e6,
+               "weight_MB_fp16_rest": quantized_weight_bytes(p.MODEL, spec, layers=summary["layers"]) / 1e6,
                "quant_s": summary["quantization_seconds"], "calib_tokens": summary["calibration_tokens"],
                **{f"calib_{d}_share": v for d, v in shares.get(method, {}).items()},
                **_score(reference, model, label, texts, score_rows), **sensitive_metrics(df, ref_df)}
@@ -380,7 +389,8 @@ def checkpoint_outputs(kept: dict, reference, tokenizer, prompts: list[str], max
                   "same_as_unquantized": t == r, "same_as_in_memory": t == m}
                  for i, (t, r, m) in enumerate(zip(got, ref_out, mem))]
         measured = sum(f.stat().st_size for f in out_dir.glob("*.safetensors"))
-        predicted = quantized_weight_bytes(model_name, job.spec(), unquantized="fp32")
+        layers = None if job.layers is None else len(set(job.layers))
+        predicted = quantized_weight_bytes(model_name, job.spec(), unquantized="fp32", layers=layers)
         sizes.append({"checkpoint": f"{method} {config}", "format": checkpoint_format(job),
                       "predicted_MB": predicted / 1e6, "measured_MB": measured / 1e6,
                       "measured_over_predicted": measured / predicted})
