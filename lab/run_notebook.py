@@ -4,14 +4,17 @@ Parameter names are checked against the notebook's `parameters` cell before anyt
 itself would silently add an unknown name as a new variable); values are checked by the study's
 parameter dataclass inside the notebook, before its heavy work. The executed notebook is stored in
 the run directory with image outputs stripped (the PNGs are saved beside it), so committed reference
-runs stay small.
+runs stay small. `run_environment` is the part of a run that does not depend on how the notebook is executed:
+`lab run --in-process` (`lab.run_script`) shares it.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
+import traceback
 from pathlib import Path
 
 from .results_index import write_index
@@ -49,8 +52,9 @@ def declared_parameters(path: Path) -> dict:
     return papermill.inspect_notebook(str(path))
 
 
-def check_parameter_names(path: Path, params: dict) -> None:
-    declared = declared_parameters(path)
+def check_parameter_names(path: Path, params: dict, declared=None) -> None:
+    """Refuse a name the parameters cell does not assign; `declared` defaults to papermill's reading of it."""
+    declared = declared_parameters(path) if declared is None else declared
     unknown = sorted(set(params) - set(declared))
     if unknown:
         raise ValueError(f"unknown parameter(s) {unknown} for {path.stem}; its parameters are: "
@@ -73,27 +77,26 @@ def strip_images(notebook_path: Path) -> None:
     nbformat.write(nb, notebook_path)
 
 
-def run_notebook(name: str, params: dict | None = None, root: Path | None = None, log_output: bool = False) -> Path:
-    """Execute one notebook with `params` into a new run directory; returns that directory."""
-    import papermill
-
-    path = resolve_notebook(name)
-    params = dict(params or {})
-    check_parameter_names(path, params)
+@contextlib.contextmanager
+def run_environment(path: Path, params: dict, root: Path | None = None):
+    """A new run directory for the notebook at `path` (yielded), with what a notebook reads while it runs:
+    `LAB_RUN_DIR` (where `start_run` writes), `LAB_RESULTS_DIR` and the injected names in `EXPLICIT_ENV`.
+    The variables are restored afterwards, a failure is recorded in metrics.json (then re-raised) and the
+    results index is refreshed either way. `lab run` executes through papermill (`run_notebook`) or in this
+    process (`lab.run_script`); both go through here, so a run looks the same whichever executed it."""
     root = Path(root) if root else results_root()
     run_dir = root / path.stem / new_run_id()
     run_dir.mkdir(parents=True)
-    out = run_dir / path.name
     previous = {k: os.environ.get(k) for k in ("LAB_RUN_DIR", "LAB_RESULTS_DIR", EXPLICIT_ENV)}
     os.environ["LAB_RUN_DIR"], os.environ["LAB_RESULTS_DIR"] = str(run_dir), str(root)
     os.environ[EXPLICIT_ENV] = json.dumps(sorted(params))  # these beat the notebook's preset
     try:
-        # papermill writes a tuple as the string of its repr; a list it writes as a list literal.
-        injected = {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}
-        papermill.execute_notebook(str(path), str(out), parameters=injected, cwd=str(path.parent),
-                                   kernel_name="python3", progress_bar=False, log_output=log_output)
+        yield run_dir
     except Exception as e:
-        (run_dir / "metrics.json").write_text(json.dumps({"status": "failed", "error": str(e)[-2000:]}, indent=2))
+        # The whole traceback: the index shows its last line (the exception), and in-process runs keep the
+        # script's file and line (papermill's error text ends with the cell's own traceback).
+        error = "".join(traceback.format_exception(e))[-2000:]
+        (run_dir / "metrics.json").write_text(json.dumps({"status": "failed", "error": error}, indent=2))
         raise
     finally:
         for k, v in previous.items():
@@ -101,7 +104,24 @@ def run_notebook(name: str, params: dict | None = None, root: Path | None = None
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        if out.exists():
-            strip_images(out)
         write_index(root)
+
+
+def run_notebook(name: str, params: dict | None = None, root: Path | None = None, log_output: bool = False) -> Path:
+    """Execute one notebook with `params` into a new run directory; returns that directory."""
+    import papermill
+
+    path = resolve_notebook(name)
+    params = dict(params or {})
+    check_parameter_names(path, params)
+    with run_environment(path, params, root) as run_dir:
+        out = run_dir / path.name
+        try:
+            # papermill writes a tuple as the string of its repr; a list it writes as a list literal.
+            injected = {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}
+            papermill.execute_notebook(str(path), str(out), parameters=injected, cwd=str(path.parent),
+                                       kernel_name="python3", progress_bar=False, log_output=log_output)
+        finally:
+            if out.exists():
+                strip_images(out)
     return run_dir

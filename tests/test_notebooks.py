@@ -225,7 +225,8 @@ def test_lab_run_all_says_what_runs_with_its_last_duration_and_how_long_each_too
         return d
 
     monkeypatch.setattr(rn, "run_notebook", fake_run)
-    args = argparse.Namespace(param=[], notebook="all", results_dir=str(tmp_path), log_output=False, preset=None)
+    args = argparse.Namespace(param=[], notebook="all", results_dir=str(tmp_path), log_output=False, preset=None,
+                              in_process=False)
     assert runs._run(args) == 1  # one notebook failed; the others ran
     assert runs._run(argparse.Namespace(**{**vars(args), "notebook": "00_engine_tour"})) == 0
     out = capsys.readouterr()

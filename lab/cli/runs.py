@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from lab.runs import PRESETS
@@ -22,12 +24,17 @@ def _last_durations(root, preset: str) -> dict[str, float]:
 def _run(args) -> int:
     from tqdm.auto import tqdm
 
-    from lab.run_notebook import parse_value, run_notebook, study_notebooks
+    from lab import run_notebook as papermill_runner
+    from lab import run_script as script_runner
+    from lab.run_notebook import parse_value, study_notebooks
 
     params = {name: parse_value(value) for name, value in args.param}
     if args.preset:
         params["PRESET"] = args.preset
     names = [p.stem for p in study_notebooks()] if args.notebook == "all" else [args.notebook]
+    run = (functools.partial(script_runner.run_script, params=params, root=args.results_dir) if args.in_process
+           else functools.partial(papermill_runner.run_notebook, params=params, root=args.results_dir,
+                                  log_output=args.log_output))
     before = _last_durations(args.results_dir, params.get("PRESET", "quick"))
     print(f"preset: {params.get('PRESET', 'quick')}", flush=True)
     failed, took = [], {}
@@ -40,11 +47,12 @@ def _run(args) -> int:
         bar.write(f"[{i}/{len(names)}] running {name}{eta} ...", file=sys.stdout)
         start = time.perf_counter()
         try:
-            bar.write(str(run_notebook(name, params, root=args.results_dir, log_output=args.log_output)),
-                      file=sys.stdout)
+            bar.write(str(run(name)), file=sys.stdout)
         except ValueError:
             raise
         except Exception as e:  # a failing cell: report it, keep running the other notebooks
+            if args.in_process:  # papermill's message holds the cell's traceback; an in-process error does not
+                bar.write("".join(traceback.format_exception(e)).rstrip(), file=sys.stderr)
             bar.write(f"{name} FAILED: {type(e).__name__}: {str(e)[-500:]}", file=sys.stderr)
             failed.append(name)
         took[name] = time.perf_counter() - start
@@ -83,6 +91,9 @@ def add_run(sub) -> None:
                           "tests'); a -p value beats the preset's")
     run.add_argument("--results-dir", default=None, help="where run directories go (default: results/)")
     run.add_argument("--log-output", action="store_true", help="stream the notebook's output to this terminal")
+    run.add_argument("--in-process", action="store_true",
+                     help="run the notebook's .py twin in this process, without papermill or a Jupyter kernel (the "
+                          "GPU machine has neither)")
     run.set_defaults(func=_run)
 
 
