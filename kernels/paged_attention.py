@@ -194,6 +194,32 @@ def _precision(q: torch.Tensor) -> str:
     return "ieee" if q.dtype == torch.float32 else "tf32"
 
 
+# Warps per program and the prefill's query rows per program, chosen so that ptxas gives every launch the lab
+# makes a stack-free register allocation (registers that do not fit spill to the stack, in local memory) for
+# bf16 on sm_90 and sm_80; `python -m lab.kernels.aot` compiles each launch with these and fails on any spill.
+# Measured there (registers / stack bytes per thread, sm_90 and sm_80), head_dim 128 unless said:
+#   decode, bf16 cache, 4 warps: 168/0, 225/0 (8 warps spilled 8 bytes on sm_90); 254/0 at head_dim 256
+#   decode, per-token int8/int4/int2/fp8 (scales dequantized per token in the loop), 4 warps: 255 with 120 to
+#   336 stack bytes; 8 warps: 208-252/0
+#   prefill, bf16, 64 rows: 4 warps (Triton's default) 255/32, 255/344 at head_dim 256; 8 warps 184/0; 32 rows
+#   on 8 warps at head_dim 256 255/0; per-token int4/int2 on sm_80 (codes unpacked in the loop), 64 rows on 8
+#   warps 255/40, 32 rows 214/0; per-token int8 on sm_80, 64 rows 0 stack bytes, 32 rows 8.
+# Their speed needs a GPU (bench/kernels_gpu.py): none has been lent yet.
+PREFILL_WARPS = 8
+
+
+def decode_warps(per_token: bool) -> int:
+    """Warps per decode program: 8 where per-token scales are dequantized in the loop, else 4."""
+    return 8 if per_token else 4
+
+
+def prefill_block_rows(head_dim: int, flags: dict) -> int:
+    """Query rows (heads x queries) per prefill program for a cache of `flags` (`PagedKVCache.flags`): the fp32
+    accumulator is rows x head_dim per program, so wider heads, and sub-byte codes unpacked beside per-token
+    scales, get 32 rows instead of 64."""
+    return 32 if head_dim > 128 or (flags["PER_TOKEN"] and flags["BITS"] < 8) else 64
+
+
 def default_num_splits(batch: int, n_kv: int, max_len: int, device: torch.device) -> int:
     """Enough programs to fill a GPU's SMs twice, each split at least 256 tokens; 1 on the CPU interpreter."""
     if device.type != "cuda":
@@ -235,7 +261,8 @@ def paged_decode_attention(q: torch.Tensor, cache: PagedKVCache, block_tables: t
         q.stride(0), q.stride(1), *strides, *lse_strides, block_tables.stride(0), LOG2E / math.sqrt(D), D, split_len,
         cache.block_size, cache.k.stride(1), cache.k.stride(2), *cache.scale_strides(),
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, BLOCK_D=block_d,
-        **cache.flags, PRECISION=_precision(q), WRITE_LSE=splits > 1)
+        **cache.flags, PRECISION=_precision(q), WRITE_LSE=splits > 1,
+        num_warps=decode_warps(cache.flags["PER_TOKEN"]))
     if splits > 1:
         _merge_kernel[(B, H)](part, lse, out, splits, D, *strides, *lse_strides, out.stride(0), out.stride(1),
                               BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d)
@@ -244,18 +271,20 @@ def paged_decode_attention(q: torch.Tensor, cache: PagedKVCache, block_tables: t
 
 def paged_prefill_attention(q: torch.Tensor, cache: PagedKVCache, block_tables: torch.Tensor,
                             query_starts: torch.Tensor, query_lens: torch.Tensor, context_lens: torch.Tensor,
-                            out: torch.Tensor | None = None, block_rows: int = 64, block_n: int = 32,
+                            out: torch.Tensor | None = None, block_rows: int | None = None, block_n: int = 32,
                             max_query_len: int | None = None, validate: bool = True) -> torch.Tensor:
     """q [T, n_heads, D]: sequence b's new queries are rows query_starts[b] .. + query_lens[b] - 1, the last of
     its context_lens[b] positions (their K/V already in the cache). Writes those rows of `out` (default: a new
-    [T, n_heads, D]; rows of no sequence are left as they are) and returns it. `validate` as for decode."""
+    [T, n_heads, D]; rows of no sequence are left as they are) and returns it. `validate` as for decode.
+    `block_rows` defaults to `prefill_block_rows` for D and the cache's format."""
     group = _check(q, cache, block_tables, context_lens, validate)
     B = block_tables.shape[0]
     _check_queries(query_starts, query_lens, context_lens, q.shape[0], validate)
     out = torch.empty_like(q) if out is None else out
     if not B:
         return out
-    block_r = max(block_rows, triton.next_power_of_2(group))
+    rows = block_rows or prefill_block_rows(q.shape[2], cache.flags)
+    block_r = max(rows, triton.next_power_of_2(group))
     queries = block_r // group
     max_q = max_query_len or int(query_lens.max())
     _prefill_kernel[(B, cache.n_kv, triton.cdiv(max_q, queries))](
@@ -263,7 +292,8 @@ def paged_prefill_attention(q: torch.Tensor, cache: PagedKVCache, block_tables: 
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), LOG2E / math.sqrt(q.shape[2]),
         q.shape[2], cache.block_size, cache.k.stride(1), cache.k.stride(2), *cache.scale_strides(),
         GROUP=group, QUERIES=queries, BLOCK_R=block_r, BLOCK_N=block_n,
-        BLOCK_D=max(16, triton.next_power_of_2(q.shape[2])), **cache.flags, PRECISION=_precision(q))
+        BLOCK_D=max(16, triton.next_power_of_2(q.shape[2])), **cache.flags, PRECISION=_precision(q),
+        num_warps=PREFILL_WARPS)
     return out
 
 
