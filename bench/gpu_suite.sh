@@ -2,8 +2,9 @@
 # The GPU run as one script, planned to fit 8 minutes of one H200 (a session is lent 15 in all): the pre-flight
 # (bench/gpu_preflight.py: versions, compiled kernels against their references in bfloat16, the engine on both
 # backends, a seeded sampled request; it stops the suite if anything fails), the Triton kernel benchmark
-# (bench/kernels_gpu.py), the engine benchmark on a random Llama-3-8B shape in bfloat16 (eager and compiled
-# steps, every workload against its roofline; no transformers peer: a random model has no checkpoint for it),
+# (bench/kernels_gpu.py), the engine benchmark on a random Llama-3-8B shape in bfloat16 (eager steps, every
+# workload against its roofline; no transformers peer: a random model has no checkpoint for it; the compiled
+# variant's compile of an 8B step would take a minute of the eight, and is left to a second loan),
 # then every study notebook at its `gpu` preset, run in-process from its jupytext twin (`lab run --in-process`:
 # the device machine has no papermill or Jupyter kernel). Everything lands in results/gpu/ (or $OUT_DIR) with
 # provenance; `--pack FILE` also writes it as one tar.gz, since at most 8 files come back from the device.
@@ -43,16 +44,17 @@ else
   model=random:llama-3-8b; smoke=(); flag=(); preset=gpu
 fi
 
-# name|estimated seconds on one H200|command. A notebook's estimate: its gpu preset's work at the H200's rates
-# plus ~8 s to import and load (docs/gpu.md).
+# name|estimated seconds on one H200|command. A notebook's estimate: its gpu preset's work counted (engine
+# steps, tokens, models quantized, processes started) at assumed per-step costs, plus ~8 s to import and load
+# (the table in docs/gpu.md; each gpu preset's comment gives its own).
 steps=(
   "preflight|45|$PY bench/gpu_preflight.py ${flag[*]} --out $out"
-  "kernels|100|$PY bench/kernels_gpu.py ${flag[*]} --out $out"
-  "engine|80|$PY -m lab.cli bench engine --model $model --variants eager-auto,compiled-auto --transformers '' ${smoke[*]} --json $out/bench_engine.json --plot $out/bench_engine.png"
+  "kernels|90|$PY bench/kernels_gpu.py ${flag[*]} --out $out"
+  "engine|45|$PY -m lab.cli bench engine --model $model --variants eager-auto --transformers '' ${smoke[*]} --json $out/bench_engine.json --plot $out/bench_engine.png"
 )
 declare -A nb_est=([00_engine_tour]=15 [01_memory_accounting]=20 [02_quantization_accuracy]=45
-  [03_kv_quantization]=35 [04_replay_break_even]=25 [05_speculative_acceptance]=25 [06_serving_ttft]=25
-  [07_structured_output]=15 [08_parallelism]=20 [09_ttft_claims]=20)
+  [03_kv_quantization]=35 [04_replay_break_even]=20 [05_speculative_acceptance]=25 [06_serving_ttft]=45
+  [07_structured_output]=20 [08_parallelism]=40 [09_ttft_claims]=35)
 for nb in ${NOTEBOOKS:-$(printf '%s\n' "${!nb_est[@]}" | sort)}; do
   [[ -n "${nb_est[$nb]:-}" ]] || { echo "unknown notebook $nb; known: ${!nb_est[*]}" >&2; exit 2; }
   steps+=("$nb|${nb_est[$nb]}|$PY -m lab.cli run $nb --in-process --preset $preset --results-dir $out/notebooks")

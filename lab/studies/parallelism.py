@@ -68,9 +68,14 @@ class ParallelParams:
                   "ALPHAS_US": (5, 20)},
         # gpu: every layer of one Llama-3-70B TP=8 rank timed on the GPU in bf16 (17 GB of weights, KV to batch
         # 256 at 2K tokens), and the TP=8 step projected from that measured compute; the multi-process
-        # measurements stay on the CPU (PROCESS_DEVICE), at sizes that keep them near a minute
-        "gpu": {"RANK_LAYERS": 80, "COMM_REPEATS": 10, "BATCHES": (1, 8), "PREFILL_TOKENS": (128,), "STEPS": 4,
-                "MICRO_BATCHES": (1, 2, 8), "PP_BATCH": 8, "PP_PROMPT": 32},
+        # measurements stay on the CPU (PROCESS_DEVICE) at one batch, one prompt and m = 1 and 8 (the CPU
+        # reference has their sweeps). ~40 s on one H200 (bench/gpu_suite.sh allots 40): the rank ~1 s and probe
+        # 3 s, but six spawned process groups (the link sweep, TP=2 decode and prefill, the memory check, PP=2 at
+        # m = 1 and 8) at ~3.5 s each, three in-process engines ~4 s and their CPU steps ~4 s, which these sections
+        # need at any size; 8 s start.
+        "gpu": {"RANK_LAYERS": 80, "COMM_SIZES": (4, 256, 16384, 1 << 20, 1 << 24), "COMM_REPEATS": 10,
+                "BATCHES": (8,), "PREFILL_TOKENS": (128,), "STEPS": 4, "MICRO_BATCHES": (1, 8), "PP_BATCH": 8,
+                "PP_PROMPT": 32},
     }
 
     def __post_init__(self):

@@ -65,8 +65,11 @@ class ServingParams:
     COLD_START_TOKENS: int = 128  # the cold-start request's output
     # quick: a ramp to 16 in flight with fewer requests a level, three batch sizes (minutes); smoke: seconds;
     # gpu: Llama-3-8B's shapes (random weights: timing needs no trained ones) in bf16 on one GPU, prompts of
-    # 512-2K tokens (6K long ones, a 2K system prompt), to 32 in flight, production SLOs (TTFT 1 s, TPOT 50 ms):
-    # the regime a CPU cannot reach; 8 requests a level keep it near a minute.
+    # 512-2K tokens (6K long ones, a 2K system prompt), 4 and 16 in flight, outputs of 16-64 tokens, production
+    # SLOs (TTFT 1 s, TPOT 50 ms): the regime a CPU cannot reach. ~47 s on one H200 (bench/gpu_suite.sh allots
+    # 45): 12 load runs (~1-2.5 s of ~12 ms steps each, ~0.7 s to start a server; each cut at 4 s) ~22 s, and the
+    # cold start's three fresh CUDA processes and a GGUF conversion (~19 s on the 2-core CPU) ~17 s, which no
+    # parameter here removes; 8 s start.
     PRESETS: ClassVar[dict] = {
         "quick": {"CONCURRENCY": (1, 2, 4, 8, 16), "REQUESTS_PER_LEVEL": 12, "BATCH_SIZES": (1, 4, 16),
                   "DURATION": 90.0, "COLD_START_TOKENS": 64},
@@ -74,9 +77,9 @@ class ServingParams:
                   "BATCH_SIZES": (1, 2), "LONG_PROMPT": 256, "CHUNK_TOKENS": 64, "SYSTEM_PROMPT": 64,
                   "MAX_MODEL_LEN": 512, "DURATION": 60.0, "KV_BLOCKS": 128, "COLD_START_TOKENS": 16},
         "gpu": {"MODEL": "random:llama-3-8b", "DTYPE": "bfloat16", "INPUT_LEN": (512, 1024, 2048),
-                "CONCURRENCY": (2, 8, 32), "REQUESTS_PER_LEVEL": 8, "BATCH_SIZES": (8, 32), "SLO_TTFT": 1.0,
-                "SLO_TPOT": 0.05, "LONG_PROMPT": 6144, "CHUNK_TOKENS": 512, "SYSTEM_PROMPT": 2048,
-                "MAX_MODEL_LEN": 8192, "KV_BLOCKS": 8192, "DURATION": 60.0},
+                "OUTPUT_LEN": (16, 32, 64), "CONCURRENCY": (4, 16), "REQUESTS_PER_LEVEL": 8, "BATCH_SIZES": (4, 16),
+                "SLO_TTFT": 1.0, "SLO_TPOT": 0.05, "LONG_PROMPT": 6144, "CHUNK_TOKENS": 512, "SYSTEM_PROMPT": 2048,
+                "MAX_MODEL_LEN": 8192, "KV_BLOCKS": 8192, "DURATION": 4.0},
     }
 
     def __post_init__(self):

@@ -69,7 +69,10 @@ class TTFTParams:
                   "PROBE_REPEATS": 1},
         # gpu: TTFT of 4K- and 8K-token prompts on one GPU, where a prefill is milliseconds and compute-bound as in
         # serving (on a CPU an 8K prompt takes seconds), and the cold start and readiness with a CUDA context to
-        # create; one fresh process a case keeps it near a minute
+        # create, one fresh process a case. ~32 s on one H200 (bench/gpu_suite.sh allots 35): the engine's ~50
+        # prefills ~1.5 s and the CPU INT8 build ~2 s, but five fresh processes (three cold-start cases, two
+        # `lab serve` probes; each imports torch, creates a CUDA context and loads SmolLM2: ~4 s) ~20 s are the
+        # minimum, repeats at 1; 8 s start.
         "gpu": {"PROMPT_TOKENS": 4096, "CACHED_TOKENS": 3584, "SWEEP_TOKENS": 8000, "REPEATS": 5, "COLD_REPEATS": 1,
                 "COLD_PROMPT": 2048, "PROBE_REPEATS": 1},
     }
