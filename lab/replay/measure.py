@@ -67,14 +67,15 @@ def disk_load(nbytes: int, repeats: int = 5, directory: str | None = None) -> Ti
         return Timing("disk file", nbytes, median_seconds(read, repeats, drop))
 
 
-def gpu_loads(nbytes: int, repeats: int = 5, flush_bytes: int = 512 * 1024**2) -> list[Timing]:
-    """Device memory and the two host-to-device paths. Before each timed copy a `flush_bytes` device buffer is
-    written (untimed), several times an H100/H200's 50-60 MB L2: a window of a few MB copied again and again
-    would otherwise be read from L2, and "device memory" would be L2's bandwidth, not HBM's."""
+def gpu_loads(nbytes: int, repeats: int = 5, flush_bytes: int = 512 * 1024**2,
+              device: torch.device | str = "cuda") -> list[Timing]:
+    """Device memory and the two host-to-device paths, on CUDA `device`. Before each timed copy a `flush_bytes`
+    device buffer is written (untimed), several times an H100/H200's 50-60 MB L2: a window of a few MB copied
+    again and again would otherwise be read from L2, and "device memory" would be L2's bandwidth, not HBM's."""
     if not torch.cuda.is_available():
         return []
-    flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda")
-    dev_src = torch.empty(max(nbytes, 1), dtype=torch.uint8, device="cuda")
+    flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device)
+    dev_src = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
     dev_dst = torch.empty_like(dev_src)
     out = []
     for what, src in (("device memory", dev_src), ("pinned host -> device", torch.empty(nbytes, dtype=torch.uint8).pin_memory()),
@@ -84,9 +85,11 @@ def gpu_loads(nbytes: int, repeats: int = 5, flush_bytes: int = 512 * 1024**2) -
     return out
 
 
-def tier_loads(nbytes: int, repeats: int = 5) -> list[Timing]:
-    """Every tier this machine has, for one window's KV bytes."""
-    return [host_memory_load(nbytes, repeats), disk_load(nbytes, repeats), *gpu_loads(nbytes, repeats)]
+def tier_loads(nbytes: int, repeats: int = 5, device: torch.device | str = "cpu") -> list[Timing]:
+    """Every tier this machine has, for one window's KV bytes; the GPU tiers on `device` where it is a CUDA
+    device (the one the study's model runs on), else on the default CUDA device."""
+    gpu = device if torch.device(device).type == "cuda" else "cuda"
+    return [host_memory_load(nbytes, repeats), disk_load(nbytes, repeats), *gpu_loads(nbytes, repeats, device=gpu)]
 
 
 class RecomputeBench:

@@ -144,7 +144,7 @@ def measure(p: ReplayParams) -> pd.DataFrame:
         llm = LLM(model, num_kv_blocks=-(-(total + 2) // 16), max_model_len=total + 16, max_num_batched_tokens=1024,
                   replay=keep)
         bench = RecomputeBench(llm, ids)
-        loads = {w: tier_loads(bench.kv_bytes(w), max(p.REPEATS, 5)) for w in p.WINDOWS}
+        loads = {w: tier_loads(bench.kv_bytes(w), max(p.REPEATS, 5), p.device) for w in p.WINDOWS}
         hcache = {w: bench.hidden_restore_seconds(w, p.REPEATS) for w in p.WINDOWS}
 
         def roofline(m, w):
