@@ -31,6 +31,7 @@ from lab.models.loader import default_dtype, parse_dtype
 from lab.parallel import comm_bench
 from lab.parallel.comm_model import LINKS, Link, alpha_for_share, pipeline_bubble, tp_decode_step
 from lab.runs import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
+from lab.timing import start_decode_batch
 
 # The multi-process measurements (links, TP and PP on the engine) run as processes of one CPU with gloo: one GPU
 # cannot hold two NCCL ranks, so on a GPU machine they stay on its CPU and DEVICE times one rank's compute
@@ -211,12 +212,7 @@ def tp_steps(p: ParallelParams, tp: int, context: int = 256) -> pd.DataFrame:
     rows = []
     for batch in tqdm(p.BATCHES, desc=f"TP={tp}: decode batches"):
         llm = _engine(p, tp, batch, context)
-        for i in range(batch):
-            llm.add_request([(7 * i + j) % 1000 + 10 for j in range(context)],
-                            SamplingParams(temperature=0, max_tokens=p.STEPS + 2, ignore_eos=True))
-        while any(s.num_computed_tokens < context for s in llm.sequences.values()):
-            llm.step()
-        llm.step()  # one warm decode step
+        start_decode_batch(llm, batch, context, p.STEPS)
         for _ in range(p.STEPS):
             _timed_step(llm, rows, tp=tp, phase="decode", tokens=batch)
         llm.close()
@@ -301,12 +297,7 @@ def pp_steps(p: ParallelParams, context: int = 256) -> pd.DataFrame:
         llm = LLM(p.MODEL, dtype=p.DTYPE, device=PROCESS_DEVICE, max_num_seqs=p.PP_BATCH, max_model_len=max_len,
                   enable_prefix_caching=False, num_kv_blocks=2 * p.PP_BATCH * -(-max_len // 16),
                   max_num_batched_tokens=p.PP_BATCH * context, **opts)
-        for i in range(p.PP_BATCH):
-            llm.add_request([(7 * i + j) % 1000 + 10 for j in range(context)],
-                            SamplingParams(temperature=0, max_tokens=p.STEPS + 2, ignore_eos=True))
-        while any(s.num_computed_tokens < context for s in llm.sequences.values()):
-            llm.step()
-        llm.step()
+        start_decode_batch(llm, p.PP_BATCH, context, p.STEPS)
         for phase in ("decode", "prefill"):
             for r in range(p.STEPS):
                 if phase == "prefill":
