@@ -78,3 +78,19 @@ def test_the_server_cuts_at_stop_strings_whole_and_streamed(smollm, llm, base):
     assert whole["choices"][0]["message"]["content"] == want and whole["choices"][0]["finish_reason"] == "stop"
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in streamed if c.get("choices"))
     assert text == want
+
+
+def test_stop_strings_decode_a_tail_each_step_not_the_whole_output(llm, monkeypatch):
+    """A defect: every step decoded the whole output to look for the stop strings, so a request's checks grew
+    with the square of its length. Now each step decodes a tail as long as the stop strings need; the same
+    output comes back."""
+    params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True, stop=["never appears"])
+    [plain] = llm.chat([{"role": "user", "content": PROMPT}], SamplingParams(temperature=0, max_tokens=120,
+                                                                           ignore_eos=True))
+    decoded, decode = [], llm.tokenizer.decode
+    monkeypatch.setattr(llm.tokenizer, "decode", lambda ids, **kw: decoded.append(len(ids)) or decode(ids, **kw))
+    [out] = llm.chat([{"role": "user", "content": PROMPT}], params)
+    assert out.token_ids == plain.token_ids and out.text == plain.text and out.finish_reason == "length"
+    n = len(out.token_ids)
+    assert max(decoded[:-1]) <= 4 * len("never appears") + 4  # the tails; the last decode is the output's text
+    assert sum(decoded) < n * (4 * len("never appears") + 4) + 2 * n < n * (n + 1) / 2  # was n(n + 1) / 2
