@@ -143,7 +143,7 @@ def probe(seconds_budget: float = 4.0, device: str | None = None) -> Hardware:
     """
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = device.startswith("cuda")
-    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
+    sync = (lambda: torch.cuda.synchronize(device)) if on_gpu else (lambda: None)  # that device, not cuda:0
     dtype = torch.bfloat16 if on_gpu else torch.float32
     # Big enough to reach the tensor-core/BLAS plateau, small enough to time several per budget.
     sizes = (2048, 4096, 8192) if on_gpu else (256, 512, 1024)
@@ -187,7 +187,7 @@ def probe_inference(dtype: torch.dtype, device: str | None = None, gemv_shape: t
     (a STREAM copy measures another access pattern). Compute: the best FLOP/s of an `gemm_n`^3 matmul in
     `dtype`, what a prefill's matmuls can reach. Half the budget goes to each."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.startswith("cuda") else (lambda: None)
     n, k = gemv_shape
     w = torch.randn(n, k, device=device, dtype=dtype)
     x = torch.randn(1, k, device=device, dtype=dtype)

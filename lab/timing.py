@@ -15,9 +15,14 @@ import torch
 
 
 def sync() -> None:
-    """Wait for the GPU where CUDA is in use: a clock read after launches alone times the launches."""
+    """Wait for the GPUs where CUDA is in use: a clock read after launches alone times the launches. Every
+    device holding memory, not only the current one (`torch.cuda.synchronize()` alone waits for the current
+    device, cuda:0 unless set: work a study put on DEVICE=cuda:1 would be timed at its launch)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
+        current = torch.cuda.current_device()
+        for i in range(torch.cuda.device_count()):
+            if i == current or torch.cuda.memory_allocated(i):  # reading the allocator creates no context
+                torch.cuda.synchronize(i)
 
 
 def median_seconds(fn, repeats: int, before=None) -> float:

@@ -118,3 +118,20 @@ def test_random_presets_keep_float32_rotary_tables():
     fp, _ = load_model("random:tiny", dtype=torch.float32, device="cpu")
     assert bf.rope.cos.dtype == bf.rope.sin.dtype == torch.float32
     assert torch.equal(bf.rope.cos, fp.rope.cos) and torch.equal(bf.rope.sin, fp.rope.sin)
+
+
+def test_timing_waits_for_every_gpu_holding_work_not_only_the_current_one(monkeypatch):
+    """A defect: `lab.timing.sync` waited for the current device only (cuda:0), so a study on DEVICE=cuda:1
+    was timed at its launches. With CUDA faked (two devices, memory on cuda:1, none on cuda:2), both the
+    current device and cuda:1 are waited for, and cuda:2 is left alone (a synchronize would create a context)."""
+    from lab import timing
+
+    waited = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda i=None: {0: 0, 1: 1 << 20, 2: 0}[i])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda i=None: waited.append(i))
+    timing.sync()
+    assert waited == [0, 1]
