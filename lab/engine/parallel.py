@@ -43,12 +43,15 @@ def start_group(model, config):
     """(rank 0's part, its KV pool, the pool's blocks, the extension holding the running group) for an engine
     `config` with tensor_parallel_size or pipeline_parallel_size > 1."""
     c = config
+    prepack = c.prepack_weights and c.enforce_eager  # as a single-process engine's model (`build_runner`)
     if c.tensor_parallel_size > 1:
-        group = TensorParallelGroup(model, str(c.model), c.tensor_parallel_size, c.parallel_timeout)
+        group = TensorParallelGroup(model, str(c.model), c.tensor_parallel_size, c.parallel_timeout,
+                                    prepack_weights=prepack)
         part, name = group.shard, "tensor_parallel"
     else:
         group = PipelineGroup(model, str(c.model), c.pipeline_parallel_size,
-                              c.pipeline_micro_batches or c.pipeline_parallel_size, c.parallel_timeout)
+                              c.pipeline_micro_batches or c.pipeline_parallel_size, c.parallel_timeout,
+                              prepack_weights=prepack)
         part, name = group.stage, "pipeline_parallel"
     # rank 0's part is the largest; on a CPU every rank's pool comes out of the same memory
     sharers = group.world if group.device.type == "cpu" else 1

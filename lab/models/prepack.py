@@ -75,6 +75,11 @@ def prepack(model: nn.Module) -> nn.Module:
     return model
 
 
+def count(model: nn.Module) -> int:
+    """How many of `model`'s linears are prepacked."""
+    return sum(isinstance(m, PrepackedLinear) for m in model.modules())
+
+
 def unprepack(model: nn.Module) -> nn.Module:
     """Undo `prepack`, in place: plain `nn.Linear`s on the same weights (what code that rewrites weights, such as
     quantization, needs: the blocked copy would not follow)."""

@@ -30,6 +30,8 @@ import weakref
 import torch
 import torch.multiprocessing as mp
 
+from lab.models import prepack
+
 from .collectives import Collectives, open_store
 from .sharding import plan_shards, shard_for_rank, shard_model, weight_bytes
 from .worker import WorkerSpec, run_worker, serve_steps, to_device
@@ -60,10 +62,13 @@ def _stop(processes: list, seconds: float = 5.0) -> None:
 class WorkerGroup:
     kind = "parallel"  # how messages name a rank ("tensor-parallel rank 1")
 
-    def __init__(self, model, source: str, world: int, timeout: float, seed: int):
+    def __init__(self, model, source: str, world: int, timeout: float, seed: int, prepack_weights: bool = False):
         """Rank 0 of `world` ranks for `model`, loaded from `source` (a name or path for `lab.models.load_model`,
-        which each worker loads too); the other ranks start in `start`."""
+        which each worker loads too); the other ranks start in `start`. `prepack_weights`: every rank's part
+        prepacked where that pays (`lab.models.prepack.wanted`), as a single-process engine's model is: the parts
+        are cut from plain weights, and left plain they made every rank's matmuls slower than TP=1's."""
         self.world, self.source, self.timeout, self.seed = world, source, timeout, seed
+        self.prepack_weights = prepack_weights
         self.device = model.embed_tokens.weight.device
         self.dtype, self.max_positions = model.embed_tokens.weight.dtype, model.rope.max_positions
         self.comm = Collectives(0, world, self.device, timeout)
@@ -79,9 +84,11 @@ class WorkerGroup:
         if self.device.type == "cpu":
             self._threads = torch.get_num_threads()  # restored by close
             torch.set_num_threads(1)  # rank 0 too: N ranks of one thread each share the cores
+        if self.prepack_weights and prepack.wanted(module):
+            prepack.prepack(module)
         store = open_store(self.world, self.timeout)
         spec = WorkerSpec(self.source, self.dtype, self.device.type, self.max_positions, self.seed, self.world,
-                          "127.0.0.1", store.port, self.timeout, make_attention, build, serve)
+                          "127.0.0.1", store.port, self.timeout, make_attention, build, serve, self.prepack_weights)
         ctx = mp.get_context("spawn")
         self.events = ctx.Queue()
         self.processes = [ctx.Process(target=run_worker, args=(r, spec, self.events), daemon=True,
@@ -91,7 +98,8 @@ class WorkerGroup:
             p.start()
         self._wait_ready()
         self.comm.connect_store(store)
-        self.rank_bytes = self.comm.all_gather_object({"weight_bytes": weight_bytes(module), "kv_bytes": kv_bytes})
+        self.rank_bytes = self.comm.all_gather_object({"weight_bytes": weight_bytes(module), "kv_bytes": kv_bytes,
+                                                       "prepacked_linears": prepack.count(module)})
 
     def _wait_ready(self) -> None:
         """The watchdog of start-up: every worker reports ready, or one reports an error or dies, or time is up."""
@@ -168,7 +176,8 @@ class WorkerGroup:
         return {f"{prefix}_steps": self.steps, f"{prefix}_step_seconds": self.step_seconds,
                 **self.comm.stats(prefix, kinds),
                 f"{prefix}_rank_weight_bytes": [b["weight_bytes"] for b in self.rank_bytes],
-                f"{prefix}_rank_kv_bytes": [b["kv_bytes"] for b in self.rank_bytes]}
+                f"{prefix}_rank_kv_bytes": [b["kv_bytes"] for b in self.rank_bytes],
+                f"{prefix}_rank_prepacked_linears": [b["prepacked_linears"] for b in self.rank_bytes]}
 
     @property
     def pids(self) -> list[int]:
@@ -194,9 +203,10 @@ class WorkerGroup:
 class TensorParallelGroup(WorkerGroup):
     kind = "tensor-parallel"
 
-    def __init__(self, model, source: str, world: int, timeout: float = 60.0, seed: int = 0):
+    def __init__(self, model, source: str, world: int, timeout: float = 60.0, seed: int = 0,
+                 prepack_weights: bool = False):
         """Shard `model` for rank 0 of `world` ranks (ValueError if its heads cannot be split `world` ways)."""
-        super().__init__(model, source, world, timeout, seed)
+        super().__init__(model, source, world, timeout, seed, prepack_weights)
         self.plan = plan_shards(model.config, world)
         self.shard = shard_model(model, self.plan[0], self.comm)
 

@@ -112,8 +112,9 @@ def rows_in(rows: list[int], r0: int, r1: int) -> list[int]:
 class PipelineGroup(WorkerGroup):
     kind = "pipeline-parallel"
 
-    def __init__(self, model, source: str, world: int, micro_batches: int, timeout: float = 60.0, seed: int = 0):
-        super().__init__(model, source, world, timeout, seed)
+    def __init__(self, model, source: str, world: int, micro_batches: int, timeout: float = 60.0, seed: int = 0,
+                 prepack_weights: bool = False):
+        super().__init__(model, source, world, timeout, seed, prepack_weights)
         self.micro_batches = micro_batches
         self.stage = stage_model(model, 0, world)
 

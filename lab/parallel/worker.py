@@ -43,6 +43,7 @@ class WorkerSpec:
     make_attention: Callable
     build: Callable  # (model, rank, world, comm) -> the rank's part (`sharding.shard_for_rank`, a pipeline stage)
     serve: Callable  # (part, attention, comm, device): run steps until the stop signal (`serve_steps`, ...)
+    prepack: bool = False  # the part's linears prepacked for oneDNN where that pays, as rank 0's (`lab.models.prepack`)
 
 
 def device_for(device: str, rank: int) -> torch.device:
@@ -65,7 +66,7 @@ def run_worker(rank: int, spec: WorkerSpec, events) -> None:
     """The process's main function (`torch.multiprocessing` passes the rank)."""
     try:
         torch.set_num_threads(1)  # one intra-op thread per rank: N ranks share the machine's cores
-        from lab.models import load_model
+        from lab.models import load_model, prepack
 
         device = device_for(spec.device, rank)
         if device.type == "cuda":
@@ -75,10 +76,13 @@ def run_worker(rank: int, spec: WorkerSpec, events) -> None:
         comm = Collectives(rank, spec.world, device, spec.timeout)
         part = spec.build(model, rank, spec.world, comm)
         del model
+        if spec.prepack and prepack.wanted(part):
+            prepack.prepack(part)
         attention, kv_bytes = spec.make_attention(part)
         events.put((rank, "ready", None))
         comm.connect(spec.host, spec.port)
-        comm.all_gather_object({"weight_bytes": weight_bytes(part), "kv_bytes": kv_bytes})
+        comm.all_gather_object({"weight_bytes": weight_bytes(part), "kv_bytes": kv_bytes,
+                                "prepacked_linears": prepack.count(part)})
         spec.serve(part, attention, comm, device)
     except BaseException:  # noqa: BLE001  rank 0 reads the cause, then sees this process exit
         events.put((rank, "error", traceback.format_exc()))
