@@ -181,8 +181,8 @@ def test_ngram_speculation_then_a_worker_that_raises(chat_prompt_ids, reference,
 def test_every_rank_prepacks_its_part_as_tp1_does(chat_prompt_ids, one_thread):
     """A defect: a single-process bf16 engine prepacks its linears for oneDNN (1.5-2.7x faster decode matmuls
     here), but the shards were cut from plain weights and left so, which biased every TP-against-TP=1 timing
-    (notebook 08). Now each rank prepacks its part's linears (the row-parallel ones stay plain), with the same
-    greedy tokens as unprepacked shards."""
+    (notebook 08). Now each rank prepacks its part's linears, the row-parallel ones inside their all-reduce
+    too, with the same greedy tokens as unprepacked shards."""
     from lab.models import prepack
 
     if not prepack.available(torch.device("cpu")):
@@ -193,8 +193,8 @@ def test_every_rank_prepacks_its_part_as_tp1_does(chat_prompt_ids, one_thread):
         llm = LLM("smollm2-135m", **bf16, prepack_weights=packed)
         runs[packed] = (tokens(llm.generate(chat_prompt_ids[:2], GREEDY)), llm.stats()["tp_rank_prepacked_linears"])
         llm.close()
-    layers = 30  # qkv and gate_up in each; o and down are row-parallel
-    assert runs[True][1] == [2 * layers, 2 * layers] and runs[False][1] == [0, 0]
+    layers = 30  # qkv, o, gate_up and down in each
+    assert runs[True][1] == [4 * layers, 4 * layers] and runs[False][1] == [0, 0]
     assert runs[True][0] == runs[False][0]
 
 

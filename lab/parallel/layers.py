@@ -21,12 +21,19 @@ from torch import nn
 
 
 class RowParallelLinear(nn.Module):
-    def __init__(self, weight: nn.Parameter, comm):
+    """The rank's `linear` (its input columns, no bias), then the all-reduce. The linear stays an `nn.Linear`
+    child, so what rewrites a model's linears (`lab.models.prepack`) reaches it as it reaches the others."""
+
+    def __init__(self, linear: nn.Linear, comm):
         super().__init__()
-        self.weight, self.comm = weight, comm
+        self.linear, self.comm = linear, comm
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.linear.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.comm.all_reduce(F.linear(x, self.weight))
+        return self.comm.all_reduce(self.linear(x))
 
 
 class VocabParallelEmbedding(nn.Module):

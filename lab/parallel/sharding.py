@@ -155,8 +155,8 @@ def shard_model(model: LlamaModel, shard: RankShard, comm) -> LlamaModel:
     head = net.embed_tokens.weight if config.tie_word_embeddings else net.lm_head.weight
     net.lm_head = GatheredLMHead(head, config.vocab_size, comm)
     for layer in net.layers:
-        layer.self_attn.o_proj = RowParallelLinear(layer.self_attn.o_proj.weight, comm)
-        layer.mlp.down_proj = RowParallelLinear(layer.mlp.down_proj.weight, comm)
+        layer.self_attn.o_proj = RowParallelLinear(layer.self_attn.o_proj, comm)
+        layer.mlp.down_proj = RowParallelLinear(layer.mlp.down_proj, comm)
     net.config, net.shard = config, shard  # the engine reasons about the whole model; the layers are the rank's
     return net.eval()
 
