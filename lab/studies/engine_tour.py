@@ -107,6 +107,21 @@ def run_batch(llm: LLM, prompts, max_tokens: int):
     return requests, pd.DataFrame(steps)
 
 
+def cached_rerun_outputs(p: TourParams, tokenizer, prompts, dtype: str) -> pd.DataFrame:
+    """The batch twice in one engine of `dtype` on DEVICE, the second time from the prefix cache: per request,
+    whether the greedy tokens are equal and the first output position where they differ. A cached prefix
+    changes which tokens each step computes, so the shapes of its matrix products and their rounding; in
+    bfloat16 that can flip a near-tie, and greedy decoding then follows another path."""
+    llm = make_engine(p, model=p.MODEL, tokenizer=tokenizer, dtype=dtype)
+    greedy = SamplingParams(temperature=0.0, max_tokens=p.MAX_TOKENS)
+    cold, warm = llm.generate(prompts, greedy), llm.generate(prompts, greedy)
+    rows = [{"dtype": dtype, "request": i, "cached_warm": w.metrics.num_cached_tokens,
+             "same_output": c.token_ids == w.token_ids,
+             "first_difference": next((j for j, (a, b) in enumerate(zip(c.token_ids, w.token_ids)) if a != b), None)}
+            for i, (c, w) in enumerate(zip(cold, warm))]
+    return pd.DataFrame(rows)
+
+
 def plot_kv_over_time(steps: pd.DataFrame, num_blocks: int, title: str = ""):
     """KV blocks in use after each step, over the tokens each step ran (prefill vs decode)."""
     import matplotlib.pyplot as plt
