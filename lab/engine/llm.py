@@ -288,12 +288,8 @@ class LLM:
 
     def _stop_string_cut(self, seq: Sequence) -> str | None:
         """The output text cut at the first stop string it holds (kept if include_stop_str_in_output), or None.
-
-        Checked after every token, so a new stop string ends in the last token's text: only the output's tail is
-        decoded each step (decoding all of it made a request's checks quadratic in its length). The tail is 4
-        tokens a character of the longest stop string, and 4 more: a character may take 4 byte-fallback tokens,
-        and the first tokens of a slice may decode apart from their neighbours. On a hit, the whole output is
-        decoded once to cut it, so a stop string split across tokens is found where it starts."""
+        Checked after every token, a new stop string ends in the last token: each step decodes a tail of 4 tokens
+        a character (byte fallback) + 4, not the whole output (quadratic); a hit decodes the whole output once."""
         tail = seq.output_token_ids[-(4 * max(map(len, seq.params.stop)) + 4):]
         if not any(s in self.tokenizer.decode(tail, skip_special_tokens=True) for s in seq.params.stop):
             return None
