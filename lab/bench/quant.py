@@ -131,7 +131,8 @@ def run_quant_bench(model: str = "smollm2-135m", gptq_blocks: int = 128, awq_blo
     missing = autoawq_peer.available()
     peer_rows = [] if missing else autoawq_peer_timing(model, awq_blocks, block_tokens, device=where)
     ceilings = probe_inference(torch.float32, where)  # the GEMM rate of the device the timings ran on
-    return {"model": model, "bits": bits, "group_size": group_size, "model_layers": len(net.layers), "rows": [asdict(r) for r in rows],
+    return {"model": model, "bits": bits, "group_size": group_size, "model_layers": len(net.layers),
+            "rows": [asdict(r) for r in rows],
             "autoawq": missing or "AutoAWQ 0.2.9 imports: its searches timed on the same layer and inputs",
             "autoawq_peer": peer_rows, "device": where, "device_name": ceilings.name,
             "gemm_gflops_fp32": ceilings.peak_flops / 1e9, "threads": torch.get_num_threads(),

@@ -110,7 +110,8 @@ class QuantAccuracyParams:
 
     def __post_init__(self):
         check_device("DEVICE", self.DEVICE)
-        for name in ("METHODS", "CONFIGS", "LONG_CONTEXT_CONFIGS", "GPTQ_CALIB", "AWQ_CALIB", "DOMAINS", "QUANT_LAYERS"):
+        for name in ("METHODS", "CONFIGS", "LONG_CONTEXT_CONFIGS", "GPTQ_CALIB", "AWQ_CALIB", "DOMAINS",
+                     "QUANT_LAYERS"):
             setattr(self, name, as_tuple(name, getattr(self, name)))
         if not self.METHODS or not self.CONFIGS:
             raise ValueError("METHODS and CONFIGS must each name at least one entry")
