@@ -107,8 +107,10 @@ def run_environment(path: Path, params: dict, root: Path | None = None):
         write_index(root)
 
 
-def run_notebook(name: str, params: dict | None = None, root: Path | None = None, log_output: bool = False) -> Path:
-    """Execute one notebook with `params` into a new run directory; returns that directory."""
+def run_notebook(name: str, params: dict | None = None, root: Path | None = None, log_output: bool = False,
+                 cell_timeout: float | None = None) -> Path:
+    """Execute one notebook with `params` into a new run directory; returns that directory. `cell_timeout`:
+    seconds a cell may take before nbclient gives up on it (none by default: reference cells run for an hour)."""
     import papermill
 
     path = resolve_notebook(name)
@@ -120,7 +122,8 @@ def run_notebook(name: str, params: dict | None = None, root: Path | None = None
             # papermill writes a tuple as the string of its repr; a list it writes as a list literal.
             injected = {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}
             papermill.execute_notebook(str(path), str(out), parameters=injected, cwd=str(path.parent),
-                                       kernel_name="python3", progress_bar=False, log_output=log_output)
+                                       kernel_name="python3", progress_bar=False, log_output=log_output,
+                                       execution_timeout=cell_timeout)
         finally:
             if out.exists():
                 strip_images(out)
