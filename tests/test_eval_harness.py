@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 import torch
 
-from lab.eval.harness import (bad_cases, compare_logits, evaluate, flips, heldout_texts, pass_rates, perplexity,
-                              run_sensitive)
+from lab.eval.harness import bad_cases, evaluate, flips, heldout_texts, pass_rates, run_sensitive
+from lab.eval.scores import perplexity, score_sequences
 from lab.eval.sensitive import check, load_items
 from lab.quant import QuantSpec, fake_quantize
 
@@ -55,15 +55,17 @@ def test_perplexity_real_and_perturbed(smollm, heldout):
                 w = lin.weight
                 w.add_(torch.randn(w.shape, generator=gen) * 0.5 * w.std())
     assert perplexity(noisy, heldout) > ppl * 1.05
+    with pytest.raises(ValueError, match=rf"two or more tokens, got lengths \[{len(heldout[0])}, 1\]"):
+        perplexity(model, [heldout[0], [1]])  # a one-token sequence predicts nothing: refused, not skipped
 
 
-def test_compare_logits(smollm, heldout, rtn_w3):
+def test_logit_scores_against_itself_and_rtn(smollm, heldout, rtn_w3):
     model, _ = smollm
-    same = compare_logits(model, model, heldout)
-    assert same["kl_mean"] == pytest.approx(0, abs=1e-9) and same["top1_agreement"] == 1.0
-    assert same["n_tokens"] == sum(map(len, heldout))
-    q = compare_logits(model, rtn_w3, heldout)
-    assert q["kl_mean"] > 1e-3 and q["top1_agreement"] < 1.0
+    same = score_sequences(model, model, heldout)
+    assert same.kl_mean().value == pytest.approx(0, abs=1e-9) and same.top1_agreement().value == 1.0
+    assert same.positions.sum() == sum(map(len, heldout))
+    q = score_sequences(model, rtn_w3, heldout)
+    assert q.kl_mean().value > 1e-3 and q.top1_agreement().value < 1.0
 
 
 def _items():
@@ -127,9 +129,11 @@ def test_flips_count_changes_both_ways():
 def test_evaluate_is_json(smollm, heldout, rtn_w3):
     model, tok = smollm
     items = _items()[:2]
-    out = evaluate(rtn_w3, tok, suite="all", reference=model, heldout=heldout[:1], items=items, max_tokens=4)
+    out = evaluate(rtn_w3, tok, suite="all", reference=model, heldout=heldout[:2], items=items, max_tokens=4)
     text = json.dumps(out)
-    assert json.loads(text)["ppl"]["logits_vs_reference"]["kl_mean"] > 0
+    ppl = json.loads(text)["ppl"]
+    assert ppl["kl_mean_low"] <= ppl["kl_mean"] <= ppl["kl_mean_high"] and ppl["kl_mean"] > 0
+    assert ppl["reference_perplexity"] < ppl["perplexity"] and ppl["n_sequences"] == 2
     assert len(out["sensitive"]["rows"]) == 2 and "bad_cases" in out["sensitive"]
     assert out["sensitive"]["vs_reference"]["all"]["total"] == 2
     with pytest.raises(ValueError, match="suite"):
@@ -143,24 +147,23 @@ def test_evaluate_with_a_quantized_kv_cache(smollm, heldout):
     fmt, _ = parse_format("int4/per-token")
     out = evaluate(model, tok, suite="all", heldout=heldout[:1], items=_items()[:2], max_tokens=4, kv=(fmt, None))
     ppl = out["ppl"]
-    assert ppl["reference_perplexity"] == perplexity(model, heldout[:1])  # the reference keeps an exact cache
-    assert ppl["perplexity"] != ppl["reference_perplexity"] and ppl["logits_vs_reference"]["kl_mean"] > 0
+    # the reference keeps an exact cache
+    assert ppl["reference_perplexity"] == pytest.approx(perplexity(model, heldout[:1]), rel=1e-12)
+    assert ppl["perplexity"] == pytest.approx(perplexity(model, heldout[:1], (fmt, None)), rel=1e-12)
+    assert ppl["perplexity"] != ppl["reference_perplexity"] and ppl["kl_mean"] > 0
     assert out["sensitive"]["vs_reference"]["all"]["total"] == 2
     k_only = evaluate(model, tok, suite="ppl", heldout=heldout[:1], kv=(fmt, None, "k"))
-    assert 0 < k_only["ppl"]["logits_vs_reference"]["kl_mean"]
+    assert 0 < k_only["ppl"]["kl_mean"]
     with pytest.raises(ValueError, match="K-only or V-only"):
         evaluate(model, tok, suite="sensitive", items=_items()[:1], kv=(fmt, None, "k"))
 
 
 def test_sequence_scores_pool_to_the_harness_figures_with_intervals(smollm, heldout, rtn_w3):
-    from lab.eval.scores import SequenceScores, paired, recovered, score_sequences
+    from lab.eval.scores import SequenceScores, paired, recovered
 
     model, _ = smollm
     q = score_sequences(model, rtn_w3, heldout)
-    logits = compare_logits(model, rtn_w3, heldout)
     assert q.perplexity().value == pytest.approx(perplexity(rtn_w3, heldout), rel=1e-9)
-    assert q.kl_mean().value == pytest.approx(logits["kl_mean"], rel=1e-9)
-    assert q.top1_agreement().value == pytest.approx(logits["top1_agreement"])
     for name in ("perplexity", "kl_mean", "top1_agreement"):
         i = getattr(q, name)()
         assert i.low <= i.value <= i.high

@@ -237,8 +237,7 @@ def test_engine_concurrency_is_what_the_memory_account_predicts(smollm):
 def test_perplexity_change_is_paired_over_sequences(tiny):
     """The change against the exact cache brackets the pooled perplexities' ratio; the exact cache against
     itself changes nothing, "not distinguishable"."""
-    from lab.eval.harness import perplexity
-    from lab.eval.scores import score_sequences
+    from lab.eval.scores import perplexity, score_sequences
     from lab.studies.kv_quantization_claims import perplexity_change
 
     model, ids = tiny

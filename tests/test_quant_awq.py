@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lab.eval.harness import compare_logits
+from lab.eval.scores import score_sequences
 from lab.quant import QuantSpec, fake_quantize
 from lab.quant.awq import (activation_mean, awq_quantize_model, awq_scales, fold_scales, scaled_fake_quantize,
                            search_clip, search_scales, weight_mean)
@@ -106,7 +106,7 @@ def test_awq_model_first_layers_beats_rtn_on_logits(smollm, quant_prompt_ids, rt
     probe = tok.encode("The quick brown fox jumps over the lazy dog because")
 
     def kl_to_float(quantized):
-        return compare_logits(model, quantized, [probe])["kl_mean"]
+        return score_sequences(model, quantized, [probe]).kl_mean().value
 
     rtn = rtn_copy(model, layers, spec)
     awq = copy.deepcopy(model)

@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from lab.eval.harness import compare_logits
+from lab.eval.scores import score_sequences
 from lab.quant import (GPTQConfig, HessianAccumulator, QuantSpec, dequantize, fake_quantize, gptq_quantize,
                        gptq_quantize_model, quantize)
 
@@ -149,7 +149,7 @@ def test_gptq_model_first_layers_beats_rtn_on_logits(smollm, quant_prompt_ids, r
     probe = tok.encode("The quick brown fox jumps over the lazy dog because")
 
     def kl_to_float(quantized):
-        return compare_logits(model, quantized, [probe])["kl_mean"]
+        return score_sequences(model, quantized, [probe]).kl_mean().value
 
     rtn = rtn_copy(model, layers, spec)
     gptq = copy.deepcopy(model)

@@ -42,6 +42,7 @@ def _quant(args) -> int:
 def _eval(args) -> int:
     from lab.eval.harness import evaluate
     from lab.models import load_model
+    from lab.runs import json_safe
 
     import torch
 
@@ -75,7 +76,8 @@ def _eval(args) -> int:
         kv = (fmt, scales, roles)
     report = evaluate(model, tok, suite=args.suite, reference=reference, kv=kv)
     summary = {"ppl": report.get("ppl"), "sensitive_pass_rates": report.get("sensitive", {}).get("pass_rates")}
-    print(json.dumps(report if args.json else summary, indent=2, default=str))
+    # json_safe: one sequence gives NaN interval bounds, printed as null (strict JSON)
+    print(json.dumps(json_safe(report if args.json else summary), indent=2, default=str))
     return 0
 
 

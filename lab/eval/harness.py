@@ -6,11 +6,11 @@ long-context retrieval break (Jin et al., 2024, arXiv:2402.16775; Li et al., 202
 deployment article 003, section 2.2, draws the same conclusion: check task metrics and a set of sensitive
 samples, not perplexity alone. So this module reports three things side by side:
 
-- `perplexity` on held-out text (`heldout_texts`; `long_text` for one long sequence), the cheap and familiar
+- perplexity on held-out text (`heldout_texts`; `long_text` for one long sequence), the cheap and familiar
   number;
-- `compare_logits`, the per-token KL(reference || quantized) and top-1 agreement against the unquantized
-  model, which see distribution shifts that perplexity averages away (the KL metric of Dettmers et al.'s
-  and llama.cpp's quantization reports);
+- the per-token KL(reference || quantized) and top-1 agreement against the unquantized model, which see
+  distribution shifts that perplexity averages away (the KL metric of Dettmers et al.'s and llama.cpp's
+  quantization reports); both scored per sequence by `lab.eval.scores`;
 - `run_sensitive` over `lab.eval.sensitive` items with greedy decoding through the lab engine, with
   `pass_rates` per category, `flips` (outputs changed, items lost and gained against the reference) and
   `bad_cases`: items the reference passes and the quantized model fails.
@@ -32,7 +32,6 @@ with 95% bootstrap intervals over sequences, and the sensitive pass rate with it
 
 from __future__ import annotations
 
-import math
 import os
 import random
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lab.eval.sensitive import CATEGORIES, Item, build_prompt, check, load_items
-from lab.eval.scores import log_probs, score_sequences
+from lab.eval.scores import SequenceScores, log_probs, perplexity, score_sequences
 from lab.intervals import proportion
 
 if TYPE_CHECKING:  # pandas is imported where a table is built, not on every import of the harness
@@ -145,44 +144,6 @@ def long_text(tokenizer, n_tokens: int, seed: int = 0) -> LongText:
     if len(ids) < n_tokens:
         raise ValueError(f"held-out text has only {len(ids)} tokens, fewer than n_tokens={n_tokens}")
     return LongText(ids[:n_tokens], sources)
-
-
-# ---- perplexity and logit agreement -------------------------------------------------------------------
-
-
-@torch.inference_mode()
-def perplexity(model, token_sequences: list[list[int]], kv=None) -> float:
-    """exp(mean next-token NLL), the mean taken over all predicted tokens of all sequences; `kv` as in
-    `lab.eval.scores.log_probs` (a quantized KV cache)."""
-    nll, count = 0.0, 0
-    for ids in token_sequences:
-        if len(ids) < 2:
-            continue
-        logp = log_probs(model, ids, kv)[:-1]
-        target = torch.tensor(ids[1:], device=logp.device)
-        nll -= float(logp.gather(-1, target[:, None]).sum())
-        count += len(ids) - 1
-    if not count:
-        raise ValueError("perplexity needs at least one sequence of two or more tokens")
-    return math.exp(nll / count)
-
-
-@torch.inference_mode()
-def compare_logits(reference_model, quantized_model, token_sequences: list[list[int]], kv=None) -> dict:
-    """Mean KL(reference || quantized) per token position, and the share of positions whose top-1 token agrees;
-    `kv` quantizes the KV cache of the quantized side."""
-    kl_sum, agree, count, kl_max = 0.0, 0, 0, 0.0
-    for ids in token_sequences:
-        ref = log_probs(reference_model, ids)
-        out = log_probs(quantized_model, ids, kv)
-        kl = (ref.exp() * (ref - out)).sum(-1).clamp_min(0)
-        kl_sum += float(kl.sum())
-        kl_max = max(kl_max, float(kl.max()))
-        agree += int((ref.argmax(-1) == out.argmax(-1)).sum())
-        count += len(ids)
-    if not count:
-        raise ValueError("compare_logits needs at least one non-empty sequence")
-    return {"kl_mean": kl_sum / count, "kl_max": kl_max, "top1_agreement": agree / count, "n_tokens": count}
 
 
 # ---- sensitive set ------------------------------------------------------------------------------------
@@ -298,8 +259,8 @@ def evaluate(model, tokenizer, suite: str = "all", reference=None, *, heldout: l
              n_heldout: int = 8, heldout_tokens: int = 256, seed: int = 0, items: list[Item] | None = None,
              categories: tuple[str, ...] = CATEGORIES, max_tokens: int = 64, engine_kwargs: dict | None = None,
              k_bad: int = 10, kv=None) -> dict:
-    """Run `suite` ("ppl", "sensitive" or "all") on `model`; with a `reference` model also its perplexity,
-    `compare_logits` and the sensitive bad cases. Returns plain JSON-serialisable data.
+    """Run `suite` ("ppl", "sensitive" or "all") on `model`; with a `reference` model also the reference's
+    perplexity, KL and top-1 agreement against it (with intervals) and the sensitive bad cases. Returns plain JSON-serialisable data.
 
     `kv`: (KVCacheFormat, KVScales or None[, roles]) runs `model` with its KV cache stored through that format
     (the contiguous fake-quant cache for perplexity and logits, the engine's paged quantized cache for the
@@ -320,11 +281,12 @@ def evaluate(model, tokenizer, suite: str = "all", reference=None, *, heldout: l
             heldout, sources = heldout_texts(tokenizer, n_heldout, heldout_tokens, seed, return_sources=True)
         else:
             sources = None
-        ppl = {"perplexity": perplexity(model, heldout, kv), "n_sequences": len(heldout),
-               "n_tokens": sum(len(s) for s in heldout), "sources": sources}
-        if reference is not None:
-            ppl["reference_perplexity"] = perplexity(reference, heldout)
-            ppl["logits_vs_reference"] = compare_logits(reference, model, heldout, kv)
+        ppl = {"n_tokens": sum(len(s) for s in heldout), "sources": sources}
+        if reference is None:
+            ppl.update(perplexity=perplexity(model, heldout, kv), n_sequences=len(heldout))
+        else:  # intervals over the held-out sequences, as evaluate_model reports them
+            ppl.update(score_sequences(reference, model, heldout, kv).summary())
+            ppl.update(score_sequences(reference, reference, heldout).perplexity().columns("reference_perplexity"))
         result["ppl"] = ppl
     if suite in ("sensitive", "all"):
         items = load_items(categories) if items is None else items
@@ -361,13 +323,15 @@ def sensitive_metrics(df, ref_sensitive) -> dict:
 
 
 def evaluate_model(model, tokenizer, reference, heldout, items, ref_sensitive, max_tokens: int,
-                   df: pd.DataFrame | None = None, kv=None) -> tuple[dict, pd.DataFrame]:
+                   df: pd.DataFrame | None = None, kv=None) -> tuple[dict, pd.DataFrame, SequenceScores]:
     """Perplexity, KL and top-1 against `reference` with their intervals over the `heldout` sequences, and
     `sensitive_metrics` of the items against the reference's outputs `ref_sensitive`. `df`: the model's
     sensitive outputs, when already run. `kv`: (KVCacheFormat, KVScales or None) stores `model`'s KV cache
-    through that format (as in `evaluate`). Returns (metrics, per-item rows)."""
-    metrics = score_sequences(reference, model, heldout, kv).summary()
+    through that format (as in `evaluate`). Returns (metrics, per-item rows, per-sequence scores), the scores
+    for paired comparisons between models (`lab.eval.scores.paired`)."""
+    scores = score_sequences(reference, model, heldout, kv)
+    metrics = scores.summary()
     engine = None if kv is None else {"kv_cache_dtype": kv[0], "kv_scales": kv[1]}
     df = run_sensitive(model, tokenizer, items, max_tokens, engine) if df is None else df
     metrics.update(sensitive_metrics(df, ref_sensitive))
-    return metrics, df
+    return metrics, df, scores

@@ -77,19 +77,37 @@ def _perplexity(nll, predicted):
     return np.exp(nll.sum(-1) / predicted.sum(-1))
 
 
+def _check_sequences(token_sequences: list[list[int]]) -> None:
+    if not token_sequences or any(len(ids) < 2 for ids in token_sequences):
+        raise ValueError(f"scoring needs sequences of two or more tokens, got lengths "
+                         f"{[len(ids) for ids in token_sequences]}")
+
+
+def _nll(logp: torch.Tensor, ids: list[int]) -> float:
+    """Summed next-token negative log-likelihood of `ids` under log-probabilities `logp` (one row per position)."""
+    target = torch.tensor(ids[1:], device=logp.device)
+    return -float(logp[:-1].gather(-1, target[:, None]).sum())
+
+
+@torch.inference_mode()
+def perplexity(model, token_sequences: list[list[int]], kv=None) -> float:
+    """exp(mean next-token NLL) pooled over the tokens of all sequences, one forward each: the point value of
+    `SequenceScores.perplexity` where no reference is needed. `kv` as in `log_probs`."""
+    _check_sequences(token_sequences)
+    nll = [_nll(log_probs(model, ids, kv), ids) for ids in token_sequences]
+    return float(_perplexity(np.asarray(nll), np.asarray([len(ids) - 1 for ids in token_sequences], dtype=float)))
+
+
 @torch.inference_mode()
 def score_sequences(reference, model, token_sequences: list[list[int]], kv=None) -> SequenceScores:
     """`model` scored against `reference` on each sequence (two or more tokens each); `kv` quantizes the
     model's KV cache as in `log_probs`. `model is reference` (and no `kv`) runs one forward per sequence."""
-    if not token_sequences or any(len(ids) < 2 for ids in token_sequences):
-        raise ValueError(f"score_sequences needs sequences of two or more tokens, got lengths "
-                         f"{[len(ids) for ids in token_sequences]}")
+    _check_sequences(token_sequences)
     cols = {f.name: [] for f in fields(SequenceScores)}
     for ids in token_sequences:
         ref = log_probs(reference, ids)
         out = ref if model is reference and kv is None else log_probs(model, ids, kv)
-        target = torch.tensor(ids[1:], device=out.device)
-        cols["nll"].append(-float(out[:-1].gather(-1, target[:, None]).sum()))
+        cols["nll"].append(_nll(out, ids))
         cols["predicted"].append(len(ids) - 1)
         cols["kl"].append(float((ref.exp() * (ref - out)).sum(-1).clamp_min(0).sum()))
         cols["top1"].append(int((ref.argmax(-1) == out.argmax(-1)).sum()))

@@ -242,10 +242,8 @@ def end_to_end(p: KVStudyParams, model, tokenizer, calibrated: KVScales, log=pri
     """Perplexity, KL and top-1 against the exact cache, and the sensitive set (long context included) with
     flips against the exact cache's outputs, for every E2E format; the exact cache's row first. Each figure
     carries its interval (over held-out sequences, or Wilson over items), and the changes against the exact
-    cache are paired (`kv_quantization_claims`); the paired perplexity change scores the held-out sequences
-    once more (`score_sequences`), as `evaluate_model` keeps its per-sequence scores to itself."""
+    cache are paired over the same sequences and items (`kv_quantization_claims`)."""
     from lab.eval.harness import evaluate_model, heldout_texts, run_sensitive
-    from lab.eval.scores import score_sequences
     from lab.eval.sensitive import CATEGORIES, load_items
     from lab.studies.kv_quantization_claims import item_intervals, perplexity_change
 
@@ -254,8 +252,7 @@ def end_to_end(p: KVStudyParams, model, tokenizer, calibrated: KVScales, log=pri
         :p.LONG_CONTEXT_ITEMS if c == "long_context" else (p.ITEMS_PER_CATEGORY or None)]]
     ref_df = run_sensitive(model, tokenizer, items, p.MAX_TOKENS)
     rows, outputs = [], {"exact": ref_df}
-    metrics, _ = evaluate_model(model, tokenizer, model, heldout, items, ref_df, p.MAX_TOKENS, df=ref_df)
-    exact = score_sequences(model, model, heldout)
+    metrics, _, exact = evaluate_model(model, tokenizer, model, heldout, items, ref_df, p.MAX_TOKENS, df=ref_df)
 
     def changes(scores, df):
         return {**perplexity_change(scores, exact), **item_intervals(df, ref_df, CATEGORIES)}
@@ -264,8 +261,8 @@ def end_to_end(p: KVStudyParams, model, tokenizer, calibrated: KVScales, log=pri
     for name in tqdm(p.E2E_FORMATS, desc="KV formats, end to end"):
         fmt, _, _ = study_format(name)
         kv = (fmt, scales_for(name, model, calibrated))
-        metrics, df = evaluate_model(model, tokenizer, model, heldout, items, ref_df, p.MAX_TOKENS, kv=kv)
-        rows.append({"format": name, **metrics, **changes(score_sequences(model, model, heldout, kv), df)})
+        metrics, df, scores = evaluate_model(model, tokenizer, model, heldout, items, ref_df, p.MAX_TOKENS, kv=kv)
+        rows.append({"format": name, **metrics, **changes(scores, df)})
         outputs[name] = df
         log(f"{name:40s} perplexity {metrics['perplexity']:.3f}, KL {metrics['kl_mean']:.5f}, "
             f"same outputs {metrics['same_output_all']:.2f}")
