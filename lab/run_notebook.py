@@ -113,6 +113,8 @@ def run_notebook(name: str, params: dict | None = None, root: Path | None = None
     seconds a cell may take before nbclient gives up on it (none by default: reference cells run for an hour)."""
     import papermill
 
+    from .kernel_client import PollingKernelManager
+
     path = resolve_notebook(name)
     params = dict(params or {})
     check_parameter_names(path, params)
@@ -123,7 +125,7 @@ def run_notebook(name: str, params: dict | None = None, root: Path | None = None
             injected = {k: list(v) if isinstance(v, tuple) else v for k, v in params.items()}
             papermill.execute_notebook(str(path), str(out), parameters=injected, cwd=str(path.parent),
                                        kernel_name="python3", progress_bar=False, log_output=log_output,
-                                       execution_timeout=cell_timeout)
+                                       execution_timeout=cell_timeout, kernel_manager_class=PollingKernelManager)
         finally:
             if out.exists():
                 strip_images(out)
