@@ -28,3 +28,17 @@ def test_bad_input_is_a_clear_error_not_a_traceback():
     out = run_lab("generate", "hello", "--max-tokens", "5000", "--max-model-len", "256")
     assert out.returncode == 2
     assert "max_model_len 256" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_eval_reports_perplexity_and_kl_with_intervals_as_strict_json():
+    out = run_lab("eval", "smollm2-135m", "--suite", "ppl", "--kv-cache-dtype", "int4/per-token", "--json")
+    assert out.returncode == 0, out.stderr
+
+    def no_nan(constant):
+        raise AssertionError(f"{constant} is not JSON")
+
+    ppl = json.loads(out.stdout, parse_constant=no_nan)["ppl"]  # the reference: the model with an exact cache
+    assert ppl["n_sequences"] == 8 and ppl["reference_perplexity"] < ppl["perplexity"]
+    for name in ("perplexity", "kl_mean", "top1_agreement", "reference_perplexity"):
+        assert ppl[f"{name}_low"] <= ppl[name] <= ppl[f"{name}_high"], name
+    assert ppl["kl_mean"] > 0 and ppl["top1_agreement"] < 1
