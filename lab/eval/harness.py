@@ -259,8 +259,9 @@ def evaluate(model, tokenizer, suite: str = "all", reference=None, *, heldout: l
              n_heldout: int = 8, heldout_tokens: int = 256, seed: int = 0, items: list[Item] | None = None,
              categories: tuple[str, ...] = CATEGORIES, max_tokens: int = 64, engine_kwargs: dict | None = None,
              k_bad: int = 10, kv=None) -> dict:
-    """Run `suite` ("ppl", "sensitive" or "all") on `model`; with a `reference` model also the reference's
-    perplexity, KL and top-1 agreement against it (with intervals) and the sensitive bad cases. Returns plain JSON-serialisable data.
+    """Run `suite` ("ppl", "sensitive" or "all") on `model`; with a `reference` model also the model's KL and
+    top-1 agreement against it and the reference's perplexity (intervals over the held-out sequences), and the
+    sensitive bad cases. Returns plain JSON-serialisable data.
 
     `kv`: (KVCacheFormat, KVScales or None[, roles]) runs `model` with its KV cache stored through that format
     (the contiguous fake-quant cache for perplexity and logits, the engine's paged quantized cache for the
