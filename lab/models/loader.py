@@ -154,8 +154,8 @@ def load_model(model: str | os.PathLike = "smollm2-135m", dtype: torch.dtype | s
     device = torch.device(device) if device is not None else default_device()
     dtype = parse_dtype(dtype) or default_dtype(device)
     net, tokenizer = _load(model, dtype, device, max_positions, seed)
-    if prepack_weights and prepack.wanted(net):
-        prepack.prepack(net)
+    if prepack_weights:
+        prepack.where_it_pays(net)
     return net, tokenizer
 
 

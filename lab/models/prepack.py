@@ -75,6 +75,11 @@ def prepack(model: nn.Module) -> nn.Module:
     return model
 
 
+def where_it_pays(model: nn.Module) -> nn.Module:
+    """`prepack(model)` if `wanted(model)`, else `model` as it is; returns the model."""
+    return prepack(model) if wanted(model) else model
+
+
 def count(model: nn.Module) -> int:
     """How many of `model`'s linears are prepacked."""
     return sum(isinstance(m, PrepackedLinear) for m in model.modules())

@@ -84,8 +84,8 @@ class WorkerGroup:
         if self.device.type == "cpu":
             self._threads = torch.get_num_threads()  # restored by close
             torch.set_num_threads(1)  # rank 0 too: N ranks of one thread each share the cores
-        if self.prepack_weights and prepack.wanted(module):
-            prepack.prepack(module)
+        if self.prepack_weights:
+            prepack.where_it_pays(module)
         store = open_store(self.world, self.timeout)
         spec = WorkerSpec(self.source, self.dtype, self.device.type, self.max_positions, self.seed, self.world,
                           "127.0.0.1", store.port, self.timeout, make_attention, build, serve, self.prepack_weights)

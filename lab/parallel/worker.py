@@ -76,8 +76,8 @@ def run_worker(rank: int, spec: WorkerSpec, events) -> None:
         comm = Collectives(rank, spec.world, device, spec.timeout)
         part = spec.build(model, rank, spec.world, comm)
         del model
-        if spec.prepack and prepack.wanted(part):
-            prepack.prepack(part)
+        if spec.prepack:
+            prepack.where_it_pays(part)
         attention, kv_bytes = spec.make_attention(part)
         events.put((rank, "ready", None))
         comm.connect(spec.host, spec.port)

@@ -39,8 +39,7 @@ def build_models(name: str = "smollm2-135m", max_positions: int | None = None) -
     fp32, tok = load_model(name, dtype="float32", device="cpu", max_positions=max_positions)
     bf16, _ = load_model(name, dtype="bfloat16", device="cpu", max_positions=max_positions)
     int4 = rtn_packed(bf16, QuantSpec(bits=4, group_size=64), head=True)  # packed from the plain bf16 weights
-    if prepack.wanted(bf16):
-        prepack.prepack(bf16)
+    prepack.where_it_pays(bf16)
     return {"float32": fp32, "bfloat16": bf16, "int4": int4}, tok
 
 
