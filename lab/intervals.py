@@ -13,6 +13,11 @@
   columns to one `stat`, so each resample draws the same items for both: a paired comparison.
 - `significance(interval, null)`: the word every table and verdict uses, "distinguishable" when the interval
   excludes `null` (0 for a difference, 1 for a ratio), else "not distinguishable".
+
+Every interval returned here contains its point estimate (issue 33): a figure draws it as distances below and
+above the point, and a plotting library refuses a negative one. Wilson's ends are clamped to contain k/n (exact
+0 and 1 at the edges, not a rounding residue); a percentile interval that misses its point
+(`percentile_interval`) is widened to reach it.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ def bootstrap(stat: Callable[..., np.ndarray], *columns, confidence: float = 0.9
     is `stat` of the columns as drawn (shape (1, items)). Example, perplexity over sequences:
     `bootstrap(lambda nll, n: np.exp(nll.sum(-1) / n.sum(-1)), nll_per_sequence, tokens_per_sequence)`.
     A single item gives the value with a NaN interval, which `significance` calls not distinguishable.
+    The interval is `percentile_interval`'s: widened to contain the point where the percentiles miss it.
     """
     cols = [np.asarray(c, dtype=float) for c in columns]
     if not cols or cols[0].ndim != 1 or cols[0].size == 0 or any(c.shape != cols[0].shape for c in cols):
@@ -75,8 +81,25 @@ def bootstrap(stat: Callable[..., np.ndarray], *columns, confidence: float = 0.9
     draws = np.asarray(stat(*(c[idx] for c in cols)), dtype=float)
     if draws.shape != (resamples,):
         raise ValueError(f"stat must reduce the items axis to one value per resample, returned shape {draws.shape}")
-    lo, hi = np.nanquantile(draws, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return Interval(value, float(lo), float(hi))
+    return percentile_interval(value, draws, confidence)
+
+
+def percentile_interval(value: float, draws, confidence: float = 0.95, skip_nan: bool = True) -> Interval:
+    """`value` with the percentile interval of its bootstrap `draws`, widened where needed to contain `value`.
+
+    The percentile interval can miss its own point: a statistic the resamples cannot reach (the number of
+    distinct items, which a resample of n draws rarely keeps at n), or strong skew with few items. Widening
+    the missed end to the point is conservative (the interval only grows) and keeps "value (low to high)" and
+    its error bar meaningful. `skip_nan`: leave NaN draws (a resample where the statistic is undefined, such as
+    a zero denominator) out; otherwise any NaN draw gives NaN ends. NaN ends stay NaN (no interval), and a NaN
+    value leaves the ends as the draws give them (nothing to contain).
+    """
+    q = [(1 - confidence) / 2, (1 + confidence) / 2]
+    lo, hi = (np.nanquantile if skip_nan else np.quantile)(np.asarray(draws, dtype=float), q)
+    lo, hi, value = float(lo), float(hi), float(value)
+    if not (math.isnan(value) or math.isnan(lo) or math.isnan(hi)):
+        lo, hi = min(lo, value), max(hi, value)
+    return Interval(value, lo, hi)
 
 
 def mean_interval(values, **kwargs) -> Interval:
@@ -103,7 +126,10 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     p = k / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # In exact arithmetic low <= p <= high, with low = 0 at k = 0 and high = 1 at k = n; in floating point
+    # centre - half at k = 0 can be 2.8e-17 (or centre + half at k = n 1 - 1e-16), which put the point outside
+    # its interval and made the error bar below it negative. Clamping to [0, p] and [p, 1] restores both.
+    return min(max(0.0, centre - half), p), max(min(1.0, centre + half), p)
 
 
 def proportion(k: int, n: int) -> Interval:
@@ -112,16 +138,19 @@ def proportion(k: int, n: int) -> Interval:
 
 
 def paired_difference(a, b, confidence: float = 0.95, resamples: int = 4000, seed: int = 0) -> dict:
-    """mean(a - b) over paired items with its bootstrap interval; `distinguishable`: the interval excludes 0."""
+    """mean(a - b) over paired items with its bootstrap interval (`percentile_interval`: it contains the
+    difference); `distinguishable`: the interval excludes 0. A NaN in either sample gives NaN throughout; one
+    pair gives NaN ends (no interval), not distinguishable."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape or a.size == 0:
         raise ValueError(f"paired samples must have one equal, non-zero length, got {a.size} and {b.size}")
     d = a - b
+    if d.size == 1:  # as `bootstrap`: one item says nothing about its spread, and decides no comparison
+        return {"difference": float(d[0]), "low": float("nan"), "high": float("nan"), "distinguishable": False}
     rng = np.random.default_rng(seed)
     means = d[rng.integers(0, d.size, (resamples, d.size))].mean(axis=1)
-    lo, hi = np.quantile(means, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return {"difference": float(d.mean()), "low": float(lo), "high": float(hi),
-            "distinguishable": bool(lo > 0 or hi < 0)}
+    iv = percentile_interval(d.mean(), means, confidence, skip_nan=False)
+    return {"difference": iv.value, "low": iv.low, "high": iv.high, "distinguishable": iv.excludes(0.0)}
 
 
 def rate(k: int, n: int) -> str:

@@ -84,13 +84,16 @@ def decode_step_seconds(llm, batch: int, context: int, steps: int) -> list[float
 
 def ratio_interval(num: list[float], den: list[float], confidence: float = 0.95, resamples: int = 2000,
                    seed: int = 0) -> tuple[float, float, float]:
-    """median(num) / median(den) and its percentile-bootstrap interval (both samples resampled): how far
-    the ratio of two timed quantities moves with the step-to-step spread of the timings."""
+    """median(num) / median(den) and its percentile-bootstrap interval (both samples resampled, each on its
+    own: the two timings are not paired step by step): how far the ratio of two timed quantities moves with the
+    step-to-step spread of the timings. The interval contains the ratio (`lab.intervals.percentile_interval`)."""
     import numpy as np
+
+    from lab.intervals import percentile_interval
 
     rng = np.random.default_rng(seed)
     a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
     ratios = (np.median(rng.choice(a, (resamples, a.size)), axis=1)
               / np.median(rng.choice(b, (resamples, b.size)), axis=1))
-    lo, hi = np.quantile(ratios, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return float(np.median(a) / np.median(b)), float(lo), float(hi)
+    iv = percentile_interval(np.median(a) / np.median(b), ratios, confidence, skip_nan=False)
+    return iv.value, iv.low, iv.high

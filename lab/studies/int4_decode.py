@@ -24,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lab.claims import CLAIMS_COLUMNS, NOT_DISTINGUISHABLE, WRONG, check, claim_row, judge
+from lab.plots import error_extents
 from lab.timing import decode_engine, decode_step_seconds, ratio_interval
 
 BUILDS = ("float32", "bfloat16", "int4")
@@ -102,9 +103,10 @@ def plot(table: pd.DataFrame):
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     for i, (base, d) in enumerate(table.groupby("int4 against", sort=False)):
         x = [j + 0.2 * (i - 0.5) for j in range(len(d))]
-        ax.errorbar(x, d["measured_speedup"], yerr=[d["measured_speedup"] - d["ci95_low"],
-                                                    d["ci95_high"] - d["measured_speedup"]],
-                    fmt="o", capsize=4, label=f"measured, int4 / {base}", color=f"C{i}")
+        yerr = error_extents(d["measured_speedup"], d["ci95_low"], d["ci95_high"],
+                             [f"int4 / {base}, batch {b}" for b in d["batch"]])
+        ax.errorbar(x, d["measured_speedup"], yerr=yerr, fmt="o", capsize=4, label=f"measured, int4 / {base}",
+                    color=f"C{i}")
         ax.scatter(x, d["bytes_read_ratio"], marker="_", s=300, color=f"C{i}", label=f"bytes-read bound / {base}")
     ax.axhspan(*CLAIM, color="0.85", label="article: 2-2.5x over FP16")
     batches = list(dict.fromkeys(table["batch"]))

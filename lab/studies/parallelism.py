@@ -30,6 +30,7 @@ from lab.parallel.sharding import rank_shapes
 from lab.models.loader import default_dtype, parse_dtype
 from lab.parallel import comm_bench
 from lab.parallel.comm_model import LINKS, Link, alpha_for_share, pipeline_bubble, tp_decode_step
+from lab.plots import error_extents
 from lab.runs import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
 from lab.timing import start_decode_batch
 
@@ -62,7 +63,7 @@ class ParallelParams:
     ALPHAS_US: tuple = (1, 2, 5, 10, 15, 20, 30, 50, 80)  # the latency sweep of the projection
     RANK_LAYERS: int = 1  # layers of one PROJECT_TP rank timed on DEVICE (the step scaled to all of them)
     PRESETS: ClassVar[dict] = {
-        "quick": {"COMM_REPEATS": 10, "BATCHES": (1, 8), "PREFILL_TOKENS": (256,), "STEPS": 6,
+        "quick": {"COMM_REPEATS": 10, "BATCHES": (1, 8), "PREFILL_TOKENS": (256,), "STEPS": 4,
                   "MICRO_BATCHES": (1, 2, 4, 8), "PP_BATCH": 8},
         "smoke": {"MODEL": "random:tiny", "COMM_SIZES": (16, 4096), "COMM_REPEATS": 2, "BATCHES": (1, 2),
                   "PREFILL_TOKENS": (32,), "STEPS": 2, "MICRO_BATCHES": (1, 2), "PP_BATCH": 2, "PP_PROMPT": 8,
@@ -110,9 +111,9 @@ def links(p: ParallelParams) -> tuple[pd.DataFrame, pd.DataFrame]:
 def plot_links(sweep: pd.DataFrame, fitted: pd.DataFrame):
     fig, ax = plt.subplots(figsize=(7, 4))
     for op, g in sweep.groupby("op"):
-        line = ax.errorbar(g["bytes"], 1e6 * g["median_s"], yerr=[1e6 * (g["median_s"] - g["min_s"]),
-                                                                  1e6 * (g["max_s"] - g["median_s"])], fmt="o",
-                           label=f"{op}: median (min-max)")
+        yerr = error_extents(g["median_s"], g["min_s"], g["max_s"], [f"{op}, {size} bytes" for size in g["bytes"]],
+                             scale=1e6)  # the min-max range around each size's median, in us
+        line = ax.errorbar(g["bytes"], 1e6 * g["median_s"], yerr=yerr, fmt="o", label=f"{op}: median (min-max)")
         ax.plot(g["bytes"], 1e6 * g["mean_s"], "x", color=line[0].get_color(), label=f"{op}: mean")
         n = np.logspace(np.log10(g["bytes"].min()), np.log10(g["bytes"].max()), 50)
         for stat, style in (("median", "--"), ("mean", ":")):

@@ -5,10 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from lab.eval.sensitive import CATEGORIES
-
-
-def _err(df: pd.DataFrame, col: str):
-    return [df[col] - df[f"{col}_low"], df[f"{col}_high"] - df[col]]
+from lab.plots import frame_extents
 
 
 def plot_grid(grid: pd.DataFrame, domains: tuple[str, ...]):
@@ -22,10 +19,11 @@ def plot_grid(grid: pd.DataFrame, domains: tuple[str, ...]):
     for (domain, style), (method, g) in ((d, m) for d in zip(domains, ("o-", "s--", "^:")) for m in
                                          quant.groupby("method", sort=False)):
         x = list(g["config"])
-        axes[0].errorbar(x, g[f"{domain}_perplexity"], yerr=_err(g, f"{domain}_perplexity"), fmt=style, capsize=3,
-                         label=f"{method}, {domain}")
-        axes[1].errorbar(x, g[f"{domain}_kl_mean"], yerr=_err(g, f"{domain}_kl_mean"), fmt=style, capsize=3,
-                         label=f"{method}, {domain}")
+        rows = [f"{method} {c}, {domain}" for c in x]
+        axes[0].errorbar(x, g[f"{domain}_perplexity"], yerr=frame_extents(g, f"{domain}_perplexity", rows),
+                         fmt=style, capsize=3, label=f"{method}, {domain}")
+        axes[1].errorbar(x, g[f"{domain}_kl_mean"], yerr=frame_extents(g, f"{domain}_kl_mean", rows), fmt=style,
+                         capsize=3, label=f"{method}, {domain}")
     for domain in domains:
         axes[0].axhline(base[f"{domain}_perplexity"], color="k", ls="--", lw=1)
     axes[0].set(ylabel="perplexity (dashed: unquantized)", title="perplexity per held-out domain", yscale="log")
@@ -54,7 +52,8 @@ def plot_pass_rates(grid: pd.DataFrame):
         ok = grid[f"pass_{c}"].notna()
         g = grid[ok]
         ax.bar([x + i * width for x in range(len(grid)) if ok.iloc[x]], 100 * g[f"pass_{c}"], width, label=c,
-               yerr=[100 * e for e in _err(g, f"pass_{c}")], capsize=2, error_kw={"lw": 0.8})
+               yerr=frame_extents(g, f"pass_{c}", [f"{name}, {c}" for name, o in zip(labels, ok) if o], scale=100),
+               capsize=2, error_kw={"lw": 0.8})
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(grid))], labels, rotation=45, ha="right", fontsize=8)
     ax.set(ylabel="pass rate, % (Wilson 95%)", title="Sensitive items passed, per category (greedy)")
     ax.legend(fontsize=8)

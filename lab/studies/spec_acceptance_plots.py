@@ -3,8 +3,9 @@ predicted against measured speedup, each with its 95% interval over prompts as e
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
+
+from lab.plots import error_extents, frame_extents
 
 
 def plot_acceptance_by_position(main: pd.DataFrame):
@@ -14,22 +15,17 @@ def plot_acceptance_by_position(main: pd.DataFrame):
     fig, axes = plt.subplots(1, len(drafters), figsize=(4.5 * len(drafters), 3.4), squeeze=False, sharey=True)
     for ax, drafter in zip(axes[0], drafters):
         for _, r in main[(main["drafter"] == drafter) & (main["category"] != "all")].iterrows():
-            if r["acceptance_by_position"]:
-                ax.errorbar(range(1, len(r["acceptance_by_position"]) + 1), r["acceptance_by_position"],
-                            yerr=_yerr(r["acceptance_by_position"], r["acceptance_by_position_low"],
-                                       r["acceptance_by_position_high"]), marker="o", capsize=2, label=r["category"])
+            rates = r["acceptance_by_position"]
+            if rates:
+                rows = [f"{drafter} {r['category']} position {i}" for i in range(1, len(rates) + 1)]
+                ax.errorbar(range(1, len(rates) + 1), rates, marker="o", capsize=2, label=r["category"],
+                            yerr=error_extents(rates, r["acceptance_by_position_low"],
+                                               r["acceptance_by_position_high"], rows))
         ax.set(title=drafter, xlabel="draft position", ylim=(0, 1.02))
     axes[0][0].set_ylabel("acceptance given the earlier ones (95% over prompts)")
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     return fig
-
-
-def _yerr(value, low, high):
-    """matplotlib's asymmetric error bars (distances below and above) from an interval's ends; clipped at 0,
-    since a bootstrap quantile can differ from the point value in the last bit."""
-    value = np.asarray(value, float)
-    return np.clip(np.stack([value - np.asarray(low, float), np.asarray(high, float) - value]), 0, None)
 
 
 def plot_speedup_vs_k(sweep: pd.DataFrame):
@@ -42,7 +38,7 @@ def plot_speedup_vs_k(sweep: pd.DataFrame):
         for i, (cat, g) in enumerate(d.groupby("category", sort=False)):
             color = f"C{i}"
             ax.errorbar(g["k"], g["measured_speedup"], marker="o", color=color, capsize=2, label=f"{cat} measured",
-                        yerr=_yerr(g["measured_speedup"], g["measured_speedup_low"], g["measured_speedup_high"]))
+                        yerr=frame_extents(g, "measured_speedup", [f"{drafter} {cat} k={k}" for k in g["k"]]))
             ax.plot(g["k"], g["predicted_measured_costs"], ls="--", color=color, alpha=0.7)
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set(title=f"{drafter} (dashed: predicted with measured c, v(k))", xlabel="k (drafts per round)")
@@ -58,7 +54,7 @@ def plot_predicted_vs_measured(main: pd.DataFrame):
     d = main[main["category"] != "all"]
     fig, ax = plt.subplots(figsize=(4.6, 4.2))
     for i, (drafter, g) in enumerate(d.groupby("drafter", sort=False)):
-        xerr = _yerr(g["measured_speedup"], g["measured_speedup_low"], g["measured_speedup_high"])
+        xerr = frame_extents(g, "measured_speedup", [f"{drafter} {cat}" for cat in g["category"]])
         ax.errorbar(g["measured_speedup"], g["predicted_article"], xerr=xerr, fmt="x", color=f"C{i}", capsize=2,
                     label=f"{drafter}: article (v=1)")
         ax.errorbar(g["measured_speedup"], g["predicted_measured_costs"], xerr=xerr, fmt="o", color=f"C{i}",

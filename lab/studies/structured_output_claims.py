@@ -23,6 +23,7 @@ from lab.claims import check, claim_row, from_check
 from lab.hardware import GPUS, Hardware
 from lab.intervals import rate
 from lab.memory import ModelShape
+from lab.plots import error_extents
 
 from lab.roofline import decode_table, model_cost
 
@@ -170,9 +171,9 @@ def plot_validity(validity: pd.DataFrame):
     width = 0.8 / len(validity)
     for i, (label, (_, r)) in enumerate(zip(labels, validity.iterrows())):
         vals = [r[c] for c in cols]
-        lo = [r[c] - r[f"{c} 95% low"] for c in cols]
-        hi = [r[f"{c} 95% high"] - r[c] for c in cols]
-        ax.bar(x + i * width, vals, width, yerr=[lo, hi], capsize=3, label=label)
+        yerr = error_extents(vals, [r[f"{c} 95% low"] for c in cols], [r[f"{c} 95% high"] for c in cols],
+                             [f"{label}: {c}" for c in cols])
+        ax.bar(x + i * width, vals, width, yerr=yerr, capsize=3, label=label)
     ax.set_xticks(x + width * (len(validity) - 1) / 2, ["whole output is JSON", "schema-valid", "field accuracy"])
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("rate (95% interval)")

@@ -14,6 +14,7 @@ import pandas as pd
 
 from lab import memory as mem
 from lab.claims import WRONG, claim_row, from_check
+from lab.plots import error_extents
 from lab.runs import resolve_device
 
 if TYPE_CHECKING:
@@ -146,14 +147,16 @@ def cold_rows(p: TTFTParams, cold: pd.DataFrame, weights_bytes: float) -> list[d
 def plot(sweep: pd.DataFrame, first: pd.DataFrame, cold: pd.DataFrame, high: int):
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(14, 4))
     x = sweep["hit share"] * 100
-    a.errorbar(x, sweep["ttft median s"], yerr=[sweep["ttft median s"] - sweep["ttft min s"],
-                                                sweep["ttft max s"] - sweep["ttft median s"]], fmt="o-", capsize=3)
+    # the bars are each row's min-max range around its median
+    a.errorbar(x, sweep["ttft median s"], fmt="o-", capsize=3,
+               yerr=error_extents(sweep["ttft median s"], sweep["ttft min s"], sweep["ttft max s"],
+                                  [f"hit share {h:.0f}%" for h in x]))
     a.axvline(60, color="k", ls=":")
     a.set_xlabel("prompt share in the prefix cache (%)")
     a.set_ylabel("TTFT (s), median and min-max")
     a.set_title(f"TTFT against hit rate ({int(sweep['prompt tokens'].iloc[0])} tokens; reference {high}%)")
-    b.bar(first["label"], first["ttft median s"], yerr=[first["ttft median s"] - first["ttft min s"],
-                                                        first["ttft max s"] - first["ttft median s"]], capsize=3)
+    b.bar(first["label"], first["ttft median s"], capsize=3,
+          yerr=error_extents(first["ttft median s"], first["ttft min s"], first["ttft max s"], list(first["label"])))
     b.set_ylabel("TTFT (s)")
     b.set_title("first token: miss, cached prefix, hit")
     b.tick_params(axis="x", labelrotation=15)

@@ -1,0 +1,48 @@
+"""The lab's shared plotting helpers: what every figure of the studies does the same way.
+
+- `error_extents(value, low, high)`: matplotlib's `yerr` / `xerr` (distances below and above each point) from
+  points and their interval ends, checked: a residue of rounding is clamped to 0, an interval that misses its
+  point is refused by name, a NaN end (no interval) is no bar.
+- `frame_extents(df, col)`: the same from a table's `col`, `col_low` and `col_high` columns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# A point outside its interval by at most this much (relative to the point, absolute below 1) is rounding:
+# a Wilson bound of 2.8e-17 at 0 of n, or a pooled ratio summed in another order than its bootstrap's.
+ROUNDING = 1e-9
+
+
+def error_extents(value, low, high, labels=None, scale: float = 1.0) -> np.ndarray:
+    """A 2 x n array of non-negative distances below and above each point (`yerr` / `xerr` for matplotlib's
+    `errorbar` and `bar`), times `scale` (100 for a rate drawn in percent).
+
+    `value`, `low` and `high`: scalars or sequences (lists, arrays, pandas Series) of one length. A distance
+    below 0 within rounding (`ROUNDING` of max(1, |value|)) is clamped to 0; beyond it the interval excludes
+    its point, which a figure cannot draw and a table should not state, so it raises ValueError naming the row
+    (its entry in `labels` when given, else its position), the point and the interval. A NaN end (no interval,
+    e.g. one item) gives a NaN distance, which matplotlib draws as no bar.
+    """
+    v, lo, hi = (np.atleast_1d(np.asarray(x, dtype=float)) for x in (value, low, high))
+    if not v.ndim == lo.ndim == hi.ndim == 1 or not v.shape == lo.shape == hi.shape:
+        raise ValueError(f"value, low and high need one length, got shapes {v.shape}, {lo.shape}, {hi.shape}")
+    if labels is not None and len(labels) != v.size:
+        raise ValueError(f"{len(labels)} labels for {v.size} points")
+    below, above = v - lo, hi - v
+    slack = ROUNDING * np.maximum(1.0, np.abs(v))
+    with np.errstate(invalid="ignore"):  # NaN compares False: no interval is no miss
+        missed = np.flatnonzero((below < -slack) | (above < -slack))
+    if missed.size:
+        i = missed[0]
+        row = repr(list(labels)[i]) if labels is not None else str(i)
+        raise ValueError(f"row {row}: the point {v[i]:.6g} lies outside its interval [{lo[i]:.6g}, {hi[i]:.6g}]"
+                         f" ({missed.size} such row{'s' if missed.size > 1 else ''})")
+    return scale * np.clip(np.stack([below, above]), 0.0, None)  # np.clip keeps NaN
+
+
+def frame_extents(df, col: str, labels=None, scale: float = 1.0) -> np.ndarray:
+    """`error_extents` of a table's `col` between its `col_low` and `col_high` columns (the way
+    `lab.intervals.Interval.columns` lays an interval into a row)."""
+    return error_extents(df[col], df[f"{col}_low"], df[f"{col}_high"], labels=labels, scale=scale)
