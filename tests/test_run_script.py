@@ -155,3 +155,34 @@ def test_every_study_notebooks_twin_declares_papermills_parameters(notebook):
     cells = parse_script(notebook.with_suffix(".py").read_text())
     (parameters,) = [c for c in cells if c.kind == "parameters"]
     assert parameter_names(parameters) == list(declared_parameters(notebook))
+
+
+def test_lab_run_all_goes_on_past_a_failure_and_names_its_cell(tmp_path, results, capsys, monkeypatch):
+    """`lab run all` runs every notebook after a failed one, exits 1, and its summary names each failure with
+    the cell and the error's last line (issue 33: 02's crash was one line in the middle of a 30-minute log)."""
+    import lab.run_notebook
+    from lab.cli import main
+
+    monkeypatch.setattr(lab.run_notebook, "NOTEBOOKS_DIR", tmp_path / "notebooks")
+    bad = "# %%\nraise ValueError(\"first line\\n'yerr' must not contain negative values\")\n"
+    for name, cell in (("01_ok", RECORD), ("02_bad", bad), ("03_ok", RECORD)):
+        write_script(tmp_path, PARAMETERS, cell, name=name).with_suffix(".ipynb").write_text("{}")
+    script = (tmp_path / "notebooks" / "02_bad.py").read_text().splitlines()
+    line = next(i for i, text in enumerate(script, start=1) if text.startswith("raise ValueError"))
+    assert main(["run", "all", "--in-process", "--results-dir", str(results)]) == 1
+    err = capsys.readouterr().err
+    assert sorted(p.name for p in results.iterdir() if p.is_dir()) == ["01_ok", "02_bad", "03_ok"]
+    assert seen(next((results / "03_ok").iterdir()))["A"] == 1  # the notebook after the failure ran
+    summary = err[err.index("failed: 1 of 3 notebooks"):]
+    assert f"02_bad: cell at line {line} of 02_bad.py: ValueError: 'yerr' must not contain negative values" in summary
+
+
+def test_describe_failure_names_papermills_cell():
+    from papermill.exceptions import PapermillExecutionError
+
+    from lab.cli.runs import describe_failure
+
+    e = PapermillExecutionError(14, 9, "plot(...)", "ValueError", "'yerr' must not contain negative values", [])
+    assert describe_failure(e) == "cell 14 (In [9]): ValueError: 'yerr' must not contain negative values"
+    assert describe_failure(RuntimeError("kernel died\nDeadKernelError: exit 137")) == \
+        "RuntimeError: DeadKernelError: exit 137"

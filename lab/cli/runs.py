@@ -21,12 +21,33 @@ def _last_durations(root, preset: str) -> dict[str, float]:
             if "duration_s" in r["metrics"] and r["preset"] == preset}
 
 
+def _last_line(text: str) -> str:
+    lines = [line for line in str(text).strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def describe_failure(e: BaseException) -> str:
+    """Where a notebook failed and the error's last line, for `lab run all`'s summary: papermill names the cell
+    by its execution count and index, `lab run --in-process` (`CellFailed`) by its line in the .py twin."""
+    from lab.run_script import CellFailed
+
+    if hasattr(e, "cell_index") and hasattr(e, "ename"):  # papermill.PapermillExecutionError
+        return f"cell {e.cell_index} (In [{e.exec_count}]): {e.ename}: {_last_line(e.evalue)}"
+    if isinstance(e, CellFailed):
+        where = str(e).split(" raised ", 1)[0].removeprefix("the ")
+        cause = e.__cause__ or e
+        return f"{where}: {type(cause).__name__}: {_last_line(cause)}"
+    return f"{type(e).__name__}: {_last_line(e)}"  # before any cell: a dead kernel, a missing file
+
+
 def _run(args) -> int:
     from tqdm.auto import tqdm
 
     from lab import run_notebook as papermill_runner
     from lab import run_script as script_runner
+    from lab.run_compare import against_reference
     from lab.run_notebook import parse_value, study_notebooks
+    from lab.runs import results_root
 
     params = {name: parse_value(value) for name, value in args.param}
     if args.preset:
@@ -35,9 +56,10 @@ def _run(args) -> int:
     run = (functools.partial(script_runner.run_script, params=params, root=args.results_dir) if args.in_process
            else functools.partial(papermill_runner.run_notebook, params=params, root=args.results_dir,
                                   log_output=args.log_output))
-    before = _last_durations(args.results_dir, params.get("PRESET", "quick"))
-    print(f"preset: {params.get('PRESET', 'quick')}", flush=True)
-    failed, took = [], {}
+    preset = params.get("PRESET", "quick")
+    before = _last_durations(args.results_dir, preset)
+    print(f"preset: {preset}", flush=True)
+    failed, took, verdicts = {}, {}, {}
     # Progress in seconds of the notebooks' last runs at this preset (60 s for one never run), so its ETA is
     # what the previous runs took, updated as each notebook finishes.
     bar = tqdm(total=round(sum(before.get(n, 60.0) for n in names)), unit="s", desc="notebooks",
@@ -47,23 +69,28 @@ def _run(args) -> int:
         bar.write(f"[{i}/{len(names)}] running {name}{eta} ...", file=sys.stdout)
         start = time.perf_counter()
         try:
-            bar.write(str(run(name)), file=sys.stdout)
+            run_dir = run(name)
+            bar.write(str(run_dir), file=sys.stdout)
+            if preset != "reference":  # does the smaller run reach the committed run's verdicts?
+                verdicts[name] = against_reference(run_dir, results_root())
+                bar.write(f"{name} {verdicts[name]}", file=sys.stdout)
         except ValueError:
             raise
         except Exception as e:  # a failing cell: report it, keep running the other notebooks
             if args.in_process:  # papermill's message holds the cell's traceback; an in-process error does not
                 bar.write("".join(traceback.format_exception(e)).rstrip(), file=sys.stderr)
             bar.write(f"{name} FAILED: {type(e).__name__}: {str(e)[-500:]}", file=sys.stderr)
-            failed.append(name)
+            failed[name] = describe_failure(e)
         took[name] = time.perf_counter() - start
         bar.write(f"{name} {'failed' if name in failed else 'done'} in {took[name] / 60:.1f} min", file=sys.stdout)
         bar.update(round(before.get(name, 60.0)))
     bar.close()
     if len(names) > 1:
-        print("\n".join(f"  {n:28s} {t / 60:6.1f} min" for n, t in took.items()) +
-              f"\n  {'total':28s} {sum(took.values()) / 60:6.1f} min")
-    if failed:
-        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        print("\n".join(f"  {n:28s} {t / 60:6.1f} min  {verdicts.get(n, 'failed' if n in failed else '')}"
+                        for n, t in took.items()) + f"\n  {'total':28s} {sum(took.values()) / 60:6.1f} min")
+    if failed:  # every failure named at the end, where a reader of a long log looks
+        print(f"failed: {len(failed)} of {len(names)} notebooks", file=sys.stderr)
+        print("\n".join(f"  {n}: {why}" for n, why in failed.items()), file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from lab.engine import EngineConfig
 from lab.eval.harness import long_text  # noqa: F401  (notebook 03 calls study.long_text)
 from lab.eval.kv_error import attention_error_by_position, kl_by_position, record
+from lab.plots import error_extents, frame_extents
 from lab.quant.kv import KVCacheFormat, parse_format
 from lab.quant.kv_calibration import KVScales
 from lab.runs import as_tuple, check_choice, check_device, check_range
@@ -93,16 +94,16 @@ class KVStudyParams:
     CONCURRENCY_LEN: int = 256  # tokens per sequence there
     SAFE_PPL_PCT: float = 1.0  # "safe": perplexity within this many percent and no sensitive item lost
     SEED: int = 0
-    # quick: 2K tokens of context, one format per family and the claims' pairs, fewer evaluation tokens, no
+    # quick: 1K tokens of context, one format per family and the claims' pairs, fewer evaluation tokens, no
     # long context (minutes instead of 56); smoke: the tests' seconds.
     PRESETS: ClassVar[dict] = {
-        "quick": {"CONTEXT": 2048, "GROWTH_FORMATS": ("fp8_e4m3/per-tensor", f"fp8_e4m3/per-tensor/{UNIT_SCALE}",
+        "quick": {"CONTEXT": 1024, "GROWTH_FORMATS": ("fp8_e4m3/per-tensor", f"fp8_e4m3/per-tensor/{UNIT_SCALE}",
                                                       "int8/per-tensor", "int8/per-token", "int4/per-token",
                                                       "int4/per-channel/group16", "int2/per-token"),
                   "ROLE_FORMATS": ("int4/per-token/k-only", "int4/per-token/v-only"),
                   "E2E_FORMATS": ("fp8_e4m3/per-tensor", "int8/per-token", "int4/per-token"),
-                  "CALIB_SAMPLES": 8, "CALIB_TOKENS": 256, "HELDOUT_SEQUENCES": 8, "HELDOUT_TOKENS": 256,
-                  "MAX_TOKENS": 32, "ITEMS_PER_CATEGORY": 4, "LONG_CONTEXT_ITEMS": 0},
+                  "CALIB_SAMPLES": 4, "CALIB_TOKENS": 256, "HELDOUT_SEQUENCES": 6, "HELDOUT_TOKENS": 256,
+                  "MAX_TOKENS": 24, "ITEMS_PER_CATEGORY": 2, "LONG_CONTEXT_ITEMS": 0, "POOL_MIB": 4.0},
         "smoke": {"CONTEXT": 192, "FIRST_BUCKET": 32, "BLOCK_TOKENS": 8, "CALIB_SAMPLES": 2, "CALIB_TOKENS": 64,
                   "GROWTH_FORMATS": ("fp8_e4m3/per-tensor", f"fp8_e4m3/per-tensor/{UNIT_SCALE}",
                                      "int2/per-channel/group16/window32"),
@@ -272,11 +273,6 @@ def end_to_end(p: KVStudyParams, model, tokenizer, calibrated: KVScales, log=pri
 # ---- figures ------------------------------------------------------------------------------------------------
 
 
-def _errors(df: pd.DataFrame, col: str):
-    """Matplotlib's yerr (distances below and above the value) from a column's _low and _high."""
-    return [(df[col] - df[f"{col}_low"]).abs(), (df[f"{col}_high"] - df[col]).abs()]
-
-
 def plot_growth(df: pd.DataFrame, title: str):
     import matplotlib.pyplot as plt
 
@@ -300,7 +296,7 @@ def plot_roles(roles: pd.DataFrame):
     for ax, metric in zip(axes, ("attention_rel_error", "next_token_kl")):
         for shift, role, label in ((-0.2, "k", "keys only quantized"), (0.2, "v", "values only quantized")):
             ax.bar([i + shift for i in x], roles[f"{metric}_{role}_only"], 0.4, label=label,
-                   yerr=_errors(roles, f"{metric}_{role}_only"), capsize=3)
+                   yerr=frame_extents(roles, f"{metric}_{role}_only", list(roles["format"])), capsize=3)
         ax.set_xticks(list(x), roles["format"], fontsize=8)
         ax.set(yscale="log", title=metric.replace("_", " "))
         ax.legend(fontsize=7)
@@ -313,10 +309,13 @@ def plot_end_to_end(e2e: pd.DataFrame, concurrency: pd.DataFrame):
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4))
     names = list(e2e["format"])
-    axes[0].bar(names, e2e["perplexity_change_pct"], yerr=_errors(e2e, "perplexity_change_pct"), capsize=3)
+    axes[0].bar(names, e2e["perplexity_change_pct"], yerr=frame_extents(e2e, "perplexity_change_pct", names),
+                capsize=3)
     axes[0].set(ylabel="perplexity change vs exact cache, %", title="held-out perplexity")
-    axes[1].bar(names, 100 * (1 - e2e["same_output_all"]), label="all but long context",
-                yerr=[100 * e for e in _errors(e2e, "same_output_all")], capsize=3)
+    # the bar is the share changed, 1 - same: its interval runs from 1 - same's high to 1 - same's low
+    changed = error_extents(1 - e2e["same_output_all"], 1 - e2e["same_output_all_high"],
+                            1 - e2e["same_output_all_low"], names, scale=100)
+    axes[1].bar(names, 100 * (1 - e2e["same_output_all"]), label="all but long context", yerr=changed, capsize=3)
     if "same_output_long_context" in e2e and e2e["same_output_long_context"].notna().any():
         axes[1].plot(names, 100 * (1 - e2e["same_output_long_context"]), "ko", label="long context")
     axes[1].set(ylabel="% of greedy outputs changed", title="sensitive set vs exact cache")
