@@ -93,3 +93,16 @@ def test_quant_bench_reports_both_methods_against_their_targets():
         assert len(r["autoawq_peer"]) == 3 and all(row["autoawq_seconds"] > 0 for row in r["autoawq_peer"])
         assert "lab/AutoAWQ" in text
     json.dumps(r)
+
+
+def test_mismatch_samples_zero_leaves_the_section_out_and_says_so():
+    """The quick preset (`make run`) skips the calibration mismatch: no model work, empty tables (the notebook then
+    states no mismatch claim), a line saying so; a negative count is refused by name."""
+    from lab.studies.quant_accuracy import run_mismatch
+
+    p = QuantAccuracyParams(PRESET="quick", MISMATCH_SAMPLES=0)
+    said = []
+    table, scores = run_mismatch(p, None, None, None, log=said.append)  # no model, tokenizer or outputs needed
+    assert table.empty and scores.empty and "not run (MISMATCH_SAMPLES=0)" in said[0]
+    with pytest.raises(ValueError, match="MISMATCH_SAMPLES"):
+        QuantAccuracyParams(MISMATCH_SAMPLES=-1)

@@ -47,7 +47,7 @@ class TourParams:
     # hit's saving. ~12 s on one H200: 6 batches of 70-110 SmolLM2 steps (counted on the CPU) at ~6 ms, 40
     # one-step TTFT requests; 8 s start.
     PRESETS: ClassVar[dict] = {
-        "quick": {"TTFT_REPEATS": 3},
+        "quick": {"TTFT_REPEATS": 3, "BUDGETS": (16, 64, 256)},
         "smoke": {"NUM_REQUESTS": 3, "MAX_TOKENS": 8, "TTFT_REPEATS": 1, "BUDGETS": (16, 64)},
         "gpu": {"NUM_REQUESTS": len(QUESTIONS), "MAX_TOKENS": 64, "NUM_KV_BLOCKS": 40,
                 "MAX_NUM_SEQS": len(QUESTIONS), "MAX_NUM_BATCHED_TOKENS": 256, "TTFT_REPEATS": 20,

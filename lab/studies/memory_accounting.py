@@ -53,13 +53,15 @@ class MemoryParams:
     INT4_BATCHES: tuple = (1, 32)  # the INT4 decode claim (section 7)
     INT4_CONTEXT: int = 128
     INT4_STEPS: int = 16
-    # Under a minute at reference size, so quick is reference; smoke trims the timed engine work. gpu: the
+    # Under a minute at reference size; quick halves the probe and the INT4 steps (`make run`'s budget), smoke
+    # trims the timed engine work. gpu: the
     # roofline check at a production shape, which a CPU cannot time: Llama-3-8B (random weights) in bfloat16 on
     # the GPU, decode at batch 1, 16 and 64 over 1024 tokens of context, from weight-bound to KV-bound steps,
     # against the ceilings probed there (2 s); the accounts (sections 2 to 5) for the H200 it runs on. Estimate on
     # one H200: ~18 s (81K prefill tokens ~2.6 s, ~55 decode steps ~0.7 s, probe 2 s, the INT4 claim on the
     # host's CPU, SmolLM2 loaded twice and 6 x 19 steps, ~4 s; 8 s start).
     PRESETS: ClassVar[dict] = {
+        "quick": {"PROBE_SECONDS": 2.0, "INT4_STEPS": 8},
         "smoke": {"ENGINE_BATCHES": (1, 4), "PROBE_SECONDS": 2.0, "DECODE_STEPS": 3,
                   "INT4_BATCHES": (1, 2), "INT4_CONTEXT": 32, "INT4_STEPS": 3},
         "gpu": {"GPU": "h200", "ENGINE_MODEL": "random:llama-3-8b", "ENGINE_DTYPE": "bfloat16",

@@ -63,7 +63,8 @@ class ServingParams:
     SEED: int = 0
     DTYPE: str = "auto"  # the served model's: the serving dtype
     COLD_START_TOKENS: int = 128  # the cold-start request's output
-    # quick: a ramp to 16 in flight with fewer requests a level, three batch sizes (minutes); smoke: seconds;
+    # quick: a ramp to 16 in flight with fewer requests a level and outputs half as long, three batch sizes, 1K-token
+    # long prompts (two minutes, within `make run`'s budget); smoke: seconds;
     # gpu: Llama-3-8B's shapes (random weights: timing needs no trained ones) in bf16 on one GPU, prompts of
     # 512-2K tokens (6K long ones, a 2K system prompt), 4 and 16 in flight, outputs of 16-64 tokens, production
     # SLOs (TTFT 1 s, TPOT 50 ms): the regime a CPU cannot reach. ~47 s on one H200 (bench/gpu_suite.sh allots
@@ -71,8 +72,8 @@ class ServingParams:
     # cold start's three fresh CUDA processes and a GGUF conversion (~19 s on the 2-core CPU) ~17 s, which no
     # parameter here removes; 8 s start.
     PRESETS: ClassVar[dict] = {
-        "quick": {"CONCURRENCY": (1, 2, 4, 8, 16), "REQUESTS_PER_LEVEL": 12, "BATCH_SIZES": (1, 4, 16),
-                  "DURATION": 90.0, "COLD_START_TOKENS": 64},
+        "quick": {"OUTPUT_LEN": (16, 32, 64), "CONCURRENCY": (1, 2, 4, 8, 16), "REQUESTS_PER_LEVEL": 12,
+                  "BATCH_SIZES": (1, 4, 16), "LONG_PROMPT": 1024, "DURATION": 60.0, "COLD_START_TOKENS": 16},
         "smoke": {"INPUT_LEN": (16, 32, 48), "OUTPUT_LEN": (4, 6, 8), "CONCURRENCY": (1, 2), "REQUESTS_PER_LEVEL": 4,
                   "BATCH_SIZES": (1, 2), "LONG_PROMPT": 256, "CHUNK_TOKENS": 64, "SYSTEM_PROMPT": 64,
                   "MAX_MODEL_LEN": 512, "DURATION": 60.0, "KV_BLOCKS": 128, "COLD_START_TOKENS": 16},

@@ -73,10 +73,11 @@ class SpecParams:
     SPEC_BENCH_DRAFTERS: tuple = ("ngram", "quantized")
     REPEATS: int = 5  # timing repeats of the step-cost forwards
     DTYPE: str = "auto"  # the target's: the serving dtype, as a deployment would run it
-    # quick: fewer prompts a category and a shorter k sweep (minutes); smoke: the tests' seconds.
+    # quick: fewer prompts a category, shorter outputs, k = 1 and 4 only, Spec-Bench with the n-gram drafter only
+    # (a minute and a half, within `make run`'s budget); smoke: the tests' seconds.
     PRESETS: ClassVar[dict] = {
-        "quick": {"PER_CATEGORY": 2, "MAX_TOKENS": 48, "K_SWEEP": (1, 2, 4), "SWEEP_PER_CATEGORY": 1,
-                  "SPEC_BENCH_PER_CATEGORY": 1, "REPEATS": 3},
+        "quick": {"PER_CATEGORY": 2, "MAX_TOKENS": 32, "K_SWEEP": (1, 4), "SWEEP_PER_CATEGORY": 1,
+                  "SPEC_BENCH_PER_CATEGORY": 1, "SPEC_BENCH_DRAFTERS": ("ngram",), "REPEATS": 3},
         "smoke": {"PER_CATEGORY": 1, "MAX_TOKENS": 8, "K": 2, "K_SWEEP": (1, 2), "SWEEP_PER_CATEGORY": 1,
                   "SWEEP_DRAFTERS": ("ngram",), "SPEC_BENCH_DRAFTERS": ("ngram",), "SPEC_BENCH_PER_CATEGORY": 1,
                   "REPEATS": 1},

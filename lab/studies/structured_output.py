@@ -113,7 +113,7 @@ class StructuredParams:
     PROJECT_MODELS: tuple = ("llama-3-8b", "qwen2.5-7b", "llama-3-70b")
     PRESETS: ClassVar[dict] = {
         "quick": {"BATCHES": (1, 32), "MASK_STEPS": 16, "NAIVE_SAMPLE": 1024, "NAIVE_POSITIONS": 12, "COMPILE_REPEATS": 3,
-                  "NESTING_DEPTHS": (1, 4, 16), "ITEMS": 24, "JUMP_ITEMS": 6},
+                  "NESTING_DEPTHS": (1, 4, 16), "ITEMS": 16, "JUMP_ITEMS": 3},
         "smoke": {"BATCHES": (1, 4), "MASK_STEPS": 3, "WARM_STEPS": 1, "LIST_ITEMS": 4, "NAIVE_SAMPLE": 64,
                   "NAIVE_POSITIONS": 3, "COMPILE_REPEATS": 1, "NESTING_DEPTHS": (1, 2), "ITEMS": 3,
                   "MAX_TOKENS": 48, "JUMP_ITEMS": 1},

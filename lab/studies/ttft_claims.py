@@ -63,7 +63,7 @@ class TTFTParams:
     PROBE_REPEATS: int = 3  # fresh lab serve processes per readiness-probe case
     KV_TOKENS: int = 32768  # bf16 KV tokens beside the weights in the total-memory saving
     PRESETS: ClassVar[dict] = {
-        "quick": {"REPEATS": 3, "COLD_REPEATS": 1, "PROBE_REPEATS": 1},
+        "quick": {"HIT_RATES": (0, 40, 80, 100), "REPEATS": 3, "COLD_REPEATS": 1, "PROBE_REPEATS": 1},
         "smoke": {"PROMPT_TOKENS": 64, "CACHED_TOKENS": 48, "SWEEP_TOKENS": 128, "HIT_RATES": (0, 50, 100),
                   "HIGH_HIT": 50, "REPEATS": 1, "COLD_REPEATS": 1, "COLD_PROMPT": 16,
                   "PROBE_REPEATS": 1},
