@@ -1,54 +1,76 @@
-"""Checking a source article's numbers: the study recomputes each one, and the verdict is computed, not typed.
+"""A notebook's claims table: one shape, and verdicts from the ledger's rules, never typed.
 
 The studies set every number their source articles state beside the lab's own recomputation or measurement of
-it; `check` turns the pair into a verdict word and, when it is wrong, by how much, so that a table of claims can
-never say "holds" about a number it did not check.
+it. The verdict comes from the one verdict system, `lab.ledger.rules`: `judged(rule, value, interval)` gives the
+verdict and, when it is not "holds", by how much, so a table of claims can never say "holds" about a number it
+did not check and `lab claims` reads the same verdict back that its rules would give. A claim no number can
+decide is "wrong by argument" (`BY_ARGUMENT`) with the argument in the note; one this lab cannot check is "not
+checkable here" with the reason. Those two are the only verdict words a study writes itself
+(tests/test_ledger_checks.py greps for the others).
 
 `claim_row` is the one shape of a notebook's claims table (`claims.csv`), which `lab claims` gathers into the
-ledger: the claim, the article's figure, what the lab measured (with its interval), the verdict in the ledger's
-words, computed from the evidence (`check` for a number, `judge` for a quantity with an interval), and a note.
+ledger: the claim, the article's figure, what the lab measured (with its interval), the verdict and a note.
 """
 
 from __future__ import annotations
 
+from lab.ledger.rules import (BY_ARGUMENT, HOLDS, NOT_CHECKABLE, NOT_DISTINGUISHABLE, ROUNDING, WRONG, Bound, Number,
+                              Range, Rule, all_of, from_flag, verdict)
 
-HOLDS, WRONG, NOT_DISTINGUISHABLE, NOT_CHECKABLE = "holds", "wrong", "not distinguishable", "not checkable here"
-VERDICTS = {HOLDS: True, WRONG: False, NOT_DISTINGUISHABLE: None, NOT_CHECKABLE: None}  # verdict -> `holds` cell
+__all__ = ["BY_ARGUMENT", "CLAIMS_COLUMNS", "HOLDS", "NOT_CHECKABLE", "NOT_DISTINGUISHABLE", "ROUNDING", "VERDICTS",
+           "WRONG", "Bound", "Number", "Range", "all_of", "claim_row", "from_flag", "holds_cell", "judged", "shown",
+           "verdict"]
+
+# The verdicts a claims table may carry, each with its `holds` cell.
+VERDICTS = {HOLDS: True, WRONG: False, ROUNDING: False, BY_ARGUMENT: False, NOT_DISTINGUISHABLE: None,
+            NOT_CHECKABLE: None}
 CLAIMS_COLUMNS = ("claim", "article", "measured here", "verdict", "holds", "note")
 
 
-def check(claimed, computed: float, rel_tol: float = 0.02) -> tuple[str, str]:
-    """("holds", "") when the recomputation agrees within `rel_tol` (a (lo, hi) claim: falls inside it), else
-    ("wrong", "the lab gets Nx the claim")."""
-    lo, hi = claimed if isinstance(claimed, tuple) else (claimed, claimed)
-    if lo * (1 - rel_tol) <= computed <= hi * (1 + rel_tol):
-        return HOLDS, ""
-    ref = lo if computed < lo else hi
-    return WRONG, f"the lab gets {computed / ref:.4g}x the claim"
+def _off(rule: Rule, value: float) -> str:
+    """By how much a wrong value misses the claim: its ratio to the claim's number (a range: to its nearer end),
+    or, for a bound, the value on the wrong side of it."""
+    if isinstance(rule, Bound):
+        return f"{value:.3g} is not {'above' if rule.above else 'below'} {rule.threshold}"
+    ends = [float(rule.text)] if isinstance(rule, Number) else [float(e) for e in (rule.lo, rule.hi) if e is not None]
+    ref = min(ends, key=lambda e: abs(e - value))
+    return f"the lab gets {value / ref:.4g}x the claim" if ref else f"the lab gets {value:.4g}"
 
 
-def judge(low: float, high: float, lo: float = float("-inf"), hi: float = float("inf")) -> str:
-    """The verdict on a claim that a quantity lies in [lo, hi] (an end may be open), from the quantity's
-    interval [low, high]: holds when the interval is inside, wrong when disjoint, not distinguishable when it
-    straddles an end (the ledger's `Range` rule with an interval)."""
-    if lo <= low and high <= hi:
-        return HOLDS
-    if high < lo or low > hi:
-        return WRONG
-    return NOT_DISTINGUISHABLE
+def judged(rule: Rule, value: float, interval: tuple[float, float] | None = None) -> tuple[str, str]:
+    """(verdict, note): `lab.ledger.rules.verdict`, and why when it is not "holds": by how much a wrong value
+    misses ("the lab gets 0.5x the claim"), or that the interval straddles an edge of the claim."""
+    word = verdict(rule, value, interval)
+    if word in (WRONG, ROUNDING):
+        return word, _off(rule, value)
+    return word, "the interval straddles an edge of the claim" if word == NOT_DISTINGUISHABLE else ""
+
+
+def shown(value: float, rule: Rule, digits: int = 4) -> str:
+    """`value` printed to `digits` significant digits, or more until the printed figure gets the verdict the value
+    gets (131072 rather than 1.311e+05 against "131072", which that figure cannot decide), so the ledger reads
+    back from the table the verdict the notebook wrote."""
+    want = verdict(rule, value)
+    for n in range(digits, 18):
+        text = f"{value:.{n}g}"
+        if verdict(rule, text) == want:
+            return text
+    return repr(float(value))
+
+
+def holds_cell(word: str) -> bool | None:
+    """Whether a verdict says the claim holds: True, False (wrong in any way), None (undecided); its `holds` cell."""
+    return VERDICTS[word]
 
 
 def claim_row(claim: str, article: str, measured: str, verdict: str, note: str = "") -> dict:
     """One row of a claims table in the one shape (`CLAIMS_COLUMNS`): the claim in a sentence, the article's figure
     as printed, what the lab measured (a number with its interval as "v [low, high]" where there is one), the
-    verdict (holds / wrong / not distinguishable / not checkable here; `holds` is True, False or empty
-    accordingly), and a note saying why where the verdict alone does not."""
+    verdict (`VERDICTS`; `holds` is True, False or empty accordingly), and a note saying why where the verdict
+    alone does not (the argument itself, for a claim wrong by argument)."""
     if verdict not in VERDICTS:
         raise ValueError(f"verdict must be one of {tuple(VERDICTS)}, not {verdict!r}")
+    if verdict == BY_ARGUMENT and not note:
+        raise ValueError(f"{claim!r}: a claim wrong by argument carries the argument in its note")
     return {"claim": claim, "article": article, "measured here": measured, "verdict": verdict,
             "holds": VERDICTS[verdict], "note": note}
-
-
-def from_check(holds) -> str:
-    """The verdict word of a True / False (numpy's bools too) / None (not decided by the interval) check."""
-    return NOT_DISTINGUISHABLE if holds is None else HOLDS if bool(holds) else WRONG

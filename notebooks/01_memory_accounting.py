@@ -160,7 +160,8 @@ int4_table.round(2)
 # %% [markdown]
 # ## 8. The articles' numbers, recomputed
 # One row per claim (`lab.claims.claim_row`): the claim led by its seed and section, the article's figure, the
-# lab's, and the verdict (holds, wrong or not distinguishable), with by how much or why in the note.
+# lab's, and the verdict the ledger's rules give it (`lab.ledger.rules.verdict`: holds, wrong, wrong by rounding or
+# not distinguishable), with by how much or why in the note.
 
 # %%
 claims = pd.concat([study.claims_table(), int4_claims], ignore_index=True)

@@ -154,7 +154,9 @@ pd_table.round(3)
 # %% [markdown]
 # ## 6. The article's numbers, recomputed
 # One row per claim (`lab.claims.claim_row`): the claim led by its section, the article's figure, the lab's, and
-# the verdict (holds or wrong), with by how much or why in the note.
+# the verdict the ledger's rules give it (`lab.ledger.rules.verdict`: holds, wrong or wrong by rounding), with by
+# how much or why in the note; "replaying spares reading the prefix" has no number to decide it and is wrong by
+# argument, the argument in its note.
 
 # %%
 claims = study.claims_table(params, measured)

@@ -30,7 +30,8 @@ def assert_links_find_one_row(claims: pd.DataFrame, notebook: str) -> None:
 
 def assert_ledger_reads_the_same(claims: pd.DataFrame, notebook: str, run_dir, tmp_path) -> None:
     """`claims`, rebuilt from the committed run `run_dir` with the current code and written as `Run.save_table`
-    writes it, gives the ledger the same verdicts and figures as the committed table for every linked claim."""
+    writes it, gives the ledger the same verdicts and figures as the committed table for every linked claim, and
+    for a claim with a rule the verdict the notebook wrote is the one the rules give its printed figure."""
     from lab.ledger import CLAIMS
     from lab.ledger.gather import resolve
     from lab.ledger.rules import MISSING, parse_lab
@@ -41,6 +42,7 @@ def assert_ledger_reads_the_same(claims: pd.DataFrame, notebook: str, run_dir, t
     for c in linked:
         new, old = resolve(c, {notebook: tmp_path}), resolve(c, {notebook: run_dir})
         assert new.verdict != MISSING, new.why
+        assert not new.disagrees, new.why  # one verdict system: the rules read back what the notebook wrote
         assert (new.verdict, new.notebook_verdict) == (old.verdict, old.notebook_verdict), c.id
         if c.rule is not None:
             assert parse_lab(new.lab, c.link.lab_pattern) == parse_lab(old.lab, c.link.lab_pattern), c.id

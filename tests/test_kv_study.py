@@ -110,7 +110,8 @@ def test_a_verdict_is_not_distinguishable_when_its_interval_holds_the_boundary()
     assert decide(Interval(1.3, 1.1, 1.8), 1.0, True) == HOLDS
     assert decide(Interval(1.3, 1.1, 1.8), 1.0, False) == WRONG
     assert decide(Interval(0.5, 0.4, 0.6), 1.0, False) == HOLDS
-    assert decide(Interval(1.0, 1.0, 1.0), 1.0, True) == NOT_DISTINGUISHABLE  # identical formats: neither wins
+    assert decide(Interval(1.0, 1.0, 1.0), 1.0, True) == WRONG  # identical formats: neither wins (the rules' Bound)
+    assert decide(Interval(1.1, 1.0, 1.2), 1.0, True) == NOT_DISTINGUISHABLE  # from the threshold into the claim
     assert decide(Interval(float("nan"), float("nan"), float("nan")), 1.0, True) == NOT_DISTINGUISHABLE
 
 

@@ -147,10 +147,13 @@ def test_the_claims_table_holds_only_where_the_articles_arithmetic_does():
     claims = claims_table(ReplayParams())  # no measurement: the recomputed rows alone
     assert_one_shape(claims)
     holds = claims.loc[claims["verdict"] == "holds", "claim"]
-    assert [c.split(":")[0] for c in holds] == ["§2.1", "§2.2", "§2.2"]  # ridge point, its formula, its 1.6 ms read
-    # its formula's 1.078e10 is within 3% of "10.7e9", but prints as 10.8e9: the note says so
+    assert [c.split(":")[0] for c in holds] == ["§2.1", "§2.2"]  # ridge point, its 1.6 ms read
+    # its formula's 1.078e10 prints as 10.8e9, not its "10.7e9": the rules' "wrong by rounding", and the note says so
     formula = claims[claims["claim"].str.contains("(its formula)", regex=False)].iloc[0]
-    assert formula["verdict"] == "holds" and "last printed digit is off" in formula["note"]
+    assert formula["verdict"] == "wrong by rounding" and "last printed digit is off" in formula["note"]
+    # "replaying spares reading the prefix" has no number to decide it: wrong by argument, the argument beside it
+    spares = claims[claims["claim"].str.contains("spares reading")].iloc[0]
+    assert spares["verdict"] == "wrong by argument" and "attends to every prefix position" in spares["note"]
 
 
 def test_break_even_table_covers_every_model_hardware_and_link():

@@ -147,3 +147,10 @@ def test_claims_have_one_shape_and_keep_the_rows_and_figures_the_ledger_reads():
     assert "on this CPU" in warm_up["note"]
     int8 = by.loc["preloading plus INT8 cuts memory by about 50% against FP16"]
     assert int8["verdict"] == "holds"  # 48.5% for llama-3-70b's weights (a numpy bool, not "not distinguishable")
+    # no number decides O(L^2) -> O(L): wrong by argument, the argument in the note; the 2.5x and "attention only"
+    # are judged by the rules from the figures beside them (1.00x; attention under 1% of a hit's compute)
+    order = by.loc["the KV cache cuts the first token's compute from O(L^2) to O(L)"]
+    assert order["verdict"] == "wrong by argument" and "nothing cached" in order["note"]
+    for claim in ("a 70B model at 512 input tokens: the first token takes about 2.5x longer without the cache",
+                  "on a cache hit a token's compute shrinks to the attention scores alone"):
+        assert by.loc[claim, "verdict"] == "wrong" and "the lab gets" in by.loc[claim, "note"]

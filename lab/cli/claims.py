@@ -7,19 +7,22 @@ from pathlib import Path
 
 
 def _claims(args) -> int:
-    from lab.ledger import missing, write_ledger
+    from lab.ledger import write_ledger
+    from lab.ledger.checks import committed_rows, failures
     from lab.ledger.report import summary_lines
     from lab.runs import results_root
 
     root = Path(args.results_dir) if args.results_dir else results_root()
-    entries, paths = write_ledger(root, Path(args.out) if args.out else root)
+    out = Path(args.out) if args.out else root
+    committed = committed_rows(out / "CLAIMS.csv")  # the ledger as committed, before the rewrite
+    entries, paths = write_ledger(root, out)
+    failed = failures(entries, committed) if args.check else []
     print("\n".join(summary_lines(entries)))
     for path in paths:
         print(f"wrote {path}")
-    gone = missing(entries)
-    for e in gone:
-        print(f"evidence missing: {e.claim.id} ({e.claim.link.notebook}): {e.why}", file=sys.stderr)
-    return 1 if gone and args.check else 0
+    for line in failed:
+        print(line, file=sys.stderr)
+    return 1 if failed else 0
 
 
 def add_claims(sub) -> None:
@@ -29,5 +32,7 @@ def add_claims(sub) -> None:
     cl.add_argument("--results-dir", default=None, help="where the runs are (default: results/)")
     cl.add_argument("--out", default=None, help="where CLAIMS.md and CLAIMS.csv go (default: the results dir)")
     cl.add_argument("--check", action="store_true",
-                    help="exit 1 when a claim's evidence row is missing from its notebook's latest reference run")
+                    help="exit 1 when a claim's evidence row is missing, the committed CLAIMS.csv was stale, a "
+                         "notebook's verdict disagrees with the rules, a 'not yet checked' row names no decider, "
+                         "or study code types a verdict (see docs/claims.md)")
     cl.set_defaults(func=_claims)

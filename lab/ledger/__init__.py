@@ -3,9 +3,11 @@
 Each claim (`record.Claim`: seed, section, the claim in a sentence, the article's number) is either linked to
 the row of a notebook's claims table that checks it (`record.Link`) or says why no notebook does ("not
 checkable here", "not yet checked"). `gather` finds each linked row in the notebook's latest reference run and
-judges it by the rules written once in `rules` (tolerances, rounding, ranges, intervals); `report` writes
-`results/CLAIMS.md` and `results/CLAIMS.csv`. The registry is one module per seed (`seed000`, `seed002`,
-`seed003`). `lab claims` runs it; docs/claims.md explains it.
+judges it by the rules written once in `rules`, the one verdict system the notebooks use too (tolerances,
+rounding, ranges, bounds, intervals); `report` writes `results/CLAIMS.md` and `results/CLAIMS.csv`; `checks`
+says what `lab claims --check` fails on (with `literals`, the scan for verdicts typed in study code). The
+registry is one module per seed (`seed000`, `seed002`, `seed003`). `lab claims` runs it; docs/claims.md explains
+it.
 """
 
 from __future__ import annotations

@@ -4,6 +4,11 @@ The notebooks' claims tables grew different shapes (a "claim" or an "article (..
 "measured here" or "evidence"; a "verdict" text and/or a "holds" flag); `_columns` maps them onto one. A linked
 row that the latest reference run no longer has is kept as "evidence missing", naming the notebook, so a
 changed table cannot drop a claim from the ledger silently.
+
+The notebooks compute their verdicts with the ledger's rules (`lab.ledger.rules.verdict`), so for a claim with a
+rule the ledger's verdict on the row's printed figure and the notebook's agree; where they do not, the entry
+shows the rules' verdict, says what the notebook said, and `lab claims --check` fails (`Entry.disagrees`): the
+notebook judged by another rule, or printed too few digits for its verdict to be read back.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab.ledger.record import Claim
-from lab.ledger.rules import MISSING, from_notebook, judge, parse_lab
+from lab.ledger.rules import BY_ARGUMENT, MISSING, from_notebook, judge, parse_lab
 from lab.results_index import list_runs
 
 CLAIM_COLUMNS = ("claim",)
@@ -31,6 +36,11 @@ class Entry:
     table: str = ""
     row: int | None = None  # 1-based data row of the table
     notebook_verdict: str = ""
+
+    @property
+    def disagrees(self) -> bool:
+        """The rules give the row's printed figure another verdict than its notebook wrote."""
+        return self.claim.rule is not None and self.verdict != MISSING and self.verdict != self.notebook_verdict
 
 
 def latest_reference_runs(root: Path) -> dict[str, Path]:
@@ -74,6 +84,8 @@ def resolve(claim: Claim, runs: dict[str, Path]) -> Entry:
     said = from_notebook(row.get(verdict_col) if verdict_col else None, row.get(holds_col) if holds_col else None)
     lab = row[lab_col]
     verdict, why = said, claim.why
+    if said == BY_ARGUMENT:  # the argument is the verdict's evidence: it travels with the row
+        why = "; ".join(x for x in (row.get("note", ""), why) if x)
     if claim.rule is not None:
         number = parse_lab(lab, link.lab_pattern)
         if number is None:
@@ -81,7 +93,7 @@ def resolve(claim: Claim, runs: dict[str, Path]) -> Entry:
                          run, link.table, index, said)
         verdict = judge(claim.rule, number)
     if verdict != said:
-        why = f"the notebook says {said!r}; the ledger's rules say {verdict!r}" + (f": {why}" if why else "")
+        why = f"the notebook says {said!r}; the rules give {verdict!r} from its figure" + (f": {why}" if why else "")
     return Entry(claim, lab, verdict, why, run, link.table, index, said)
 
 

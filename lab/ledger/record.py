@@ -2,14 +2,15 @@
 
 A claim is either linked to a row of a notebook's claims table (found by a substring of the row's claim cell,
 so a reworded number or a reordered table still finds it, while a dropped row is reported as missing) or
-carries its verdict and the reason no notebook checks it ("not checkable here", "not yet checked").
+carries its verdict and the reason no notebook checks it ("not checkable here", "not yet checked", with the
+measurement that would decide it), or the argument that refutes it ("wrong by argument").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lab.ledger.rules import NOT_CHECKABLE, NOT_YET, VERDICTS, Number, Range
+from lab.ledger.rules import BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, VERDICTS, Rule
 
 SEEDS = {"000": "000_6360c6a068e5cdc2.txt", "002": "002_2e53536036edbb4f.txt", "003": "003_1a250c76ca76c1c9.txt"}
 
@@ -28,18 +29,21 @@ class Link:
 @dataclass(frozen=True)
 class Claim:
     """A claim: id ("003-16"), seed ("003") and section ("§2.1"), the claim in one English sentence, the article's
-    number as printed. `rule` (a Number or Range) makes the ledger judge the linked row by the written rules;
-    `verdict` is the verdict of an unlinked claim (a linked one's comes from its row); `why` says why, or adds a
-    note to a linked row."""
+    number as printed. `rule` (a Number, Range or Bound) makes the ledger judge the linked row's number by the
+    rules, as its notebook did; `verdict` is the verdict of an unlinked claim (a linked one's comes from its row);
+    `why` says why (the argument, for one wrong by argument), or adds a note to a linked row; `decider` names
+    the measurement or computation that would decide a claim not yet checked (`lab claims --check` fails
+    without one)."""
     id: str
     seed: str
     section: str
     claim: str
     article: str
     link: Link | None = None
-    rule: Number | Range | None = None
+    rule: Rule | None = None
     verdict: str | None = None
     why: str = ""
+    decider: str = ""
 
     def __post_init__(self):
         if self.seed not in SEEDS or not self.id.startswith(self.seed + "-"):
@@ -49,8 +53,9 @@ class Claim:
         if self.verdict is not None and self.verdict not in VERDICTS:
             raise ValueError(f"{self.id}: {self.verdict!r} is not a verdict")
         if self.link is None:
-            if self.verdict not in (NOT_CHECKABLE, NOT_YET) or not self.why:
-                raise ValueError(f"{self.id}: an unlinked claim is not checkable here or not yet checked, and says why")
+            if self.verdict not in (NOT_CHECKABLE, NOT_YET, BY_ARGUMENT) or not self.why:
+                raise ValueError(f"{self.id}: an unlinked claim is not checkable here, not yet checked or wrong by "
+                                 f"argument, and says why")
             if self.rule is not None:
                 raise ValueError(f"{self.id}: a rule needs a linked row to judge")
         elif self.verdict is not None:

@@ -1,47 +1,64 @@
-"""The ledger's verdict rules, written down once (issue 23, item 1).
+"""The one verdict system (issue 23 item 1, issue 34 item 1): every verdict on a claim, in a notebook's claims table
+and in the ledger, is `verdict(rule, the lab's value, its interval)`, so it is a function of the evidence that can
+come out either way, never a word typed beside a number.
 
-A claim is judged from the article's number as the article prints it and the lab's number as its notebook's
-claims table prints it. Printed precision matters: "35.8" says "to a tenth", "5.7e14" says "to 1e13".
+A claim is judged from the article's number as the article prints it: printed precision matters, "35.8" says
+"to a tenth", "5.7e14" says "to 1e13". Only the claim's precision sets the rounding: a lab value printed more
+coarsely than the claim ("2" against "1.6") stands for the span its last digit allows (1.5-2.5), which decides
+nothing at the claim's precision unless the whole span does.
 
-Verdicts:
+Verdicts, in three kinds that the ledger counts apart:
 
-- **holds**: the claim agrees with the lab's number under the rule below.
-- **wrong**: it does not, by more than rounding.
-- **wrong by rounding**: the article's own arithmetic, printed wrong in the last digit: the claim and the lab's
-  number differ by less than one unit of the last printed digit, but the lab's number rounds to something
-  else (70e9 x 0.55 B = 35.86 GiB printed as "35.8" rather than 35.9). A slip of the pen, not a wrong figure.
-- **not distinguishable**: the lab's interval (a confidence interval, or the span its assumptions allow)
-  holds values that satisfy the claim and values that refute it.
-- **not checkable here**: the claim needs what this lab does not have (a GPU, a cluster, a 70B checkpoint), or
-  it is a setting or a definition rather than a statement with a truth value; the ledger says which.
-- **not yet checked**: this lab could check it but no notebook does yet; the ledger says what would.
+- measured (from a number, by the rules below):
+  - **holds**: the lab's value agrees with the claim under the rule for its kind.
+  - **wrong**: it does not, by more than rounding.
+  - **wrong by rounding**: the article's own arithmetic, printed wrong in the last digit: the claim and the lab's
+    number differ by less than one unit of the claim's last printed digit, but the lab's number rounds to
+    something else (70e9 x 0.55 B = 35.86 GiB printed as "35.8" rather than 35.9). A slip of the pen.
+  - **not distinguishable**: the lab's interval (a confidence interval, the span its assumptions allow, or the
+    span its printed digits allow) holds values the rule would call different things.
+- **wrong by argument**: no number can decide the claim; an argument written in the row refutes it (the first
+  token of a new prompt costs the same with or without a KV cache: there is nothing cached yet).
+- undecided:
+  - **not checkable here**: the claim needs what this lab does not have (a GPU, a cluster, a 70B checkpoint), or
+    it is a setting or a definition rather than a statement with a truth value; the row says which.
+  - **not yet checked**: this lab could check it but no notebook does yet; the row names what would decide it.
 
-Rules, by the kind of claim:
+Rules, by the kind of claim (each a region of values that holds; an interval holds when it lies wholly inside
+the region, is wrong when it lies wholly in one wrong region, and is not distinguishable otherwise):
 
-- `Number(text, exact=True)`: the article's own arithmetic on inputs it states (the figure is determined, so
-  the only slack is printing). Both numbers are rounded to the coarser of the two printed precisions: equal
-  -> holds; differing by less than one unit of that precision -> wrong by rounding; else wrong.
-- `Number(text, exact=False)`: an estimate about a real model, device or measurement, where modelling
-  choices the article does not state move the figure: holds within `rel_tol` (2%) of the claim, or equal at the
-  common printed precision; wrong otherwise. With a lab interval: inside the band -> holds, disjoint from it
-  -> wrong, overlapping its edge -> not distinguishable.
-- `Range(lo, hi)` (an end may be open: "at least 4x"): holds when the lab's number, rounded to the finest
-  precision the range's ends are printed to, is inside the range; wrong when outside. With a lab interval:
-  inside -> holds, disjoint -> wrong, straddling an end -> not distinguishable.
-- A claim with no number (qualitative: "keys are more sensitive than values") takes its notebook's verdict,
-  mapped onto these words by `from_notebook`. Where a rule above gives a numeric claim another verdict than
-  its notebook's, the rule's stands and the ledger's row says what the notebook said.
+- `Number(text, exact=True)`: the article's own arithmetic on inputs it states (the figure is determined, so the
+  only slack is printing). The lab's value rounded to the claim's printed precision equals the claim -> holds;
+  differs from it by less than one unit of that precision -> wrong by rounding; else wrong.
+- `Number(text, exact=False)`: an estimate about a real model, device or measurement, where modelling choices the
+  article does not state move the figure: holds within `rel_tol` (2%) of the claim, or when it rounds to the
+  claim at the claim's precision; wrong otherwise.
+- `Range(lo, hi)` (an end may be open: "at least 4x"): holds when the lab's value, rounded to the finest precision
+  the range's ends are printed to, is inside; wrong when outside.
+- `Bound(threshold, above)`: a comparison the claim implies without printing a number to round ("recomputing
+  beats receiving": receive / recompute above 1), or a criterion a notebook states for a qualitative claim
+  ("hardly worth it": under 1.1x): holds strictly on the claimed side, wrong elsewhere: the threshold itself
+  refutes a strict claim (two identical formats, a ratio of exactly 1 [1, 1], say neither is better), while an
+  interval from the threshold into the claimed side is not distinguishable.
+- A claim with no number ("keys are more sensitive than values") takes its notebook's verdict, which the notebook
+  computes from its evidence with the functions here (`Bound` on an interval, `from_flag` on a comparison);
+  `from_notebook` reads it back in these words.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
-HOLDS, WRONG, ROUNDING = "holds", "wrong", "wrong by rounding"
-NOT_DISTINGUISHABLE, NOT_CHECKABLE, NOT_YET = "not distinguishable", "not checkable here", "not yet checked"
-VERDICTS = (HOLDS, WRONG, ROUNDING, NOT_DISTINGUISHABLE, NOT_CHECKABLE, NOT_YET)
+HOLDS, WRONG, ROUNDING, NOT_DISTINGUISHABLE = "holds", "wrong", "wrong by rounding", "not distinguishable"
+BY_ARGUMENT = "wrong by argument"
+NOT_CHECKABLE, NOT_YET = "not checkable here", "not yet checked"
+MEASURED = (HOLDS, WRONG, ROUNDING, NOT_DISTINGUISHABLE)  # from a number, by a rule
+ARGUED = (BY_ARGUMENT,)                                   # from an argument written in the row
+UNDECIDED = (NOT_CHECKABLE, NOT_YET)
+VERDICTS = (*MEASURED, *ARGUED, *UNDECIDED)
 # Not a verdict on the claim: its evidence row is absent from the notebook's latest reference run.
 MISSING = "evidence missing"
 
@@ -75,6 +92,20 @@ class Range:
 
 
 @dataclass(frozen=True)
+class Bound:
+    """The claim that the lab's quantity lies above (`above`) or below `threshold`, strictly and unrounded: a
+    comparison the article implies, or the criterion a notebook states for a qualitative claim."""
+    threshold: str
+    above: bool = True
+
+    def __post_init__(self):
+        Decimal(self.threshold)
+
+
+Rule = Number | Range | Bound
+
+
+@dataclass(frozen=True)
 class LabNumber:
     """The lab's number as printed in its table, and the interval around it when the table gives one."""
     text: str
@@ -91,8 +122,110 @@ def exponent(text: str) -> int:
     return Decimal(text).as_tuple().exponent
 
 
+def precision(rule: Rule) -> int:
+    """The exponent of the claim's last printed digit (a range: its finer end), the only precision that rounds."""
+    if isinstance(rule, Number):
+        return exponent(rule.text)
+    if isinstance(rule, Bound):
+        return exponent(rule.threshold)
+    return min(exponent(end) for end in (rule.lo, rule.hi) if end is not None)
+
+
+def _unit(exp: int) -> Decimal:
+    return Decimal(1).scaleb(exp)
+
+
 def _round(value: Decimal, exp: int) -> Decimal:
-    return value.quantize(Decimal(1).scaleb(exp), rounding=ROUND_HALF_UP)
+    return value.quantize(_unit(exp), rounding=ROUND_HALF_UP) if value.is_finite() else value
+
+
+def _decimal(value) -> Decimal | None:
+    """A printed figure as it reads, a float at its shortest exact form; None for NaN (no value: no verdict)."""
+    if isinstance(value, Decimal):
+        return None if value.is_nan() else value
+    if isinstance(value, str):
+        return _decimal(Decimal(value))
+    value = float(value)
+    return None if math.isnan(value) else Decimal(repr(value))
+
+
+def _point(rule: Rule, x: Decimal) -> str:
+    """The verdict on one exact value."""
+    if isinstance(rule, Bound):
+        t = Decimal(rule.threshold)
+        return HOLDS if (x > t if rule.above else x < t) else WRONG
+    exp = precision(rule)
+    if isinstance(rule, Range):
+        x = _round(x, exp)
+        inside = (rule.lo is None or x >= Decimal(rule.lo)) and (rule.hi is None or x <= Decimal(rule.hi))
+        return HOLDS if inside else WRONG
+    a = Decimal(rule.text)
+    if _round(x, exp) == a:
+        return HOLDS
+    if rule.exact:
+        return ROUNDING if abs(x - a) < _unit(exp) else WRONG
+    return HOLDS if abs(x - a) <= Decimal(str(rule.rel_tol)) * abs(a) else WRONG
+
+
+def _edges(rule: Rule) -> list[Decimal]:
+    """The values where `_point`'s verdict can change: an interval over one of them may hold two verdicts."""
+    if isinstance(rule, Bound):
+        return [Decimal(rule.threshold)]
+    half = _unit(precision(rule)) / 2
+    if isinstance(rule, Range):
+        return [Decimal(e) + d for e, d in ((rule.lo, -half), (rule.hi, half)) if e is not None]
+    a = Decimal(rule.text)
+    step = 2 * half if rule.exact else Decimal(str(rule.rel_tol)) * abs(a)
+    return [a - half, a + half, a - step, a + step]
+
+
+def _printed_span(rule: Rule, text: str) -> tuple[Decimal, Decimal] | None:
+    """The span a figure printed more coarsely than the claim stands for (its last digit, plus or minus half)."""
+    exp = exponent(text)
+    if exp <= precision(rule):
+        return None
+    half, v = _unit(exp) / 2, Decimal(text)
+    return v - half, v + half
+
+
+def verdict(rule: Rule, value, interval=None) -> str:
+    """THE verdict on a claim: `rule` (the claim's number, range or bound, at its printed precision) against the
+    lab's `value` (a printed figure or a float) and its `interval` (low, high) where it has one. Over an
+    interval, one verdict when every value in it gets that verdict, else not distinguishable; no value (NaN):
+    not distinguishable."""
+    v = _decimal(value)
+    if v is None:
+        return NOT_DISTINGUISHABLE
+    if interval is None and isinstance(value, str):
+        interval = _printed_span(rule, value)
+    if interval is None:
+        return _point(rule, v)
+    ends = [_decimal(x) for x in interval]
+    if None in ends:
+        return NOT_DISTINGUISHABLE
+    lo, hi = min(ends), max(ends)
+    seen = {_point(rule, lo), _point(rule, hi)} | {_point(rule, e) for e in _edges(rule) if lo <= e <= hi}
+    return seen.pop() if len(seen) == 1 else NOT_DISTINGUISHABLE
+
+
+def judge(claim: Rule, lab: LabNumber) -> str:
+    """`verdict` on the lab's number as its table prints it."""
+    return verdict(claim, lab.text, lab.interval)
+
+
+def from_flag(holds) -> str:
+    """The verdict of a comparison a notebook computed from its evidence: True (numpy's bools too) holds, False is
+    wrong, None (the evidence decides neither way) is not distinguishable."""
+    return NOT_DISTINGUISHABLE if holds is None else HOLDS if bool(holds) else WRONG
+
+
+def all_of(*verdicts: str) -> str:
+    """The verdict on a claim made of parts, each judged: wrong (by rounding) when a part is, holds when every part
+    holds, else not distinguishable."""
+    for word in (WRONG, ROUNDING):
+        if word in verdicts:
+            return word
+    return HOLDS if all(v == HOLDS for v in verdicts) else NOT_DISTINGUISHABLE
 
 
 def parse_lab(cell: str, pattern: str | None = None) -> LabNumber | None:
@@ -111,54 +244,12 @@ def parse_lab(cell: str, pattern: str | None = None) -> LabNumber | None:
     return LabNumber(m.group(0), *(ci.groups() if ci else (None, None)))
 
 
-def _by_interval(inside, outside, interval) -> str:
-    lo_in, hi_in = inside(interval[0]), inside(interval[1])
-    if lo_in and hi_in:
-        return HOLDS
-    return WRONG if outside(interval) else NOT_DISTINGUISHABLE
-
-
-def judge_number(claim: Number, lab: LabNumber) -> str:
-    a, v = Decimal(claim.text), Decimal(lab.text)
-    exp = max(exponent(claim.text), exponent(lab.text))
-    same_when_printed = _round(a, exp) == _round(v, exp)
-    if claim.exact:
-        if same_when_printed:
-            return HOLDS
-        return ROUNDING if abs(v - a) < Decimal(1).scaleb(exp) else WRONG
-    tol = Decimal(str(claim.rel_tol)) * abs(a)
-    band = (a - tol, a + tol)
-    if lab.interval is not None:
-        return _by_interval(lambda x: band[0] <= x <= band[1],
-                            lambda iv: iv[1] < band[0] or iv[0] > band[1], lab.interval)
-    return HOLDS if same_when_printed or band[0] <= v <= band[1] else WRONG
-
-
-def judge_range(claim: Range, lab: LabNumber) -> str:
-    exp = min(exponent(end) for end in (claim.lo, claim.hi) if end is not None)
-    lo = Decimal(claim.lo) if claim.lo is not None else None
-    hi = Decimal(claim.hi) if claim.hi is not None else None
-
-    def inside(x: Decimal) -> bool:
-        x = _round(x, exp)
-        return (lo is None or x >= lo) and (hi is None or x <= hi)
-
-    if lab.interval is not None:
-        def outside(iv):
-            return (hi is not None and _round(iv[0], exp) > hi) or (lo is not None and _round(iv[1], exp) < lo)
-        return _by_interval(inside, outside, lab.interval)
-    return HOLDS if inside(Decimal(lab.text)) else WRONG
-
-
-def judge(claim: Number | Range, lab: LabNumber) -> str:
-    """The verdict the rules above give `claim` against the lab's number."""
-    return judge_range(claim, lab) if isinstance(claim, Range) else judge_number(claim, lab)
-
-
 def from_notebook(verdict_text: str | None, holds: str | None) -> str:
     """A notebook's own verdict (its "verdict" text and/or "holds" column) in the ledger's words."""
     text = (verdict_text or "").strip().lower()
     flag = (holds or "").strip().lower()
+    if text in VERDICTS:  # the one shape writes the words themselves
+        return text
     if text.startswith(("not checkable", "not testable")):
         return NOT_CHECKABLE
     if text.startswith("not distinguishable"):  # before the flag: an interval straddling the claim decides nothing

@@ -35,7 +35,9 @@ CLAIMS = [
                  "32K context.", "about 20%", verdict=NOT_CHECKABLE, why=GPU_CLUSTER),
     c(5, "§1.2", "Going from 2K to 32K context raised per-token decode latency from 40 ms to 130 ms.", "40 -> 130 ms",
       verdict=NOT_YET, why="a roofline decode step of a 70B on A100 at 2K and at 32K context (lab.roofline) would "
-                           "say whether the KV read explains the rise; measuring it needs 8 A100s"),
+                           "say whether the KV read explains the rise; measuring it needs 8 A100s",
+      decider="lab.roofline's decode step of a 70B on an A100 at 2K and at 32K context: does the KV read explain 40"
+              " -> 130 ms?"),
     c(6, "§2.1", "The H100 SXM's ridge point is 989 TFLOP/s / 3.35 TB/s, about 295 FLOPs per byte.", "295 FLOPs/B",
       link=Link(REPLAY, "H100 ridge point"), rule=Number("295")),
     c(7, "§2.2", "Recomputing a 64-token window of a 70B model (its formula) costs about 10.7e9 FLOPs.",
@@ -53,7 +55,8 @@ CLAIMS = [
     c(12, "§2.2", "Recomputing the last 32 tokens of a 70B model (its formula) costs about 5.38e9 FLOPs.",
       "53.8 亿 FLOPs", verdict=NOT_YET,
       why="its formula gives 80 x 32 x (2 x 8192 x 128 + 32 x 128) = 5.379e9; notebook 04 takes the figure as an "
-          "input and has no row for it"),
+          "input and has no row for it",
+      decider="arithmetic: a notebook 04 row computing 80 x 32 x (2 x 8192 x 128 + 32 x 128) against 5.38e9"),
     c(13, "§2.2", "Recomputing the last 32 tokens (5.38e9 FLOPs) takes about 0.05 ms on an H100.", "0.05 ms",
       link=Link(REPLAY, "time to recompute 32 tokens with its 5.38e9 FLOPs"), rule=Number("0.05")),
     c(14, "§2.2", "The full work of recomputing 32 tokens after 128K of context takes about 0.05 ms.", "0.05 ms",
@@ -64,7 +67,8 @@ CLAIMS = [
       link=Link(REPLAY, "the real 128K KV (8 KV heads)"), rule=Number("1.6", exact=False)),
     c(17, "§2.2", "At 40-60% of peak, recomputing the 32 tokens takes 0.08-0.12 ms.", "0.08-0.12 ms",
       verdict=NOT_YET, why="no row recomputes it; notebook 04's 0.0054 ms at peak divided by 0.4-0.6 would "
-                           "(0.009-0.014 ms, so the article's range would be 10x high)"),
+                           "(0.009-0.014 ms, so the article's range would be 10x high)",
+      decider="arithmetic: a notebook 04 row dividing its 0.0054 ms at peak by 0.4-0.6, against 0.08-0.12 ms"),
     c(18, "§2.2", "Replaying a recent window spares reading the prefix's KV, an order-of-magnitude saving at long "
                   "context.", "1.6 ms vs 0.05 ms", link=Link(REPLAY, "replaying a window spares reading")),
     c(19, "§3.1", "Recomputing a recent window beats reading its KV on long contexts.", "by an order of magnitude",
@@ -83,12 +87,16 @@ CLAIMS = [
                                  "(seeds/003 section 5's claims are checked by notebook 05)"),
     c(25, "§4.1", "A 32-token window of a 70B model at 32K context costs about 1/1000 of the context's FLOPs.",
       "1/1000", verdict=NOT_YET, why="arithmetic: lab.roofline's prefill FLOPs of 32 tokens against 32K tokens "
-                                     "(with attention) would check it; no notebook row computes it"),
+                                     "(with attention) would check it; no notebook row computes it",
+      decider="arithmetic: lab.roofline's prefill FLOPs of 32 tokens over those of 32K tokens (attention included),"
+              " against 1/1000"),
     c(26, "§4.1", "Trigger replay when free memory is under 20% or bandwidth utilisation over 80%.", "20%, 80%",
       verdict=NOT_CHECKABLE, why=SETTING),
     c(27, "§4.1", "Replay pays only from about 32K of context, for models of 7B-70B.", ">= 32K",
       verdict=NOT_YET, why="notebook 04 finds recompute faster than a host-memory or disk read in 0 of 48 "
-                           "measured points on this machine, but has no row for the 32K threshold"),
+                           "measured points on this machine, but has no row for the 32K threshold",
+      decider="a notebook 04 row setting its measured break-even context (recompute against host memory and disk) "
+              "against 32K"),
     c(28, "§5.1", "With replay on, TTFT rose from 700 ms to 1.2 s at 33K context.", "0.7 -> 1.2 s",
       verdict=NOT_CHECKABLE, why=GPU_CLUSTER),
     c(29, "§5.2", "With 8-way TP on a 70B model, all-reduce takes up to 40% of a decode step.", "40%",
@@ -104,5 +112,7 @@ CLAIMS = [
     c(32, "§6 (closing)", "Replay let one card serve 16-32 requests where it served 8.", "8 -> 16-32",
       verdict=NOT_YET, why="lab.memory's concurrency at a context with and without a window's KV would bound it "
                            "(a window of W tokens frees only W tokens per request); the measured figure needs the "
-                           "deployment"),
+                           "deployment",
+      decider="lab.memory's concurrency on one card at the article's context with and without a window's KV, "
+              "against 8 -> 16-32"),
 ]

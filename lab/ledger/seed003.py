@@ -51,14 +51,20 @@ CLAIMS = [
       link=Link(MEM, "prefill FLOPs of a 70B model on 4096 tokens"), rule=Number("5.73e14")),
     c(11, "§1.2", "At 300+ TFLOP/s and 40% utilisation that prefill takes 4+ seconds.", "4+ s", verdict=NOT_YET,
       why="arithmetic on the row above (lab.roofline's prefill time at 40% of an A100's 312 TFLOP/s); no row "
-          "computes it"),
+          "computes it",
+      decider="arithmetic: 5.73e14 FLOPs at 40% of an A100's 312 TFLOP/s (lab.roofline), against 4+ s"),
     c(12, "§1.3", "A 50 ms TPOT is 20 tokens/s per request; 32 concurrent requests make 640 tokens/s.", "640 tokens/s",
-      verdict=NOT_YET, why="arithmetic no notebook row states (1000/50 x 32 = 640)"),
+      verdict=NOT_YET, why="arithmetic no notebook row states (1000/50 x 32 = 640)",
+      decider="arithmetic: 1000 / 50 x 32, against 640"),
     c(13, "§2", "INT4 quantization often doubles throughput on the same card.", "2x", verdict=NOT_YET,
       why="notebook 01's int4_decode table measures INT4 against bf16 at batch 1 and 32 but has no row for "
-          "throughput"),
+          "throughput",
+      decider="notebook 01's int4_decode table as a claims row: tokens per second, INT4 against bf16 at batch 32, "
+              "against 2x"),
     c(14, "§2.1", "FP8 weights are nearly lossless and need no calibration.", "nearly lossless", verdict=NOT_YET,
-      why="notebook 02 quantizes weights to int8, int4 and int3, not fp8"),
+      why="notebook 02 quantizes weights to int8, int4 and int3, not fp8",
+      decider="notebook 02's accuracy pipeline with fp8 (e4m3) weights: perplexity and the sensitive pass rate "
+              "against bf16"),
     c(15, "§2.1", "AWQ is steadier on instruction and chat tasks; GPTQ is slightly better in perplexity; the gap is "
                   "small.", "GPTQ <= AWQ in perplexity",
       link=Link(QUANT, "GPTQ is slightly better than AWQ in perplexity (w4g64, code)"),
@@ -88,17 +94,24 @@ CLAIMS = [
       link=kv("the error grows with context")),
     c(27, "§3.1", "Reserving 4096 tokens for a 500-token request wastes about 80%.", "about 80%", verdict=NOT_YET,
       why="notebook 01's paging_waste table computes waste per allocation policy but has no claims row "
-          "(1 - 500/4096 is 88%)"),
+          "(1 - 500/4096 is 88%)",
+      decider="arithmetic: 1 - 500/4096 (notebook 01's paging_waste table), against about 80%"),
     c(28, "§3.1", "Paging cuts KV waste from over 60% to single digits.", "> 60% -> < 10%", verdict=NOT_YET,
-      why="notebook 01's paging_waste table, no claims row"),
+      why="notebook 01's paging_waste table, no claims row",
+      decider="notebook 01's paging_waste table as a claims row: a static reservation's waste against > 60%, "
+              "paging's against < 10%"),
     c(29, "§3.2", "Set max_num_seqs to about 80% of what memory allows; max batched tokens 2048-8192.", "80%",
       verdict=NOT_CHECKABLE, why=SETTING),
     c(30, "§3.3", "Prefix caching cuts TTFT substantially with a long fixed system prompt.", "substantially",
-      verdict=NOT_YET, why=f"{NO_ROW_06}: TTFT P50 2.6x lower with a 512-token shared prompt"),
+      verdict=NOT_YET, why=f"{NO_ROW_06}: TTFT P50 2.6x lower with a 512-token shared prompt",
+      decider="notebook 06's prefix_caching table as a claims row: TTFT P50 with and without a long shared system "
+              "prompt"),
     c(31, "§4.1", "Tiled attention with an online softmax keeps the scores on chip, so attention memory grows linearly "
                   "rather than quadratically with context.", "quadratic -> linear", verdict=NOT_YET,
       why="the lab's Triton paged attention kernels (kernels/paged_attention.py) are of that kind and their traffic "
-          "is checked against formulas, but no notebook row measures memory against context"),
+          "is checked against formulas, but no notebook row measures memory against context",
+      decider="peak attention memory of the lab's tiled (Triton) attention against an eager one, swept over the "
+              "context length"),
     c(32, "§4.2", "Kernel launches take about 20% of decode time; CUDA graphs remove it.", "about 20%",
       verdict=NOT_CHECKABLE, why="needs a GPU (CUDA graphs)"),
     c(33, "§4.3", "TP without fast links: communication eats the gain, even slower than one card.", "slower",
@@ -140,7 +153,8 @@ CLAIMS = [
     c(52, "§5.3", "The same at batch 64.", "20-30%",
       link=Link(STRUCT, "at small batch (batch 64)", lab_pattern=r"(?P<v>[\d.]+)% of a"), rule=Range("20", "30")),
     c(53, "§5.3", "The same, projected to a GPU with a 128K vocabulary.", "20-30%",
-      link=Link(STRUCT, "(the same, projected)")),
+      link=Link(STRUCT, "(the same, projected)", lab_pattern=r"(?P<v>[\d.]+)% at batch 1\b"),
+      rule=Range("20", "30")),
     c(54, "§5.3", "Precompiling the state transitions reduces masking to a lookup and a bitwise AND.", "lookup",
       link=Link(STRUCT, "precompiling the state transitions")),
     c(55, "§5.3", "Deeply nested schemas make the state machine explode.", "explodes",
@@ -148,7 +162,8 @@ CLAIMS = [
     c(56, "§5.3", "Vocabularies run to a hundred thousand tokens or more.", "100k+",
       link=Link(STRUCT, "vocabularies run to a hundred thousand")),
     c(57, "§6.2", "Fixed-length load tests seriously overestimate performance.", "overestimate", verdict=NOT_YET,
-      why=f"{NO_ROW_06}: fixed lengths at the P50 report 1.46x the log-normal's goodput"),
+      why=f"{NO_ROW_06}: fixed lengths at the P50 report 1.46x the log-normal's goodput",
+      decider="notebook 06's goodput with fixed against log-normal request lengths, as a claims row"),
     c(58, "§6.2", "Run production at about 70% of the throughput knee.", "70%", verdict=NOT_CHECKABLE,
       why=f"{SETTING} (notebook 06 applies it: knee 8, operating point 6)"),
     c(59, "§6.2", "The sizing example's weights: 70B at 0.55 bytes/param are 35.8 GB.", "35.8 GB",
@@ -156,7 +171,10 @@ CLAIMS = [
       why="70e9 x 0.55 B = 35.86 GiB, which prints as 35.9 (the article's own code prints 35.9): a rounding slip, "
           "not a wrong figure; the notebook held this one row to 0.05% and called it wrong"),
     c(60, "§6.2", "Weights 35.8 + KV 32 + 3 GB reserve make about 71 GB, just fitting an 80 GB card.", "70+ GB",
-      verdict=NOT_YET, why=SECTION_6_2),
+      verdict=NOT_YET, why=SECTION_6_2,
+      decider="lab.memory's weights + KV of the §6.2 example with 80 layers, against 71 GB on an 80 GB card"),
     c(61, "§6.2", "Dropping to 24 requests or an FP8 KV cache both make the example fit.", "both fit",
-      verdict=NOT_YET, why=SECTION_6_2),
+      verdict=NOT_YET, why=SECTION_6_2,
+      decider="lab.memory's totals of the §6.2 example with 80 layers, at 24 requests and with an FP8 KV cache, "
+              "against 80 GB"),
 ]

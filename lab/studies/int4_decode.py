@@ -23,12 +23,16 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+<<<<<<< HEAD
 from lab.claims import CLAIMS_COLUMNS, NOT_DISTINGUISHABLE, WRONG, check, claim_row, judge
 from lab.plots import error_extents
+=======
+from lab.claims import CLAIMS_COLUMNS, Range, claim_row, judged
+>>>>>>> issue34-verdicts
 from lab.timing import decode_engine, decode_step_seconds, ratio_interval
 
 BUILDS = ("float32", "bfloat16", "int4")
-CLAIM = (2.0, 2.5)  # seeds/003 §2.1: INT4 decode speedup over FP16
+CLAIM = Range("2", "2.5")  # seeds/003 §2.1: INT4 decode speedup over FP16
 
 
 def build_models(name: str = "smollm2-135m", max_positions: int | None = None) -> tuple[dict, object]:
@@ -82,14 +86,12 @@ def speedups(measured: pd.DataFrame) -> pd.DataFrame:
 
 
 def claim_rows(table: pd.DataFrame) -> pd.DataFrame:
-    """The claim against each batch's measured int4 / bfloat16 speedup, as `claim_row`s: holds only if the whole
-    interval lies within 2-2.5x, wrong (by how much, `lab.claims.check`, in the note) only if the whole interval
-    lies outside, else not distinguishable at this many steps (`lab.claims.judge`)."""
+    """The claim against each batch's measured int4 / bfloat16 speedup, as `claim_row`s: `lab.ledger.rules.verdict`
+    on the speedup's interval against the article's range (`CLAIM`): holds only if the whole interval lies within
+    2-2.5x, wrong (by how much in the note) only if the whole interval lies outside, else not distinguishable."""
     rows = []
     for r in table[table["int4 against"] == "bfloat16"].itertuples():
-        said = judge(r.ci95_low, r.ci95_high, *CLAIM)
-        note = {WRONG: check(CLAIM, r.measured_speedup, rel_tol=0.0)[1],
-                NOT_DISTINGUISHABLE: "the interval straddles an end of 2-2.5x"}.get(said, "")
+        said, note = judged(CLAIM, r.measured_speedup, (r.ci95_low, r.ci95_high))
         # The measured cell leads with the speedup and its "[low, high]": the ledger reads both from there.
         rows.append(claim_row(f"003 §2.1: INT4 decode is 2-2.5x faster than FP16 (batch {r.batch})", "2-2.5x",
                               f"{r.measured_speedup:.2f}x measured, 95% CI [{r.ci95_low:.2f}, {r.ci95_high:.2f}]; "
@@ -108,7 +110,7 @@ def plot(table: pd.DataFrame):
         ax.errorbar(x, d["measured_speedup"], yerr=yerr, fmt="o", capsize=4, label=f"measured, int4 / {base}",
                     color=f"C{i}")
         ax.scatter(x, d["bytes_read_ratio"], marker="_", s=300, color=f"C{i}", label=f"bytes-read bound / {base}")
-    ax.axhspan(*CLAIM, color="0.85", label="article: 2-2.5x over FP16")
+    ax.axhspan(float(CLAIM.lo), float(CLAIM.hi), color="0.85", label="article: 2-2.5x over FP16")
     batches = list(dict.fromkeys(table["batch"]))
     ax.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
     ax.set_ylabel("decode step speedup of int4")

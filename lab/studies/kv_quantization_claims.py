@@ -31,7 +31,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from lab.claims import CLAIMS_COLUMNS, HOLDS, WRONG, claim_row, from_check
+from lab.claims import CLAIMS_COLUMNS, Bound, claim_row, from_flag, holds_cell
+from lab.claims import verdict as rules_verdict
 from lab.eval.scores import SequenceScores, paired
 from lab.intervals import (DISTINGUISHABLE, NOT_DISTINGUISHABLE, Interval, bootstrap, mean_interval, proportion,
                            significance)
@@ -175,18 +176,16 @@ def _bracketed(iv: Interval, fmt: str = ".3g") -> str:
 
 
 def decide(iv: Interval, null: float, claim_above: bool) -> str:
-    """The verdict on "the quantity lies above `null`" (below, when not `claim_above`): holds or wrong by which
-    side of `null` the interval lies on, not distinguishable when it holds `null` (or is NaN). Strict at the
-    boundary, unlike `lab.claims.judge`: two identical formats give a ratio of exactly 1 [1, 1], which says
-    neither is better."""
-    if not iv.excludes(null):
-        return NOT_DISTINGUISHABLE
-    return HOLDS if (iv.low > null) == claim_above else WRONG
+    """The verdict on "the quantity lies above `null`" (below, when not `claim_above`): `lab.ledger.rules`'
+    `Bound` on the interval: holds or wrong by which side of `null` the interval lies on, not distinguishable
+    when it reaches across `null` (or is NaN). Strict: two identical formats give a ratio of exactly 1 [1, 1],
+    which says neither is better, so a claim that one is better is wrong."""
+    return rules_verdict(Bound(repr(float(null)), above=claim_above), iv.value, (iv.low, iv.high))
 
 
 def _why(verdict: str, null: float, claim_above: bool) -> str:
     """The note of an interval claim: where its interval lies when the verdict is not a plain "holds"."""
-    if verdict == HOLDS:
+    if holds_cell(verdict):
         return ""
     if verdict == NOT_DISTINGUISHABLE:
         return f"the interval holds {null:g}"
@@ -230,7 +229,7 @@ def _safety_rows(p, e2e: pd.DataFrame, add) -> None:
             safe, ppl, measured, note = _safety(p, base.loc[name])
             # the safety rule decides, not the perplexity interval alone, so the significance word is the rule's
             add(text, f"{article} ({SECTION})", ppl, p.SAFE_PPL_PCT, measured,
-                from_check(None if safe is None else safe == want), note,
+                from_flag(None if safe is None else safe == want), note,
                 NOT_DISTINGUISHABLE if safe is None else DISTINGUISHABLE)
 
 

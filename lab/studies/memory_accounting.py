@@ -18,7 +18,7 @@ import pandas as pd
 
 from lab import memory as mem
 from lab import roofline
-from lab.claims import CLAIMS_COLUMNS, check, claim_row
+from lab.claims import CLAIMS_COLUMNS, Number, Range, claim_row, judged, shown
 from lab.hardware import GPUS, Hardware, get_gpu
 from lab.models.loader import EMBEDDED_MODELS, preset_names
 from lab.roofline import model_cost
@@ -241,7 +241,8 @@ def engine_allocation_check(llm) -> pd.DataFrame:
 
 def claims_table() -> pd.DataFrame:
     """The source articles' numbers beside the lab's recomputation, one `claim_row` each (the claim led by its
-    seed and section); the verdict is computed (`lab.claims.check`: within 2%, a range inside it), not typed."""
+    seed and section); the verdict is `lab.ledger.rules.verdict` (`lab.claims.judged`): the article's own
+    arithmetic to its printed digit, a range with its ends, an estimate within 2%."""
     article = mem.ModelShape("32L-8KV-128", 1, 1, 1, 32, 8, 8, 128)
     mha = mem.ModelShape("32L-32KV-128", 1, 1, 1, 32, 32, 32, 128)
     replay = mem.ModelShape("80L-8KV-128", 1, 1, 1, 80, 64, 8, 128)
@@ -251,37 +252,37 @@ def claims_table() -> pd.DataFrame:
     two_tb = Hardware("2 TB/s", 1, 1e30, 2e12, "the article's example")
     # Each: the claim, what the article says, its number in the unit of the lab's, the lab's number, the unit.
     rows = [
-        _recomputed("003 §1.1: KV per token, 32 layers x 8 KV heads x 128, fp16", "131072 B (128 KB)", 131072,
-                    mem.kv_bytes_per_token(article, "fp16"), "B"),
-        _recomputed("003 §1.1: same model, one request of 8K tokens", "1 GB", 1.0,
+        _recomputed("003 §1.1: KV per token, 32 layers x 8 KV heads x 128, fp16", "131072 B (128 KB)",
+                    Number("131072"), mem.kv_bytes_per_token(article, "fp16"), "B"),
+        _recomputed("003 §1.1: same model, one request of 8K tokens", "1 GB", Number("1"),
                     mem.kv_cache_bytes(article, 8192, dtype="fp16") / mem.GIB, "GiB"),
-        _recomputed("003 §1.1: MHA (32 KV heads), one request of 8K tokens", "4 GB", 4.0,
+        _recomputed("003 §1.1: MHA (32 KV heads), one request of 8K tokens", "4 GB", Number("4"),
                     mem.kv_cache_bytes(mha, 8192, dtype="fp16") / mem.GIB, "GiB"),
         _recomputed("003 §1.1: 70B in INT4 with group scales (Llama-3-70B, int4 g128, bf16 embeddings/LM head)",
-                    "38-42 GB", (38.0, 42.0), mem.weight_bytes(l70, "int4-g128")["total"] / 1e9, "GB"),
-        _recomputed("003 §1.2: decode lower bound for 40 GB of weights at 2 TB/s", "20 ms", 20.0,
+                    "38-42 GB", Range("38", "42"), mem.weight_bytes(l70, "int4-g128")["total"] / 1e9, "GB"),
+        _recomputed("003 §1.2: decode lower bound for 40 GB of weights at 2 TB/s", "20 ms", Number("20"),
                     1000 * roofline.decode_step_time(two_tb, 40e9, 0, 0).seconds, "ms"),
-        _recomputed("003 §1.2: prefill FLOPs of a 70B model on 4096 tokens", "5.7e14 (573 TFLOPs)", 5.73e14,
+        _recomputed("003 §1.2: prefill FLOPs of a 70B model on 4096 tokens", "5.7e14 (573 TFLOPs)", Number("5.73e14"),
                     roofline.prefill_flops(roofline.ModelCost(0, 70e9, 0), 4096), "FLOPs"),
-        # The article's own arithmetic, printed one digit off (35.86 as "35.8"): held to rounding precision, so
-        # wrong, with a note that only the last digit is off (the ledger's rules call it "wrong by rounding").
-        _recomputed("003 §6.2: weights of 70B at 0.55 bytes/param (its code prints 35.9)", "35.8 GB (prose)", 35.8,
-                    weights_6_2, "GiB", rel_tol=0.0005,
+        # The article's own arithmetic, printed one digit off (35.86 as "35.8"): wrong by rounding.
+        _recomputed("003 §6.2: weights of 70B at 0.55 bytes/param (its code prints 35.9)", "35.8 GB (prose)",
+                    Number("35.8"), weights_6_2, "GiB",
                     why=f"off only in the last printed digit: {weights_6_2:.2f} prints as {weights_6_2:.1f}"),
-        _recomputed("003 §6.2: KV of 8K x 32 requests, 32 layers x 8 KV heads x 128, fp16", "32 GB", 32.0,
+        _recomputed("003 §6.2: KV of 8K x 32 requests, 32 layers x 8 KV heads x 128, fp16", "32 GB", Number("32"),
                     mem.kv_cache_bytes(article, 8192, 32, dtype="fp16") / mem.GIB, "GiB"),
-        _recomputed("000 §1.1: KV per token per layer, 8 KV heads x 128, fp16", "8 KB", 8192,
+        _recomputed("000 §1.1: KV per token per layer, 8 KV heads x 128, fp16", "8 KB", Number("8192"),
                     mem.kv_bytes_per_token(replay, "fp16") / replay.num_layers, "B"),
-        _recomputed("000 §1.1: one 128K-token request, 80 layers", "about 1 GB", 1.0, kv_128k / mem.GIB, "GiB"),
-        _recomputed("000 §2.2: KV bytes read per decode step at 128K (its 80 x 131072 x 512)", "5.4 GB", 5.4,
+        _recomputed("000 §1.1: one 128K-token request, 80 layers", "about 1 GB", Number("1"), kv_128k / mem.GIB,
+                    "GiB"),
+        _recomputed("000 §2.2: KV bytes read per decode step at 128K (its 80 x 131072 x 512)", "5.4 GB", Number("5.4"),
                     kv_128k / 1e9, "GB"),
     ]
     return pd.DataFrame(rows, columns=CLAIMS_COLUMNS)
 
 
-def _recomputed(claim: str, says: str, number, computed: float, unit: str, rel_tol: float = 0.02,
-                why: str = "") -> dict:
-    """A `claim_row` for an article's number recomputed here: agreement is holds; anything else is wrong, with
-    by how much (and `why`, where the difference has a reason worth stating) in the note."""
-    word, off = check(number, computed, rel_tol)
-    return claim_row(claim, says, f"{computed:.4g} {unit}", word, "; ".join(n for n in (off, why) if n))
+def _recomputed(claim: str, says: str, rule: Number | Range, computed: float, unit: str, why: str = "") -> dict:
+    """A `claim_row` for an article's number recomputed here, judged by `rule` (`lab.claims.judged`) and printed so
+    that the ledger reads the same verdict back; by how much (and `why`, where the difference has a reason worth
+    stating) in the note."""
+    word, off = judged(rule, computed)
+    return claim_row(claim, says, f"{shown(computed, rule)} {unit}", word, "; ".join(n for n in (off, why) if n))

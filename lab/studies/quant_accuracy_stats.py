@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from lab.claims import HOLDS, NOT_DISTINGUISHABLE, WRONG, claim_row, judge
+from lab.claims import Bound, all_of, claim_row, verdict
 from lab.eval.scores import SequenceScores, paired, recovered
 from lab.eval.sensitive import CATEGORIES
 from lab.intervals import Interval, bootstrap, ratio_interval, significance
@@ -111,18 +111,13 @@ def _pct(i: Interval, unit: str = "%") -> str:
 
 
 def _below(i: Interval, x: float) -> str:
-    """Verdict on "the quantity is below x", strictly: an interval ending exactly at x does not hold."""
-    return judge(i.low, i.high, hi=x - 1e-12)
+    """Verdict on "the quantity is below x" (`lab.ledger.rules.Bound` on its interval), strictly: an interval
+    ending exactly at x does not hold."""
+    return verdict(Bound(repr(float(x)), above=False), i.value, (i.low, i.high))
 
 
 def _above(i: Interval, x: float) -> str:
-    return judge(i.low, i.high, lo=x + 1e-12)
-
-
-def _combine(*verdicts: str) -> str:
-    if WRONG in verdicts:
-        return WRONG
-    return HOLDS if all(v == HOLDS for v in verdicts) else NOT_DISTINGUISHABLE
+    return verdict(Bound(repr(float(x))), i.value, (i.low, i.high))
 
 
 def claims_table(sens: pd.DataFrame, recovery: pd.DataFrame, grid: pd.DataFrame, scores: pd.DataFrame, outputs: dict,
@@ -137,7 +132,7 @@ def claims_table(sens: pd.DataFrame, recovery: pd.DataFrame, grid: pd.DataFrame,
     rows.append(claim_row(
         f"perplexity barely moves under 4-bit weight quantization ({config}, best method: {best})", "+0.x% (under 1%)",
         "; ".join(f"{d} {_pct(i)}" for d, i in rises.items()),
-        _combine(*(_below(i, 1.0) for i in rises.values()))))
+        all_of(*(_below(i, 1.0) for i in rises.values()))))
     for model in at.index:
         drop = Interval(*at.loc[model, ["all_pass_change_pts", "all_pass_change_pts_low", "all_pass_change_pts_high"]])
         rows.append(claim_row(f"task metrics drop under quantization: sensitive pass rate, {model}", "drops",

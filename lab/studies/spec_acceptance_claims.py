@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from lab.claims import HOLDS, NOT_CHECKABLE, WRONG, claim_row, from_check
+from lab.claims import NOT_CHECKABLE, Bound, Number, Range, all_of, claim_row, from_flag, holds_cell, judged
 from lab.intervals import NOT_DISTINGUISHABLE, Interval
 from lab.spec.drafters import weight_bytes_ratio
 from lab.spec.measure import StepCosts
@@ -31,12 +31,15 @@ def quantized_c_bound(p: SpecParams, model) -> float:
     return weight_bytes_ratio(p.DRAFT_BITS, SpeculativeConfig.draft_group_size, model)  # the copy's group size
 
 
-# The c range's verdict and note by where c_effective's interval lies ("not measured": no drafting rounds).
-C_RANGE = {"inside": (HOLDS, ""),
-           "below": (WRONG, "far below the range (the range does not describe this drafter)"),
-           "above": (WRONG, "on this engine: a draft forward's fixed cost does not shrink with its size"),
-           NOT_DISTINGUISHABLE: (NOT_DISTINGUISHABLE, "the interval straddles an end of the range"),
-           "not measured": (NOT_CHECKABLE, "the drafter ran no rounds")}
+C_RANGE = Range("0.03", "0.1")  # seeds/003 §5.1: a draft's cost ratio c
+# The c range's note by where c_effective's interval lies (the verdict is the rules' on the interval).
+C_NOTE = {"inside": "",
+          "below": "far below the range (the range does not describe this drafter)",
+          "above": "on this engine: a draft forward's fixed cost does not shrink with its size",
+          NOT_DISTINGUISHABLE: "the interval straddles an end of the range"}
+# The notebook's reading of "hardly worth it" (a speedup) and of "costs one target step" (a verification's cost in
+# plain steps): under 1.1x.
+UNDER_1_1 = Bound("1.1", above=False)
 QUANTIZED_GAP = ("on a CPU the copy runs packed (lab.quant.packed: torch's CPU int4/int8 kernels, LM head packed "
                  "too) and the gap to the bandwidth bound is the step's fixed cost (norms, attention, sampling), which "
                  "does not shrink with the weights; on a GPU it runs dequantized, reading what the target reads")
@@ -99,18 +102,20 @@ def _theory_rows() -> list[dict]:
     """The article's worked numbers, recomputed with its own formulas."""
     rows = []
     for a, claim, article, e_art, s_art in ((0.7, "a=0.7, k=4, c=0.05: E = 2.77 tokens, cost 1.2, speedup ~2.3x",
-                                              "E = 2.77, ~2.3x", 2.77, 2.3),
-                                             (0.5, "a=0.5: E = 1.94, speedup ~1.6x", "E = 1.94, ~1.6x", 1.94, 1.6)):
+                                              "E = 2.77, ~2.3x", "2.77", "2.3"),
+                                             (0.5, "a=0.5: E = 1.94, speedup ~1.6x", "E = 1.94, ~1.6x", "1.94", "1.6")):
         e, s = expected_tokens_per_round(a, 4), predicted_speedup(a, 4, 0.05)
-        ok = bool(abs(e - e_art) < 0.01 and abs(s - s_art) < 0.05)
-        rows.append(claim_row(claim, article, f"E = {e:.3f}, speedup = {s:.3f}", from_check(ok),
-                              "the article's arithmetic is right" if ok else "the article's arithmetic is wrong"))
+        # its own arithmetic, to the digits it prints
+        word = all_of(judged(Number(e_art), e)[0], judged(Number(s_art), s)[0])
+        rows.append(claim_row(claim, article, f"E = {e:.3f}, speedup = {s:.3f}", word,
+                              "the article's arithmetic is right" if holds_cell(word) else
+                              "the article's arithmetic is wrong"))
     s4, kb = predicted_speedup(0.4, 4, 0.05), best_k(0.4, 0.05)
     rows.append(claim_row(
         "a below 0.4 is hardly worth it", "a < 0.4",
         f"a=0.4, c=0.05: {s4:.2f}x at k=4, {predicted_speedup(0.4, kb, 0.05):.2f}x at the best k={kb}",
-        from_check(bool(s4 < 1.1)), "" if s4 < 1.1 else "by its own formula a=0.4 still gives >1.3x at c=0.05: the cut-off "
-        "depends on c and the verification cost, not on a alone"))
+        judged(UNDER_1_1, s4)[0], "" if s4 < 1.1 else "by its own formula a=0.4 still "
+        "gives >1.3x at c=0.05: the cut-off depends on c and the verification cost, not on a alone"))
     return rows
 
 
@@ -120,7 +125,9 @@ def _c_rows(overall: pd.DataFrame, costs: dict[str, StepCosts], p: SpecParams, m
     rows = []
     for name in costs:
         c_eff, c_fwd = _interval(overall.loc[name], "c_effective"), costs[name].c
-        verdict_word, note = C_RANGE[range_verdict(c_eff, 0.03, 0.1)]
+        side = range_verdict(c_eff, float(C_RANGE.lo), float(C_RANGE.hi))
+        verdict_word, note = ((NOT_CHECKABLE, "the drafter ran no rounds") if side == "not measured" else
+                              (judged(C_RANGE, c_eff.value, (c_eff.low, c_eff.high))[0], C_NOTE[side]))
         measured = f"c_effective = {_bracketed(c_eff)}" + (f", c_forward = {c_fwd:.3g}" if c_fwd is not None else "")
         if name == "quantized":
             measured += f"; a bandwidth-bound int{p.DRAFT_BITS} kernel would give {quantized_c_bound(p, model):.3f}"
@@ -146,7 +153,7 @@ def _by_category(cats: pd.DataFrame) -> list[dict]:
             f"code/rewriting/translation/summarization a >= 0.7; open-ended writing a < 0.5 ({drafter})",
             "a >= 0.7 / < 0.5", ", ".join(f"{r['category']} {_bracketed(_interval(r, 'a'), '.2f')}"
                                           for _, r in pd.concat([h, lo]).iterrows()),
-            from_check(ok), {True: "", False: "a category's interval lies wholly on the wrong side of its threshold",
+            from_flag(ok), {True: "", False: "a category's interval lies wholly on the wrong side of its threshold",
                              None: "an interval straddles its threshold"}[ok]))
     ng = cats[(cats["drafter"] == "ngram") & cats["category"].isin(["rewriting", "summarization"])]
     if not ng.empty:
@@ -155,7 +162,7 @@ def _by_category(cats: pd.DataFrame) -> list[dict]:
             "n-gram drafts work wonders for document rewriting and RAG, at almost zero cost", "near-zero cost",
             ", ".join(f"{r['category']}: a {r['a']:.2f}, {_bracketed(_interval(r, 'measured_speedup'), '.2f')}x"
                       for _, r in ng.iterrows()),
-            from_check(ok), {True: "speedup above 1.1x", False: "a speedup's interval lies below 1.1x",
+            from_flag(ok), {True: "speedup above 1.1x", False: "a speedup's interval lies below 1.1x",
                              None: "from 1.1x: a speedup's interval straddles it"}[ok]))
     return rows
 
@@ -167,11 +174,11 @@ def claims_table(main: pd.DataFrame, costs: dict[str, StepCosts], p: SpecParams,
     random_target = p.MODEL.startswith("random:")
     rows = _theory_rows() + _c_rows(overall, costs, p, model)
     v = {name: float(overall.loc[name, "v(k)"]) for name in costs}
-    cheap = all(x < 1.1 for x in v.values())
+    cheap = all_of(*(judged(UNDER_1_1, x)[0] for x in v.values()))
     rows.append(claim_row(
         "verifying k drafts costs one target step (cost 1 + k c)", "1 + k c",
         f"measured v({p.K}) = " + ", ".join(f"{x:.2f} ({n})" for n, x in v.items()) + " plain steps",
-        from_check(cheap), "" if cheap else "here: a (k+1)-token forward with k+1 LM-head rows costs more than a "
+        cheap, "" if holds_cell(cheap) else "here: a (k+1)-token forward with k+1 LM-head rows costs more than a "
         "one-token step"))
     art, meas = main["error_article_vs_10pct"].value_counts(), main["error_measured_costs_vs_10pct"].value_counts()
     holds = True if art.get("within 10%", 0) == len(main) else False if art.get("outside 10%", 0) else None
@@ -180,7 +187,7 @@ def claims_table(main: pd.DataFrame, costs: dict[str, StepCosts], p: SpecParams,
         f"of {len(main)} rows (95% intervals over prompts), the article's prediction: " +
         ", ".join(f"{w} at {n}" for w, n in art.items()) + "; with measured v(k): " +
         ", ".join(f"{w} at {n}" for w, n in meas.items()),
-        from_check(holds), {True: "the article's prediction is within 10% at every row",
+        from_flag(holds), {True: "the article's prediction is within 10% at every row",
                             False: "a, c and the verification cost decide it",
                             None: "no row is outside 10% beyond its interval, not every row is within it"}[holds]))
     rows += ([claim_row("acceptance by task", "a >= 0.7 / < 0.5", p.MODEL, NOT_CHECKABLE, RANDOM_TARGET)]

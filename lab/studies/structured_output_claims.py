@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from lab.claims import check, claim_row, from_check
+from lab.claims import Range, claim_row, from_flag, judged
 from lab.hardware import GPUS, Hardware
 from lab.intervals import rate
 from lab.memory import ModelShape
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from lab.studies.structured_output import StructuredParams
 
 PROJECT_BATCHES = (1, 8, 32, 128)
+MASK_SHARE = Range("20", "30")  # seeds/003 §5.3: the mask's share of a step at small batch, in percent
 CONTEXT = 2048  # tokens of context per sequence in the projected steps
 
 
@@ -69,7 +70,7 @@ def claims_table(p: StructuredParams, validity: pd.DataFrame, summary: pd.DataFr
         "; ".join(f"T={r.temperature}: {rate(round(r.schema_valid * r.outputs), r.outputs)} schema-valid with the "
                   f"grammar, {rate(round(s.schema_valid * s.outputs), s.outputs)} without"
                   for r, s in zip(on.itertuples(), off.itertuples())),
-        from_check(valid_all), "for every output that finished" if valid_all else "outputs cut by max_tokens are "
+        from_flag(valid_all), "for every output that finished" if valid_all else "outputs cut by max_tokens are "
         "unfinished prefixes (the grammar holds for every output that finished)"))
     g_on, g_off = on[on["temperature"] == 0].iloc[0], off[off["temperature"] == 0].iloc[0]
     faster = bool(g_on["seconds per valid answer"] < g_off["seconds per valid answer"])
@@ -78,7 +79,7 @@ def claims_table(p: StructuredParams, validity: pd.DataFrame, summary: pd.DataFr
         "faster", f"greedy, to a schema-valid answer with retries: {g_on['tokens per valid answer']:.1f} tokens and "
         f"{g_on['seconds per valid answer']:.3f} s with the grammar, {g_off['tokens per valid answer']:.1f} tokens "
         f"and {g_off['seconds per valid answer']:.3f} s without (batch time per item / valid rate)",
-        from_check(faster), "part of it is format: the grammar writes compact JSON, the model alone pretty-prints it "
+        from_flag(faster), "part of it is format: the grammar writes compact JSON, the model alone pretty-prints it "
         "and adds prose" if faster else "not here: the answers without the grammar are valid often enough, or shorter"))
     for _, r in summary.iloc[[0, -1]].drop_duplicates("batch").iterrows():
         share, batch = r["mask share of step"], int(r["batch"])
@@ -87,18 +88,18 @@ def claims_table(p: StructuredParams, validity: pd.DataFrame, summary: pd.DataFr
             "20-30%", f"vocabulary {vocab_here:,}: {r['mask ms per row']:.3f} ms a row, {100 * share:.1f}% of a "
             f"{r['step with grammar ms']:.1f} ms step; step with / without the grammar {r['with / without']:.3f}x "
             f"({r['ratio 95% low']:.3f}-{r['ratio 95% high']:.3f}"
-            f"{'' if r['distinguishable'] else ', not distinguishable from 1'})", *check((0.2, 0.3), share)))
+            f"{'' if r['distinguishable'] else ', not distinguishable from 1'})", *judged(MASK_SHARE, 100 * share)))
     small = proj[proj["batch"] == proj["batch"].min()].iloc[0]
     big = proj[proj["batch"] == proj["batch"].max()].iloc[0]
-    projected = bool(0.2 <= small["share, serial"] <= 0.3)
+    word, off = judged(MASK_SHARE, 100 * small["share, serial"])
     rows.append(claim_row(
         "(the same, projected) a 100k+ vocabulary on a GPU", "20-30%",
         f"{small.model} (vocabulary {small.vocabulary:,}) on {small.hardware}, the host filling each mask in turn: "
         f"{100 * small['share, serial']:.1f}% at batch {small.batch}, {100 * big['share, serial']:.1f}% at batch "
         f"{big.batch} ({100 * big['share, overlapped']:.1f}% left when filled during the forward); with the naive "
         f"mask {100 * small['share, naive mask']:.0f}% at batch {small.batch} (upper bounds: the roofline's step)",
-        from_check(projected), "" if projected else "for a precompiled mask: far below 20% at small batch, growing "
-        "with the batch; a mask computed token by token takes nearly the whole step: the claim lies between the two"))
+        word, "for a precompiled mask: far below 20% at small batch, growing with the batch; a mask computed token by "
+        "token takes nearly the whole step: the claim lies between the two" if off else ""))
     rows += _mask_and_grammar_rows(p, components, depth, compile_df, vocab_here)
     return pd.DataFrame(rows)
 
@@ -117,7 +118,7 @@ def _mask_and_grammar_rows(p: StructuredParams, components: pd.DataFrame, depth:
         f"precomputed fill: {1e3 * components['fill_s'].median():.4f} ms ({ratio:.0f}x); applying it to the logits "
         f"{1e3 * apply_s:.3f} ms on the run's device ({part} than the fill); the two masks agree on "
         f"{int(naive['naive_agrees'].sum())} of {len(naive)} sampled states",
-        from_check(bool(ratio > 10 and agree)), "" if ratio > 10 and agree else
+        from_flag(bool(ratio > 10 and agree)), "" if ratio > 10 and agree else
         "not measurably: the precomputed fill is not 10x faster than the naive mask" if agree else
         "the precomputed and the naive mask disagree on a sampled state")]
     d0, d1 = depth.iloc[0], depth.iloc[-1]
@@ -129,14 +130,14 @@ def _mask_and_grammar_rows(p: StructuredParams, components: pd.DataFrame, depth:
         f"compile {d0['compile ms']:.1f} ms at depth {int(d0.depth)}, {d1['compile ms']:.1f} ms at depth "
         f"{int(d1.depth)} (~ depth^{slope:.2f}); fill along a valid instance {d0['fill us median']:.1f} vs "
         f"{d1['fill us median']:.1f} us (median); a recursive schema compiles in {tree:.1f} ms",
-        from_check(bool(slope >= 1)), "the cost grows at least as fast as the depth" if slope >= 1 else
+        from_flag(bool(slope >= 1)), "the cost grows at least as fast as the depth" if slope >= 1 else
         "for a pushdown automaton (xgrammar): the cost grows slower than the depth and recursion is finite"))
     vocabs = {m: ModelShape.preset(m).vocab_size for m in p.PROJECT_MODELS}
     large = all(v >= 100_000 for v in vocabs.values())
     rows.append(claim_row(
         "vocabularies run to a hundred thousand or more (词表动辄十几万)", "100k+",
         ", ".join(f"{m}: {v:,}" for m, v in vocabs.items()) + f"; the lab's model: {vocab_here:,}",
-        from_check(large), "true of the larger models listed" if large else
+        from_flag(large), "true of the larger models listed" if large else
         "a model listed has a vocabulary under 100,000"))
     return rows
 

@@ -1,0 +1,142 @@
+"""The one verdict system and what `lab claims --check` fails on (issue 34 items 1 and 8).
+
+Every measured row's verdict is a function of its number that comes out either way (the mutation test moves the
+lab's number into and out of the claim's band); a claim decided by argument is its own kind, counted apart;
+and the check fails on a stale committed ledger, on a "not yet checked" row without a decider and on a verdict
+typed in study code.
+"""
+
+import csv
+import shutil
+from decimal import Decimal
+
+import pytest
+
+from lab.claims import BY_ARGUMENT, claim_row
+from lab.cli import main
+from lab.ledger import CLAIMS, gather
+from lab.ledger.checks import failures, undecided
+from lab.ledger.gather import Entry, latest_reference_runs
+from lab.ledger.literals import find, scan
+from lab.ledger.record import Claim
+from lab.ledger.report import summary_lines
+from lab.ledger.rules import (HOLDS, MEASURED, MISSING, NOT_DISTINGUISHABLE, NOT_YET, WRONG, Bound, Number, Range,
+                              parse_lab, verdict)
+from lab.runs import results_root
+
+RULED = [c for c in CLAIMS if c.rule is not None]
+
+
+@pytest.fixture(scope="module")
+def entries():
+    return {e.claim.id: e for e in gather(CLAIMS, results_root())}
+
+
+def _inside_and_outside(rule) -> tuple[Decimal, list[Decimal]]:
+    """A value the claim's band holds, and values well outside it on each side that has one."""
+    if isinstance(rule, Number):
+        a = Decimal(rule.text)
+        return a, [a * 3 + 1, a / 3 - 1] if a > 0 else [a + abs(a) + 1, a - abs(a) - 1]
+    if isinstance(rule, Bound):
+        t = Decimal(rule.threshold)
+        near, far = t + abs(t) + 1, t - abs(t) - 1
+        return (near, [far]) if rule.above else (far, [near])
+    lo, hi = (None if e is None else Decimal(e) for e in (rule.lo, rule.hi))
+    inside = (lo + hi) / 2 if lo is not None and hi is not None else lo * 2 + 1 if hi is None else hi / 2
+    return inside, [x for x in (lo is not None and lo - abs(lo) / 2 - 1, hi is not None and hi * 3 + 1)
+                    if x is not False]
+
+
+@pytest.mark.parametrize("claim", RULED, ids=[c.id for c in RULED])
+def test_every_measured_row_flips_when_its_number_crosses_the_claims_band(claim, entries):
+    e = entries[claim.id]
+    lab = parse_lab(e.lab, claim.link.lab_pattern)
+    assert e.verdict in MEASURED and e.verdict == verdict(claim.rule, lab.text, lab.interval)  # from the evidence
+    inside, outside = _inside_and_outside(claim.rule)
+    assert verdict(claim.rule, str(inside)) == HOLDS, claim.id
+    for x in outside:
+        assert verdict(claim.rule, str(x)) == WRONG, (claim.id, x)
+    if lab.interval is not None:  # the interval moves with its number: wholly outside is wrong, across is not
+        width = lab.interval[1] - lab.interval[0]
+        far = max(outside) + 10 * width
+        assert verdict(claim.rule, str(far), (far, far + width)) == WRONG, claim.id
+
+
+def test_a_bound_is_strict_and_an_interval_across_its_threshold_is_not_distinguishable():
+    assert verdict(Bound("1"), 1.2) == HOLDS and verdict(Bound("1"), 0.8) == WRONG
+    assert verdict(Bound("1", above=False), 0.8) == HOLDS
+    assert verdict(Bound("1"), 1.0, (1.0, 1.0)) == WRONG  # identical formats: neither is better
+    assert verdict(Bound("1"), 0.95, (0.9, 1.0)) == WRONG and verdict(Bound("1"), 1.1, (1.0, 1.2)) == NOT_DISTINGUISHABLE
+    assert verdict(Bound("1"), 1.2, (0.9, 1.5)) == NOT_DISTINGUISHABLE
+    assert verdict(Bound("1"), float("nan")) == NOT_DISTINGUISHABLE
+    assert verdict(Range("20", "30"), 2.0) == WRONG and verdict(Range("20", "30"), 25.0) == HOLDS
+
+
+def test_a_claim_wrong_by_argument_carries_its_argument_into_the_ledger_and_is_counted_apart(tmp_path):
+    with pytest.raises(ValueError):
+        claim_row("a claim", "1", "", BY_ARGUMENT)  # no argument, no verdict
+    for name, run in latest_reference_runs(results_root()).items():
+        (tmp_path / name / run.name).mkdir(parents=True)
+        for f in [run / "params.json", *run.glob("*.csv")]:
+            shutil.copy(f, tmp_path / name / run.name / f.name)
+    table = latest_reference_runs(tmp_path)["04_replay_break_even"] / "claims.csv"
+    with table.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    row = next(r for r in rows if "replaying a window spares reading" in r["claim"])
+    row.update(verdict=BY_ARGUMENT, holds="False", note="the window's attention reads the prefix anyway")
+    with table.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    [entry] = gather([c for c in CLAIMS if c.id == "000-18"], tmp_path)
+    assert entry.verdict == BY_ARGUMENT and "reads the prefix anyway" in entry.why
+    lines = summary_lines([entry])
+    head = [h.strip() for h in lines[0].strip("|").split("|")]
+    row000 = dict(zip(head, (c.strip() for c in lines[2].strip("|").split("|"))))
+    assert row000["measured"] == "0" and row000[BY_ARGUMENT] == "1"
+
+
+def test_every_claim_not_yet_checked_names_its_decider_and_one_without_fails_the_check(entries):
+    assert undecided(list(entries.values())) == []
+    bare = Claim("003-99", "003", "§9", "a claim", "1", verdict=NOT_YET, why="no notebook yet")
+    assert undecided([Entry(bare, "", NOT_YET, bare.why)]) == [
+        "no decider: 003-99: a claim not yet checked names the measurement that would decide it"]
+
+
+def test_no_study_writes_a_verdict_literal():
+    assert find() == []
+
+
+def test_the_literal_scan_finds_a_typed_verdict_and_passes_prose_and_the_undecided_words():
+    typed = '''from lab.claims import HOLDS, NOT_CHECKABLE, claim_row, from_flag
+from lab.ledger import rules
+rows = [claim_row("c", "1", "2", "wrong", "n"), claim_row("c", "1", "2", from_flag(True)),
+        claim_row("c", "1", "2", rules.WRONG), claim_row("c", "1", "2", NOT_CHECKABLE, "needs a GPU")]
+'''
+    hits = scan(typed, "typed.py")
+    assert sorted(h.split(": ", 1)[1] for h in hits) == ["from_flag(True)", "imports HOLDS from lab.claims",
+                                                         "rules.WRONG", "the string 'wrong'"]
+    assert scan('"""Not a plain "holds": the note says why."""\nfrom lab.claims import BY_ARGUMENT\n') == []
+
+
+def test_check_fails_on_a_verdict_literal_and_on_a_stale_committed_ledger(tmp_path, capsys, entries):
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    (studies / "typed.py").write_text('verdict = "holds"\n')
+    assert any(f.startswith("verdict literal: studies/typed.py:1") for f in failures(list(entries.values()), None,
+                                                                                        studies))
+    out = tmp_path / "out"
+    main(["claims", "--out", str(out)])
+    rows = list(csv.DictReader((out / "CLAIMS.csv").open(newline="")))
+    row = next(r for r in rows if r["id"] == "003-33")
+    row["lab"] = "a figure from an older run"
+    with (out / "CLAIMS.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    capsys.readouterr()
+    assert main(["claims", "--out", str(out), "--check"]) == 1
+    assert "stale: 003-33: the committed CLAIMS.csv has lab 'a figure from an older run'" in capsys.readouterr().err
+    main(["claims", "--out", str(out), "--check"])  # rewritten: no longer stale
+    assert "stale:" not in capsys.readouterr().err
+    assert all(e.verdict != MISSING for e in entries.values())
