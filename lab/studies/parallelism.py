@@ -63,7 +63,7 @@ class ParallelParams:
     ALPHAS_US: tuple = (1, 2, 5, 10, 15, 20, 30, 50, 80)  # the latency sweep of the projection
     RANK_LAYERS: int = 1  # layers of one PROJECT_TP rank timed on DEVICE (the step scaled to all of them)
     PRESETS: ClassVar[dict] = {
-        "quick": {"COMM_REPEATS": 10, "BATCHES": (1, 8), "PREFILL_TOKENS": (256,), "STEPS": 4,
+        "quick": {"COMM_REPEATS": 10, "BATCHES": (1,), "PREFILL_TOKENS": (256,), "STEPS": 4,
                   "MICRO_BATCHES": (1, 2, 4, 8), "PP_BATCH": 8},
         "smoke": {"MODEL": "random:tiny", "COMM_SIZES": (16, 4096), "COMM_REPEATS": 2, "BATCHES": (1, 2),
                   "PREFILL_TOKENS": (32,), "STEPS": 2, "MICRO_BATCHES": (1, 2), "PP_BATCH": 2, "PP_PROMPT": 8,
