@@ -23,12 +23,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-<<<<<<< HEAD
-from lab.claims import CLAIMS_COLUMNS, NOT_DISTINGUISHABLE, WRONG, check, claim_row, judge
-from lab.plots import error_extents
-=======
 from lab.claims import CLAIMS_COLUMNS, Range, claim_row, judged
->>>>>>> issue34-verdicts
+from lab.plots import error_extents
 from lab.timing import decode_engine, decode_step_seconds, ratio_interval
 
 BUILDS = ("float32", "bfloat16", "int4")
