@@ -1,9 +1,9 @@
-"""The one verdict system and what `lab claims --check` fails on (issue 34 items 1 and 8).
+"""The one verdict system and what `lab claims --check` fails on (issue 34 items 1, 5 and 8).
 
 Every measured row's verdict is a function of its number that comes out either way (the mutation test moves the
 lab's number into and out of the claim's band); a claim decided by argument is its own kind, counted apart;
-and the check fails on a stale committed ledger, on a "not yet checked" row without a decider and on a verdict
-typed in study code.
+the check fails on a stale committed ledger, on a "not yet checked" row without a decider and on a verdict
+typed in study code; and every wrong verdict names the article's mistake behind it, which CLAIMS.md groups by.
 """
 
 import csv
@@ -14,14 +14,14 @@ import pytest
 
 from lab.claims import BY_ARGUMENT, claim_row
 from lab.cli import main
-from lab.ledger import CLAIMS, gather
-from lab.ledger.checks import failures, undecided
+from lab.ledger import CAUSES, CLAIMS, gather
+from lab.ledger.checks import failures, undecided, unexplained
 from lab.ledger.gather import Entry, latest_reference_runs
 from lab.ledger.literals import find, scan
-from lab.ledger.record import Claim
-from lab.ledger.report import summary_lines
-from lab.ledger.rules import (HOLDS, MEASURED, MISSING, NOT_DISTINGUISHABLE, NOT_YET, WRONG, Bound, Number, Range,
-                              parse_lab, verdict)
+from lab.ledger.record import Cause, Claim, Link, cause_table
+from lab.ledger.report import MISTAKES, cause_lines, summary_lines
+from lab.ledger.rules import (HOLDS, MEASURED, MISSING, NOT_DISTINGUISHABLE, NOT_YET, ROUNDING, WRONG, WRONGS, Bound,
+                              Number, Range, parse_lab, verdict)
 from lab.runs import results_root
 
 RULED = [c for c in CLAIMS if c.rule is not None]
@@ -140,3 +140,67 @@ def test_check_fails_on_a_verdict_literal_and_on_a_stale_committed_ledger(tmp_pa
     main(["claims", "--out", str(out), "--check"])  # rewritten: no longer stale
     assert "stale:" not in capsys.readouterr().err
     assert all(e.verdict != MISSING for e in entries.values())
+
+
+def test_every_wrong_verdict_names_a_defined_cause_and_every_cause_explains_one(entries):
+    assert unexplained(list(entries.values()), CAUSES) == []
+    # the audit's example (issue 34 item 5): three of seed 000's wrong rows are one mistake, a KV size of one head
+    assert sorted(e.claim.id for e in entries.values() if e.claim.cause == "one-kv-head") == ["000-09", "000-11",
+                                                                                              "000-16"]
+
+
+def _row(n: int, verdict: str, cause: str = "") -> Entry:
+    claim = Claim(f"003-{n}", "003", "§9", "a claim", "1", link=Link("08_parallelism", "a row"), cause=cause)
+    return Entry(claim, "2", verdict, "")
+
+
+def test_the_check_fails_on_a_wrong_row_without_a_cause_an_undefined_cause_and_a_cause_explaining_none(tmp_path):
+    causes = {"003": cause_table([Cause("slip", "§1", "A slip of the pen."), Cause("idle", "§2", "Explains none.")])}
+    argued = Claim("003-95", "003", "§9", "a claim", "1", verdict=BY_ARGUMENT, why="an argument")
+    rows = [_row(96, WRONG), _row(97, ROUNDING, "slip"), _row(98, WRONG, "no-such"), _row(99, HOLDS, "slip"),
+            Entry(argued, "", BY_ARGUMENT, argued.why)]
+    want = ["no cause: 003-96: a 'wrong' verdict names the article's mistake behind it",
+            "undefined cause: 003-98 names 'no-such', which seed 003's causes do not define",
+            "cause without a wrong verdict: 003-99 names 'slip', but its verdict is 'holds'",
+            "no cause: 003-95: a 'wrong by argument' verdict names the article's mistake behind it",
+            "unused cause: seed 003's 'idle' explains no wrong verdict"]
+    assert unexplained(rows, causes) == want
+    assert set(want) <= set(failures(rows, None, tmp_path, causes))  # `lab claims --check` fails on each
+    assert unexplained([_row(96, WRONG, "slip"), _row(97, ROUNDING, "idle")], causes) == []
+
+
+def test_a_cause_is_defined_once_with_its_section_and_only_a_wrong_claim_names_one():
+    with pytest.raises(ValueError):
+        cause_table([Cause("slip", "§1", "One."), Cause("slip", "§2", "Two.")])
+    with pytest.raises(ValueError):
+        Cause("slip", "1.1", "No section sign.")
+    with pytest.raises(ValueError):
+        Claim("003-99", "003", "§9", "a claim", "1", verdict=NOT_YET, why="no notebook", decider="one", cause="slip")
+
+
+def test_claims_md_counts_the_distinct_mistakes_per_seed_and_lists_the_rows_each_explains(tmp_path, entries):
+    main(["claims", "--out", str(tmp_path)])
+    text = (tmp_path / "CLAIMS.md").read_text()
+    section = text[text.index("## Wrong verdicts by root cause"):text.index("\n## Seed 000")]
+    summary = [line for line in text.splitlines() if line.startswith("| ")]
+    head = [h.strip() for h in summary[0].strip("|").split("|")]
+    for seed, causes in CAUSES.items():
+        wrong = [e for e in entries.values() if e.claim.seed == seed and e.verdict in WRONGS]
+        assert f"**{len(wrong)} wrong verdicts, {len(causes)} distinct mistakes**" in section
+        row = next(dict(zip(head, (c.strip() for c in line.strip("|").split("|")))) for line in summary
+                   if line.startswith(f"| {seed} |"))
+        assert row[MISTAKES] == str(len(causes))
+        for key, cause in causes.items():
+            ids = [e.claim.id + ("" if e.verdict == WRONG else f" ({e.verdict})") for e in wrong
+                   if e.claim.cause == key]
+            line = next(line for line in section.split(f"### Seed {seed}")[1].splitlines()
+                        if line.startswith(f"| {key} | {cause.section} |"))
+            assert line.endswith(f"| {len(ids)} | {', '.join(ids)} |")
+    rows = list(csv.DictReader((tmp_path / "CLAIMS.csv").open(newline="")))
+    assert {r["id"]: r["cause"] for r in rows} == {e.claim.id: e.claim.cause for e in entries.values()}
+
+
+def test_a_wrong_row_without_a_cause_is_listed_in_claims_md_not_dropped():
+    lines = cause_lines([_row(96, WRONG), _row(97, WRONG, "slip")], {"003": cause_table([Cause("slip", "§1", "A.")])})
+    assert "**2 wrong verdicts, 1 distinct mistake** (2 wrong)" in lines
+    assert "| - |  | no cause named | 1 | 003-96 |" in lines and "| slip | §1 | A. | 1 | 003-97 |" in lines

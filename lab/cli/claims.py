@@ -34,5 +34,6 @@ def add_claims(sub) -> None:
     cl.add_argument("--check", action="store_true",
                     help="exit 1 when a claim's evidence row is missing, the committed CLAIMS.csv was stale, a "
                          "notebook's verdict disagrees with the rules, a 'not yet checked' row names no decider, "
-                         "or study code types a verdict (see docs/claims.md)")
+                         "study code types a verdict, or a wrong verdict names no defined cause (or a cause "
+                         "explains none) (see docs/claims.md)")
     cl.set_defaults(func=_claims)

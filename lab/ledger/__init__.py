@@ -6,31 +6,35 @@ checkable here", "not yet checked"). `gather` finds each linked row in the noteb
 judges it by the rules written once in `rules`, the one verdict system the notebooks use too (tolerances,
 rounding, ranges, bounds, intervals); `report` writes `results/CLAIMS.md` and `results/CLAIMS.csv`; `checks`
 says what `lab claims --check` fails on (with `literals`, the scan for verdicts typed in study code). The
-registry is one module per seed (`seed000`, `seed002`, `seed003`). `lab claims` runs it; docs/claims.md explains
-it.
+registry is one module per seed (`seed000`, `seed002`, `seed003`), each with the article's mistakes
+(`record.Cause`) that explain its wrong verdicts, by which the report groups them. `lab claims` runs it;
+docs/claims.md explains it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from lab.ledger import seed000, seed002, seed003
 from lab.ledger.gather import Entry, gather
-from lab.ledger.record import Claim
+from lab.ledger.record import Cause, Claim, cause_table
 from lab.ledger.report import write_csv, write_markdown
 from lab.ledger.rules import MISSING
-from lab.ledger.seed000 import CLAIMS as SEED_000
-from lab.ledger.seed002 import CLAIMS as SEED_002
-from lab.ledger.seed003 import CLAIMS as SEED_003
 
-CLAIMS: list[Claim] = [*SEED_000, *SEED_002, *SEED_003]
+CLAIMS: list[Claim] = [*seed000.CLAIMS, *seed002.CLAIMS, *seed003.CLAIMS]
+# Per seed, the article's mistakes by key: what a wrong claim's `cause` names.
+CAUSES: dict[str, dict[str, Cause]] = {"000": cause_table(seed000.CAUSES), "002": cause_table(seed002.CAUSES),
+                                       "003": cause_table(seed003.CAUSES)}
 
 
-def write_ledger(root: Path, out_dir: Path, claims: list[Claim] = CLAIMS) -> tuple[list[Entry], list[Path]]:
-    """Gather `claims` from the reference runs under `root` and write CLAIMS.md and CLAIMS.csv into `out_dir`."""
+def write_ledger(root: Path, out_dir: Path, claims: list[Claim] = CLAIMS,
+                 causes: dict[str, dict[str, Cause]] = CAUSES) -> tuple[list[Entry], list[Path]]:
+    """Gather `claims` from the reference runs under `root` and write CLAIMS.md (with the wrong verdicts grouped
+    by `causes`) and CLAIMS.csv into `out_dir`."""
     entries = gather(claims, Path(root))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    return entries, [write_markdown(entries, out_dir), write_csv(entries, out_dir)]
+    return entries, [write_markdown(entries, out_dir, causes), write_csv(entries, out_dir)]
 
 
 def missing(entries: list[Entry]) -> list[Entry]:

@@ -8,6 +8,9 @@
 - **undecided without a decider**: a "not yet checked" row that does not name the measurement that would decide
   it, or a "wrong by argument" row without its argument.
 - **verdict literal**: study code that types a decided verdict instead of computing it (`lab.ledger.literals`).
+- **causes**: a wrong verdict (wrong, wrong by rounding, wrong by argument) that names no cause, a cause its seed
+  does not define, a cause named by a row that is not wrong, and a defined cause that explains no wrong verdict:
+  the grouping of CLAIMS.md by the article's mistakes counts every wrong row once and no mistake without a row.
 
 Each failure is one line naming the claim (or the file and line), so the check's output says what to fix.
 """
@@ -17,9 +20,10 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from lab.ledger import literals
+from lab.ledger import CAUSES, literals
 from lab.ledger.gather import Entry
-from lab.ledger.rules import BY_ARGUMENT, MISSING, NOT_YET
+from lab.ledger.record import Cause
+from lab.ledger.rules import BY_ARGUMENT, MISSING, NOT_YET, WRONGS
 
 
 def missing(entries: list[Entry]) -> list[str]:
@@ -37,6 +41,26 @@ def undecided(entries: list[Entry]) -> list[str]:
            for e in entries if e.verdict == NOT_YET and not e.claim.decider.strip()]
     return out + [f"no argument: {e.claim.id}: a claim wrong by argument carries the argument" for e in entries
                   if e.verdict == BY_ARGUMENT and not e.why.strip()]
+
+
+def unexplained(entries: list[Entry], causes: dict[str, dict[str, Cause]]) -> list[str]:
+    """The wrong verdicts without a defined cause, the causes named by rows that are not wrong, and the causes
+    (of the seeds `entries` cover) that explain no wrong verdict: one left over after its rows changed verdict
+    would count a mistake no row shows. A row whose evidence is missing keeps its cause (it fails as missing)."""
+    out, explaining = [], {seed: set() for seed in causes}
+    for e in entries:
+        c, key = e.claim, e.claim.cause
+        if e.verdict in WRONGS and not key:
+            out.append(f"no cause: {c.id}: a {e.verdict!r} verdict names the article's mistake behind it")
+        elif key and key not in causes.get(c.seed, {}):
+            out.append(f"undefined cause: {c.id} names {key!r}, which seed {c.seed}'s causes do not define")
+        elif key and e.verdict not in (*WRONGS, MISSING):
+            out.append(f"cause without a wrong verdict: {c.id} names {key!r}, but its verdict is {e.verdict!r}")
+        elif key:
+            explaining[c.seed].add(key)
+    seeds = sorted({e.claim.seed for e in entries} & set(causes))
+    return out + [f"unused cause: seed {seed}'s {key!r} explains no wrong verdict" for seed in seeds
+                  for key in causes[seed] if key not in explaining[seed]]
 
 
 def committed_rows(path: Path) -> dict[str, dict] | None:
@@ -65,7 +89,8 @@ def stale(entries: list[Entry], committed: dict[str, dict] | None, name: str = "
     return out + [f"stale: {i} is in the committed {name} but no longer a claim" for i in old]
 
 
-def failures(entries: list[Entry], committed: dict[str, dict] | None, studies: Path = literals.STUDIES) -> list[str]:
+def failures(entries: list[Entry], committed: dict[str, dict] | None, studies: Path = literals.STUDIES,
+             causes: dict[str, dict[str, Cause]] = CAUSES) -> list[str]:
     """Every failure above; `committed`: the ledger's rows as committed, before this run rewrote them."""
     return [*missing(entries), *stale(entries, committed), *disagreeing(entries), *undecided(entries),
-            *(f"verdict literal: {hit}" for hit in literals.find(studies))]
+            *(f"verdict literal: {hit}" for hit in literals.find(studies)), *unexplained(entries, causes)]

@@ -4,6 +4,9 @@ A claim is either linked to a row of a notebook's claims table (found by a subst
 so a reworded number or a reordered table still finds it, while a dropped row is reported as missing) or
 carries its verdict and the reason no notebook checks it ("not checkable here", "not yet checked", with the
 measurement that would decide it), or the argument that refutes it ("wrong by argument").
+
+A claim the ledger finds wrong names its `cause`: the article's underlying mistake, one `Cause` of its seed's
+registry, so that one error repeated over many rows (a KV size with one head instead of eight) is counted once.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ class Claim:
     rules, as its notebook did; `verdict` is the verdict of an unlinked claim (a linked one's comes from its row);
     `why` says why (the argument, for one wrong by argument), or adds a note to a linked row; `decider` names
     the measurement or computation that would decide a claim not yet checked (`lab claims --check` fails
-    without one)."""
+    without one); `cause` is the key of the seed's `Cause` that explains a wrong verdict (`lab claims --check`
+    fails on a wrong verdict without one)."""
     id: str
     seed: str
     section: str
@@ -44,6 +48,7 @@ class Claim:
     verdict: str | None = None
     why: str = ""
     decider: str = ""
+    cause: str = ""
 
     def __post_init__(self):
         if self.seed not in SEEDS or not self.id.startswith(self.seed + "-"):
@@ -58,5 +63,34 @@ class Claim:
                                  f"argument, and says why")
             if self.rule is not None:
                 raise ValueError(f"{self.id}: a rule needs a linked row to judge")
+            if self.cause and self.verdict != BY_ARGUMENT:  # a linked row's verdict is known only once gathered
+                raise ValueError(f"{self.id}: a claim {self.verdict} has no mistake of the article to name")
         elif self.verdict is not None:
             raise ValueError(f"{self.id}: a linked claim's verdict comes from its row (and its rule), not the registry")
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One underlying mistake of an article, which may make several of its claims wrong: `key` is what a
+    claim's `cause` names, `section` where the mistake first appears ("§2.2"), `statement` the mistake in one
+    sentence. The ledger groups the wrong verdicts by it, so a reader counts the article's errors, not its rows."""
+    key: str
+    section: str
+    statement: str
+
+    def __post_init__(self):
+        if not self.key or self.key != self.key.strip() or " " in self.key:
+            raise ValueError(f"a cause's key is one word, not {self.key!r}")
+        if not self.section.startswith("§") or not self.statement.strip():
+            raise ValueError(f"{self.key}: a cause names its first section (§N.N) and says what the mistake is")
+
+
+def cause_table(causes: tuple[Cause, ...] | list[Cause]) -> dict[str, Cause]:
+    """A seed's causes by key, in the order written; a key written twice is refused (a dict literal would keep
+    the second silently)."""
+    table: dict[str, Cause] = {}
+    for cause in causes:
+        if cause.key in table:
+            raise ValueError(f"the cause {cause.key!r} is defined twice")
+        table[cause.key] = cause
+    return table

@@ -2,8 +2,10 @@
 
 The counts keep the three kinds of verdict apart (`lab.ledger.rules`): measured (from a number, by a rule),
 wrong by argument (no number decides it; the argument is in the row), and undecided (not checkable here, not yet
-checked), so a reader sees how many verdicts a measurement can overturn. Evidence links are relative to the
-output directory, so the Markdown reads on GitHub from results/.
+checked), so a reader sees how many verdicts a measurement can overturn. The wrong verdicts are grouped again by
+the article's underlying mistake each names (`record.Cause`), so a reader also sees how many distinct errors an
+article makes, not only how many of its rows they touch. Evidence links are relative to the output directory, so
+the Markdown reads on GitHub from results/.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from collections import Counter
 from pathlib import Path
 
 from lab.ledger.gather import Entry
-from lab.ledger.record import SEEDS
-from lab.ledger.rules import ARGUED, MEASURED, MISSING, UNDECIDED, VERDICTS
+from lab.ledger.record import SEEDS, Cause
+from lab.ledger.rules import ARGUED, MEASURED, MISSING, UNDECIDED, VERDICTS, WRONG, WRONGS
 
 ORDER = (*VERDICTS, MISSING)
-CSV_COLUMNS = ("id", "seed", "section", "claim", "article", "lab", "verdict", "why", "decider", "notebook", "run",
-               "table", "row", "notebook verdict")
+CSV_COLUMNS = ("id", "seed", "section", "claim", "article", "lab", "verdict", "why", "cause", "decider", "notebook",
+               "run", "table", "row", "notebook verdict")
+MISTAKES = "distinct mistakes"
 HEADER = """# The claims ledger
 
 Every numeric or testable claim of the three source articles (`seeds/`), with the lab's figure and a verdict by
@@ -30,6 +33,15 @@ notebook's latest run: `lab claims --check` fails then.
 Measured verdicts come from the lab's number by the rules; "wrong by argument" ones from an argument written in
 the row, with no number to overturn them; the counts keep them apart. A claim not yet checked names what would
 decide it.
+"""
+
+CAUSES_INTRO = """## Wrong verdicts by root cause
+
+One mistake of an article often makes several of its claims wrong: a KV cache sized with one head instead of eight
+is wrong in every figure built on it. Each wrong verdict (wrong, wrong by rounding, wrong by argument) names the
+article's underlying mistake, written once per seed in its registry (`lab/ledger/seed*.py`); here are the mistakes,
+the section where each first appears and the rows it explains, most rows first. The count of distinct mistakes is
+how many errors an article makes; the count of wrong verdicts, how many of its claims they reach.
 """
 
 
@@ -57,23 +69,66 @@ def _evidence(e: Entry, out_dir: Path) -> str:
     return f"{nb}: [{e.run_dir.name}/{e.table}]({rel}){row}"
 
 
+def by_cause(entries: list[Entry]) -> dict[str, dict[str, list[Entry]]]:
+    """Per seed, its wrong verdicts grouped by the cause each names ("" for none), in ledger order."""
+    out: dict[str, dict[str, list[Entry]]] = {seed: {} for seed in SEEDS}
+    for e in entries:
+        if e.verdict in WRONGS:
+            out[e.claim.seed].setdefault(e.claim.cause, []).append(e)
+    return out
+
+
 def summary_lines(entries: list[Entry]) -> list[str]:
     """The verdict counts per seed: the measured verdicts' total and each measured verdict, those wrong by
-    argument apart from them, then the undecided (and any evidence missing)."""
-    table = counts(entries)
+    argument apart from them, the distinct mistakes behind the wrong ones, then the undecided (and any evidence
+    missing)."""
+    table, groups = counts(entries), by_cause(entries)
     measured = [v for v in MEASURED if any(table[s][v] for s in table)]
     rest = [v for v in (*UNDECIDED, MISSING) if any(table[s][v] for s in table)]
-    head = ["seed", "claims", "measured", *measured, *ARGUED, *rest]
+    head = ["seed", "claims", "measured", *measured, *ARGUED, MISTAKES, *rest]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for seed, count in table.items():
         cells = [seed, sum(count.values()), sum(count[v] for v in MEASURED), *(count[v] for v in measured),
-                 *(count[v] for v in (*ARGUED, *rest))]
+                 *(count[v] for v in ARGUED), sum(1 for key in groups[seed] if key), *(count[v] for v in rest)]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return lines
 
 
-def write_markdown(entries: list[Entry], out_dir: Path) -> Path:
-    lines = [HEADER, "## Verdicts per seed", "", *summary_lines(entries)]
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _headline(groups: dict[str, list[Entry]]) -> str:
+    """One seed's bold "N wrong verdicts, M distinct mistakes", then its wrong verdicts by kind."""
+    kinds = Counter(e.verdict for group in groups.values() for e in group)
+    split = ", ".join(f"{kinds[v]} {v}" for v in WRONGS if kinds[v])
+    head = (f"**{_plural(sum(kinds.values()), 'wrong verdict')}, "
+            f"{_plural(sum(1 for key in groups if key), 'distinct mistake')}**")
+    return f"{head} ({split})" if split else head
+
+
+def cause_lines(entries: list[Entry], causes: dict[str, dict[str, Cause]]) -> list[str]:
+    """Per seed, its wrong verdicts by the mistake each names: the headline (`_headline`), then one table row per
+    cause (its key, first section, statement and the rows it explains). A wrong row naming no cause, or one its
+    seed does not define, is listed as such (`lab claims --check` fails on it), not dropped."""
+    lines = [CAUSES_INTRO]
+    for i, (seed, groups) in enumerate(by_cause(entries).items()):
+        defined = causes.get(seed, {})
+        order = {key: n for n, key in enumerate(defined)}
+        lines += [""] * (i > 0) + [f"### Seed {seed}", "", _headline(groups), "",
+                                   "| cause | first in | the article's mistake | verdicts | rows |", "|" + " --- |" * 5]
+        # the mistakes that explain most rows first, ties in the order the registry writes them; none named last
+        for key in sorted(groups, key=lambda k: (not k, -len(groups[k]), order.get(k, len(order)))):
+            cause = defined.get(key)
+            said = (cause.section, cause.statement) if cause else ("", "not a cause the seed defines" if key else
+                                                                   "no cause named")
+            rows = ", ".join(e.claim.id + ("" if e.verdict == WRONG else f" ({e.verdict})") for e in groups[key])
+            lines.append("| " + " | ".join(_cell(x) for x in (key or "-", *said, len(groups[key]), rows)) + " |")
+    return lines
+
+
+def write_markdown(entries: list[Entry], out_dir: Path, causes: dict[str, dict[str, Cause]]) -> Path:
+    lines = [HEADER, "## Verdicts per seed", "", *summary_lines(entries), "", *cause_lines(entries, causes)]
     for seed, name in SEEDS.items():
         lines += ["", f"## Seed {seed} (`seeds/{name}`)", "",
                   "| id | section | claim | article | lab | verdict | why | evidence |",
@@ -97,6 +152,6 @@ def write_csv(entries: list[Entry], out_dir: Path) -> Path:
         for e in entries:
             c = e.claim
             run = Path(os.path.relpath(e.run_dir, out_dir)).as_posix() if e.run_dir else ""
-            w.writerow((c.id, c.seed, c.section, c.claim, c.article, e.lab, e.verdict, e.why, c.decider,
+            w.writerow((c.id, c.seed, c.section, c.claim, c.article, e.lab, e.verdict, e.why, c.cause, c.decider,
                         c.link.notebook if c.link else "", run, e.table, e.row or "", e.notebook_verdict))
     return path

@@ -59,6 +59,8 @@ MEASURED = (HOLDS, WRONG, ROUNDING, NOT_DISTINGUISHABLE)  # from a number, by a 
 ARGUED = (BY_ARGUMENT,)                                   # from an argument written in the row
 UNDECIDED = (NOT_CHECKABLE, NOT_YET)
 VERDICTS = (*MEASURED, *ARGUED, *UNDECIDED)
+# The verdicts that say the article is wrong: each names the article's mistake behind it (`lab.ledger.record.Cause`).
+WRONGS = (WRONG, ROUNDING, BY_ARGUMENT)
 # Not a verdict on the claim: its evidence row is absent from the notebook's latest reference run.
 MISSING = "evidence missing"
 

@@ -4,11 +4,14 @@ Notebook 09 (`lab.studies.ttft_claims`) checks its first-token compute, INT8 mem
 cold-start claims; notebook 08 its memory-per-GPU figures. The rest are beyond a CPU machine (cluster scheduling,
 70B models on A100s) or not yet checked (with what would check them). Sections follow the article's headings:
 §1.2 is 一.2, §2.3 is 二.3.
+
+Its wrong verdicts come from fewer mistakes (`CAUSES`, which CLAIMS.md counts); half of them from one, §4's
+account of what a KV cache saves.
 """
 
 from __future__ import annotations
 
-from lab.ledger.record import Claim, Link
+from lab.ledger.record import Cause, Claim, Link
 from lab.ledger.rules import NOT_CHECKABLE, NOT_YET, Number, Range
 
 PAR = "08_parallelism"
@@ -24,6 +27,25 @@ HIT_RATE = f"{ITEM2}: TTFT against the prefix-cache hit rate swept from 0 to 100
 INT8_70B = r"llama-3-70b (?P<v>[\d.]+)%"
 PREFIX_06 = "notebook 06's prefix_caching table measures TTFT with a shared 512-token prompt (P50 2.6x lower at an " \
             "83% hit rate) but has no claims row"
+
+# The article's mistakes behind its wrong verdicts (a claim's `cause`), in the order they first appear.
+CAUSES = (
+    Cause("warm-up-share", "§3.2", "It gives an 8-token warm-up request a fixed 30-50% cut in the first real "
+                                   "request's TTFT, when a warm-up removes only one-time start-up costs (lazy "
+                                   "initialisation, kernel loading, graph capture), whose share of TTFT depends on "
+                                   "the runtime and the request."),
+    Cause("cache-shrinks-each-token", "§4", "It takes a KV cache to make each token's forward cheaper (down to its "
+                                            "attention scores; the first token's compute from O(L^2) to O(L)), when "
+                                            "a cache only lets tokens already computed be skipped: a new prompt's "
+                                            "first token costs the same with or without it, and each token not "
+                                            "cached still runs every linear layer."),
+    Cause("int8-saving", "§5.2", "It puts INT8's memory saving against FP16 at about 30% (about 50% in §6.2), when "
+                                 "one byte per weight instead of two halves the weights (49% for a 70B with 16-bit "
+                                 "embeddings), and 30% holds only where a 16-bit KV cache takes much of the memory."),
+    Cause("hit-rate-line", "§5.3", "It gives a KV-cache hit rate under 60% a fixed 40-70% TTFT penalty, when prefill "
+                                   "time follows the uncached share of the prompt (1 - h), so the penalty depends on "
+                                   "both hit rates and on prefill's share of TTFT, with nothing special at 60%."),
+)
 
 
 def c(n: int, section: str, claim: str, article: str, **kw) -> Claim:
@@ -86,22 +108,23 @@ CLAIMS = [
       "seconds -> milliseconds", link=Link(NB09, "/dev/shm or tmpfs")),
     c(18, "§3.2", "An 8-token warm-up request at start lowers real requests' TTFT by 30-50%.", "30-50%",
       link=Link(NB09, "8-token warm-up request", lab_pattern=r"(?P<v>-?\d+(?:\.\d+)?)% lower"), rule=Range("30", "50"),
-      why="on a CPU; a GPU's first request also pays kernel loading and graph capture"),
+      why="on a CPU; a GPU's first request also pays kernel loading and graph capture", cause="warm-up-share"),
     c(19, "§3.2", "A warm-up far shorter than typical inputs (64 vs 1024 tokens) leaves KV pre-allocation short "
                   "and raises latency.", "64 vs 1024 tokens", verdict=NOT_CHECKABLE,
       why="about a framework's pre-allocation; the lab's engine allocates KV blocks on demand"),
     c(20, "§4", "On a cache hit a token's compute shrinks to the attention scores alone.", "attention only",
       link=Link(NB09, "compute shrinks to the attention scores alone", lab_pattern=r"attention (?P<v>[\d.]+)% of it"),
-      rule=Number("100", exact=False), why="'attention only': all of what a hit still computes in attention"),
+      rule=Number("100", exact=False), why="'attention only': all of what a hit still computes in attention",
+      cause="cache-shrinks-each-token"),
     c(21, "§4", "KV cache reuse lowers TTFT by 30-50% under high concurrency, more for prompts over 1024 tokens.",
       "30-50%", verdict=NOT_YET, why=f"{PREFIX_06}; {HIT_RATE}",
       decider="notebook 09's hit_rate_sweep and notebook 06's prefix_caching table as claims rows: TTFT with and "
               "without reuse, against 30-50%"),
     c(22, "§4.1", "The KV cache cuts the first token's compute from O(L^2) to O(L) in the input length L.",
-      "O(L^2) -> O(L)", link=Link(NB09, "from O(L^2) to O(L)")),
+      "O(L^2) -> O(L)", link=Link(NB09, "from O(L^2) to O(L)"), cause="cache-shrinks-each-token"),
     c(23, "§4.1", "For a 70B model at 512 input tokens, the first token takes about 2.5x longer without the cache.",
       "2.5x", link=Link(NB09, "2.5x longer without the cache", lab_pattern=r"(?P<v>[\d.]+)x with no cached prefix"),
-      rule=Number("2.5", exact=False)),
+      rule=Number("2.5", exact=False), cause="cache-shrinks-each-token"),
     c(24, "§4.2", "Tuning vLLM's --max-num-seqs serves 2-3x more requests per node without hurting the hit rate.",
       "2-3x", verdict=NOT_CHECKABLE, why="depends on the starting value and the deployment; not a number to check"),
     c(25, "§5.1", "Past the optimum a batch step raises TTFT over 20% while throughput gains under 10%.",
@@ -111,7 +134,8 @@ CLAIMS = [
       verdict=NOT_CHECKABLE, why=GPUS_70B),
     c(27, "§5.2", "INT8 cuts memory use by about 30% against FP16.", "about 30%",
       link=Link(NB09, "INT8 cuts memory use by about 30%", lab_pattern=INT8_70B), rule=Number("30", False, 5 / 30),
-      why="weights only, embeddings in bf16; weights plus a bf16 KV cache come nearer 30% for an 8B"),
+      why="weights only, embeddings in bf16; weights plus a bf16 KV cache come nearer 30% for an 8B",
+      cause="int8-saving"),
     c(28, "§5.2", "INT8 cuts matrix time by about 20% and TTFT by 15-25%.", "20%, 15-25%", verdict=NOT_CHECKABLE,
       why="needs a GPU with int8 tensor cores (the lab's CPU int8 kernels measure something else)"),
     c(29, "§5.2", "Beyond 8K tokens an INT8 KV cache loses enough precision to hurt output quality.", "8K+",
@@ -124,7 +148,8 @@ CLAIMS = [
           "when FP8 KV arrived)"),
     c(31, "§5.3", "With a KV-cache hit rate under 60%, TTFT is 40-70% higher than at a high hit rate.", "40-70%",
       link=Link(NB09, "hit rate under 60% raises TTFT",
-                lab_pattern=r"\+(?P<v>-?\d+)% \((?P<lo>-?\d+) to (?P<hi>-?\d+)%\)"), rule=Range("40", "70")),
+                lab_pattern=r"\+(?P<v>-?\d+)% \((?P<lo>-?\d+) to (?P<hi>-?\d+)%\)"), rule=Range("40", "70"),
+      cause="hit-rate-line"),
     c(32, "§5.3", "Alert at P99 TTFT > 500 ms for 1 min (scale out) and > 1 s (page an operator).", "500 ms, 1 s",
       verdict=NOT_CHECKABLE, why=SETTING),
     c(33, "§6.1", "TP=8 with parallel initialisation brings cold-start loading from 10+ s to 3-4 s.", "10+ -> 3-4 s",
