@@ -54,12 +54,20 @@ def _version(package: str) -> str | None:
         return None
 
 
+def code_dirty() -> bool | None:
+    """Whether a tracked file outside `results/` differs from the commit (None without git). Runs write into
+    results/ (their directories, the index, the ledger): a run there is no change to the code that measures, so
+    a reference run after another one in the same `lab run` is still a run of the committed code."""
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")
+    return None if status is None else bool(status)
+
+
 def provenance(parameters: dict | None = None) -> dict:
     """Everything needed to trace a result back: code, packages, machine, parameters, start time."""
     return {
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "git_dirty": code_dirty(),
         "lab_version": lab.__version__,
         "python": platform.python_version(),
         "packages": {p: _version(p) for p in ("torch", "transformers", "triton", "numpy")},
