@@ -41,12 +41,17 @@ def list_runs(root: Path) -> list[dict]:
     return sorted(runs, key=lambda r: (r["notebook"], r["run_id"]))
 
 
+def last_line(text) -> str:
+    """The last non-blank line of `text`, stripped: a traceback's exception, an error's last word."""
+    lines = [line for line in str(text).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     # One table cell: a failed run's traceback shows its last line (the exception), markdown pipes escaped.
-    lines = [line for line in str(value).splitlines() if line.strip()]
-    return (lines[-1] if lines else "").replace("|", "\\|")
+    return last_line(value).replace("|", "\\|")
 
 
 def flat_metrics(metrics: dict, prefix: str = "") -> dict:

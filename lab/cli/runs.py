@@ -21,23 +21,19 @@ def _last_durations(root, preset: str) -> dict[str, float]:
             if "duration_s" in r["metrics"] and r["preset"] == preset}
 
 
-def _last_line(text: str) -> str:
-    lines = [line for line in str(text).strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else ""
-
-
 def describe_failure(e: BaseException) -> str:
     """Where a notebook failed and the error's last line, for `lab run all`'s summary: papermill names the cell
     by its execution count and index, `lab run --in-process` (`CellFailed`) by its line in the .py twin."""
+    from lab.results_index import last_line
     from lab.run_script import CellFailed
 
     if hasattr(e, "cell_index") and hasattr(e, "ename"):  # papermill.PapermillExecutionError
-        return f"cell {e.cell_index} (In [{e.exec_count}]): {e.ename}: {_last_line(e.evalue)}"
+        return f"cell {e.cell_index} (In [{e.exec_count}]): {e.ename}: {last_line(e.evalue)}"
     if isinstance(e, CellFailed):
         where = str(e).split(" raised ", 1)[0].removeprefix("the ")
         cause = e.__cause__ or e
-        return f"{where}: {type(cause).__name__}: {_last_line(cause)}"
-    return f"{type(e).__name__}: {_last_line(e)}"  # before any cell: a dead kernel, a missing file
+        return f"{where}: {type(cause).__name__}: {last_line(cause)}"
+    return f"{type(e).__name__}: {last_line(e)}"  # before any cell: a dead kernel, a missing file
 
 
 def _run(args) -> int:
