@@ -12,6 +12,9 @@
   does not define, a cause named by a row that is not wrong, and a defined cause that explains no wrong verdict:
   the grouping of CLAIMS.md by the article's mistakes counts every wrong row once and no mistake without a row.
 
+- **unscoped**: a claim without the setting it is about or without its scope (issue 40), so its verdict could
+  not say where it holds.
+
 Each failure is one line naming the claim (or the file and line), so the check's output says what to fix.
 """
 
@@ -63,6 +66,11 @@ def unexplained(entries: list[Entry], causes: dict[str, dict[str, Cause]]) -> li
                   for key in causes[seed] if key not in explaining[seed]]
 
 
+def unscoped(entries: list[Entry]) -> list[str]:
+    return [f"unscoped: {e.claim.id}: a claim names the setting it is about (`about`) and its scope (`scope`)"
+            for e in entries if not (e.claim.about.strip() and e.claim.scope)]
+
+
 def committed_rows(path: Path) -> dict[str, dict] | None:
     """The committed CLAIMS.csv's rows by claim id (read before `lab claims` rewrites it); None without one."""
     if not path.exists():
@@ -93,4 +101,5 @@ def failures(entries: list[Entry], committed: dict[str, dict] | None, studies: P
              causes: dict[str, dict[str, Cause]] = CAUSES) -> list[str]:
     """Every failure above; `committed`: the ledger's rows as committed, before this run rewrote them."""
     return [*missing(entries), *stale(entries, committed), *disagreeing(entries), *undecided(entries),
-            *(f"verdict literal: {hit}" for hit in literals.find(studies)), *unexplained(entries, causes)]
+            *(f"verdict literal: {hit}" for hit in literals.find(studies)), *unexplained(entries, causes),
+            *unscoped(entries)]

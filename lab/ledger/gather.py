@@ -9,6 +9,13 @@ The notebooks compute their verdicts with the ledger's rules (`lab.ledger.rules.
 rule the ledger's verdict on the row's printed figure and the notebook's agree; where they do not, the entry
 shows the rules' verdict, says what the notebook said, and `lab claims --check` fails (`Entry.disagrees`): the
 notebook judged by another rule, or printed too few digits for its verdict to be read back.
+
+A verdict then says where it holds (issue 40): the evidence's kind and setting (`lab.ledger.setting`) go beside
+the claim's, and `rules.scoped` keeps a verdict only where the claim's scope lets that evidence decide it; else
+the row is "not checkable here" and the measured verdict is shown as the verdict in this setting. A physics
+bound in the row (`Link.bound`) refutes a claim that asks for more than it allows, and otherwise says what it
+allows. The notebook's note on its row (a caveat: "on this machine", "for every output that finished") travels
+into the row's why.
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab.ledger.record import Claim
-from lab.ledger.rules import BY_ARGUMENT, MISSING, from_notebook, judge, parse_lab
+from lab.ledger.rules import (ARGUMENT, BY_ARGUMENT, MISSING, NO_EVIDENCE, PHYSICS_BOUND, WRONG, Evidence, beyond,
+                              from_notebook, judge, parse_lab, scoped)
+from lab.ledger.setting import describe, run_evidence
 from lab.results_index import list_runs
 
 CLAIM_COLUMNS = ("claim",)
@@ -36,11 +45,15 @@ class Entry:
     table: str = ""
     row: int | None = None  # 1-based data row of the table
     notebook_verdict: str = ""
+    evidence: str = NO_EVIDENCE
+    lab_setting: str = ""
+    in_setting: str = ""  # the measured verdict where the claim's scope does not let this evidence decide
 
     @property
     def disagrees(self) -> bool:
         """The rules give the row's printed figure another verdict than its notebook wrote."""
-        return self.claim.rule is not None and self.verdict != MISSING and self.verdict != self.notebook_verdict
+        measured = self.in_setting or self.verdict  # before the scope rule moved it
+        return self.claim.rule is not None and measured != MISSING and measured != self.notebook_verdict
 
 
 def latest_reference_runs(root: Path) -> dict[str, Path]:
@@ -68,7 +81,8 @@ def find_rows(table: Path, match: str) -> list[tuple[int, dict, tuple]]:
 def resolve(claim: Claim, runs: dict[str, Path]) -> Entry:
     """`claim` against its notebook's latest reference run (unlinked claims pass through)."""
     if claim.link is None:
-        return Entry(claim, "", claim.verdict, claim.why)
+        return Entry(claim, "", claim.verdict, claim.why, evidence=ARGUMENT if claim.verdict == BY_ARGUMENT
+                     else NO_EVIDENCE)
     link = claim.link
     run = runs.get(link.notebook)
     table = run / link.table if run else None
@@ -83,9 +97,9 @@ def resolve(claim: Claim, runs: dict[str, Path]) -> Entry:
     index, row, (_, lab_col, verdict_col, holds_col) = rows[0]
     said = from_notebook(row.get(verdict_col) if verdict_col else None, row.get(holds_col) if holds_col else None)
     lab = row[lab_col]
-    verdict, why = said, claim.why
-    if said == BY_ARGUMENT:  # the argument is the verdict's evidence: it travels with the row
-        why = "; ".join(x for x in (row.get("note", ""), why) if x)
+    verdict = said
+    # the notebook's note (its caveat, or the argument of a verdict by argument) travels with the row
+    why = "; ".join(x for x in (row.get("note", ""), claim.why) if x)
     if claim.rule is not None:
         number = parse_lab(lab, link.lab_pattern)
         if number is None:
@@ -94,7 +108,29 @@ def resolve(claim: Claim, runs: dict[str, Path]) -> Entry:
         verdict = judge(claim.rule, number)
     if verdict != said:
         why = f"the notebook says {said!r}; the rules give {verdict!r} from its figure" + (f": {why}" if why else "")
-    return Entry(claim, lab, verdict, why, run, link.table, index, said)
+    return _scoped(Entry(claim, lab, verdict, why, run, link.table, index, said))
+
+
+def _scoped(entry: Entry) -> Entry:
+    """`entry` with its evidence and setting, and its verdict kept only where the claim's scope lets this evidence
+    decide it (`rules.scoped`), after a physics bound in the row (`Link.bound`) has had its say."""
+    claim, link = entry.claim, entry.claim.link
+    evidence = run_evidence(entry.run_dir, link.evidence)
+    setting = describe(entry.run_dir, evidence, link.setting)
+    verdict, why = entry.verdict, entry.why
+    in_setting = ""
+    if claim.scope:  # a row not yet scoped keeps its verdict (`lab claims --check` fails on it)
+        verdict, in_setting = scoped(claim.scope, evidence, entry.verdict)
+    bound = parse_lab(entry.lab, link.bound) if link.bound and claim.rule is not None else None
+    if bound is not None and in_setting:
+        if beyond(claim.rule, bound.text):
+            verdict, evidence = WRONG, Evidence(PHYSICS_BOUND)
+            why = "; ".join(x for x in (f"more than the physics bound ({bound.text}) allows", why) if x)
+        else:
+            why = "; ".join(x for x in (f"the physics bound allows {bound.text}; measured in this setting: "
+                                        f"{in_setting}", why) if x)
+    return Entry(claim, entry.lab, verdict, why, entry.run_dir, entry.table, entry.row, entry.notebook_verdict,
+                 evidence.kind, setting, in_setting)
 
 
 def gather(claims: list[Claim], root: Path) -> list[Entry]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lab.ledger.rules import BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, VERDICTS, Rule
+from lab.ledger.rules import BY_ARGUMENT, EVIDENCE, NOT_CHECKABLE, NOT_YET, ON_CPU, SCOPES, VERDICTS, Rule
 
 SEEDS = {"000": "000_6360c6a068e5cdc2.txt", "002": "002_2e53536036edbb4f.txt", "003": "003_1a250c76ca76c1c9.txt"}
 
@@ -22,11 +22,23 @@ SEEDS = {"000": "000_6360c6a068e5cdc2.txt", "002": "002_2e53536036edbb4f.txt", "
 class Link:
     """Where a notebook checks a claim: a row of `table` in the notebook's latest reference run whose claim
     cell contains `match` (exactly one row must). `lab_pattern` picks the lab's number out of the row's
-    measured cell (a regex with group `v`, optionally `lo` and `hi`); without it, the first number."""
+    measured cell (a regex with group `v`, optionally `lo` and `hi`); without it, the first number. `evidence`
+    says how the row's figure was obtained (`lab.ledger.rules.EVIDENCE`: measured, projected to a GPU, a physics
+    bound, arithmetic; a measurement becomes "on a GPU" when the run had one), `setting` adds what the lab's
+    setting needs said beyond the run's device and model (the GPU projected to, the batch), and `bound` picks
+    out of the measured cell a physics bound on the same quantity (a regex with group `v`), which can refute
+    a claim that no measurement in this setting decides (`rules.beyond`)."""
     notebook: str
     match: str
     table: str = "claims.csv"
     lab_pattern: str | None = None
+    evidence: str = ON_CPU
+    setting: str = ""
+    bound: str | None = None
+
+    def __post_init__(self):
+        if self.evidence not in EVIDENCE:
+            raise ValueError(f"{self.match!r}: evidence {self.evidence!r} is not one of {EVIDENCE}")
 
 
 @dataclass(frozen=True)
@@ -49,8 +61,12 @@ class Claim:
     why: str = ""
     decider: str = ""
     cause: str = ""
+    about: str = ""
+    scope: str = ""
 
     def __post_init__(self):
+        if self.scope and self.scope not in SCOPES:
+            raise ValueError(f"{self.id}: scope {self.scope!r} is not one of {sorted(SCOPES)}")
         if self.seed not in SEEDS or not self.id.startswith(self.seed + "-"):
             raise ValueError(f"{self.id}: seed {self.seed!r} is not one of {sorted(SEEDS)} or not its id's prefix")
         if not self.section.startswith("§"):

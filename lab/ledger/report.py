@@ -17,11 +17,12 @@ from pathlib import Path
 
 from lab.ledger.gather import Entry
 from lab.ledger.record import SEEDS, Cause
-from lab.ledger.rules import ARGUED, MEASURED, MISSING, UNDECIDED, VERDICTS, WRONG, WRONGS
+from lab.ledger.rules import ARGUED, EVIDENCE, MEASURED, MISSING, SCOPES, UNDECIDED, VERDICTS, WRONG, WRONGS
 
 ORDER = (*VERDICTS, MISSING)
 CSV_COLUMNS = ("id", "seed", "section", "claim", "article", "lab", "verdict", "why", "cause", "decider", "notebook",
-               "run", "table", "row", "notebook verdict")
+               "run", "table", "row", "notebook verdict", "scope", "claim setting", "evidence", "lab setting",
+               "in this setting")
 MISTAKES = "distinct mistakes"
 HEADER = """# The claims ledger
 
@@ -94,6 +95,39 @@ def summary_lines(entries: list[Entry]) -> list[str]:
     return lines
 
 
+EVIDENCE_INTRO = """## Verdicts by evidence kind
+
+A verdict says where it holds. Each claim has a scope (`lab/ledger/rules.py`, `SCOPES`) that says which evidence
+can decide it: a speed claim about GPUs needs a GPU measurement or a projection to one (a physics bound can only
+refute it), an accuracy claim about quantizing a 16-bit model needs a 16-bit model. Where the lab's evidence
+cannot decide a claim, its verdict is "not checkable here" and the measurement's verdict is kept as the verdict
+*in this setting* (the last column of the tables below). Here are the verdicts by what they rest on:
+"""
+
+
+def evidence_lines(entries: list[Entry]) -> list[str]:
+    """The verdicts counted by the kind of evidence each rests on, and how many undecided rows have a verdict in
+    the lab's setting; then the scopes' meanings."""
+    table = {kind: Counter() for kind in EVIDENCE}
+    for e in entries:
+        table[e.evidence][e.verdict] += 1
+    shown = [v for v in ORDER if any(c[v] for c in table.values())]
+    head = ["evidence", "claims", *shown, "verdict in this setting only"]
+    lines = [EVIDENCE_INTRO, "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for kind, count in table.items():
+        if not sum(count.values()):
+            continue
+        apart = sum(1 for e in entries if e.evidence == kind and e.in_setting)
+        lines.append("| " + " | ".join(str(c) for c in (kind, sum(count.values()), *(count[v] for v in shown),
+                                                         apart)) + " |")
+    lines += ["", "| scope | what the claim is about | decided by |", "| --- | --- | --- |"]
+    for s in SCOPES.values():
+        by = ", ".join(s.decides) + (" (16-bit weights only)" if s.needs16 else "")
+        by += f"; refuted only by {', '.join(s.refutes)}" if s.refutes else ""
+        lines.append(f"| {s.name} | {_cell(s.meaning)} | {_cell(by)} |")
+    return lines
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
@@ -128,17 +162,20 @@ def cause_lines(entries: list[Entry], causes: dict[str, dict[str, Cause]]) -> li
 
 
 def write_markdown(entries: list[Entry], out_dir: Path, causes: dict[str, dict[str, Cause]]) -> Path:
-    lines = [HEADER, "## Verdicts per seed", "", *summary_lines(entries), "", *cause_lines(entries, causes)]
+    lines = [HEADER, "## Verdicts per seed", "", *summary_lines(entries), "", *evidence_lines(entries), "",
+             *cause_lines(entries, causes)]
     for seed, name in SEEDS.items():
         lines += ["", f"## Seed {seed} (`seeds/{name}`)", "",
-                  "| id | section | claim | article | lab | verdict | why | evidence |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "| id | section | claim | article | claim's setting | lab | lab's setting | verdict | in this setting "
+                  "| why | evidence |", "|" + " --- |" * 11]
         for e in (e for e in entries if e.claim.seed == seed):
             c = e.claim
             verdict = f"**{e.verdict}**" if e.verdict == MISSING else e.verdict
             why = "; ".join(x for x in (e.why, c.decider and f"decided by: {c.decider}") if x)
-            lines.append("| " + " | ".join(_cell(x) for x in (c.id, c.section, c.claim, c.article, e.lab, verdict,
-                                                                 why, _evidence(e, out_dir))) + " |")
+            about = f"{c.about} ({c.scope})" if c.scope else c.about
+            lines.append("| " + " | ".join(_cell(x) for x in (c.id, c.section, c.claim, c.article, about, e.lab,
+                                                                 e.lab_setting, verdict, e.in_setting, why,
+                                                                 _evidence(e, out_dir))) + " |")
     path = out_dir / "CLAIMS.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -153,5 +190,6 @@ def write_csv(entries: list[Entry], out_dir: Path) -> Path:
             c = e.claim
             run = Path(os.path.relpath(e.run_dir, out_dir)).as_posix() if e.run_dir else ""
             w.writerow((c.id, c.seed, c.section, c.claim, c.article, e.lab, e.verdict, e.why, c.cause, c.decider,
-                        c.link.notebook if c.link else "", run, e.table, e.row or "", e.notebook_verdict))
+                        c.link.notebook if c.link else "", run, e.table, e.row or "", e.notebook_verdict, c.scope,
+                        c.about, e.evidence, e.lab_setting, e.in_setting))
     return path

@@ -43,6 +43,12 @@ the region, is wrong when it lies wholly in one wrong region, and is not disting
 - A claim with no number ("keys are more sensitive than values") takes its notebook's verdict, which the notebook
   computes from its evidence with the functions here (`Bound` on an interval, `from_flag` on a comparison);
   `from_notebook` reads it back in these words.
+
+Scope (issue 40): a verdict says where it holds. The articles speak of 70B models served in fp16 on H100s; the lab
+measures a 135M model whose weights are already 4-bit, on a 2-core CPU. `scoped` lets a measurement decide a claim
+only where the evidence's setting matches the claim's in what the claim depends on, by one rule per kind of claim
+(`SCOPES`); elsewhere the verdict is "not checkable here" and the measurement's verdict is kept apart as the
+verdict *in this setting*, so a reader counting "wrong" counts the articles' errors, not the lab's setting.
 """
 
 from __future__ import annotations
@@ -265,3 +271,82 @@ def from_notebook(verdict_text: str | None, holds: str | None) -> str:
     if text.startswith("wrong") or "does not hold" in text:
         return WRONG
     raise ValueError(f"a notebook verdict the ledger cannot map: {verdict_text!r} / holds={holds!r}")
+
+
+# Evidence kinds (issue 40): how the lab's figure was obtained, which the ledger counts verdicts by.
+ON_CPU, ON_GPU = "measured on this CPU", "measured on a GPU"
+PROJECTED, PHYSICS_BOUND, ARITHMETIC = "projected to a GPU", "a physics bound", "arithmetic"
+ARGUMENT, NO_EVIDENCE = "argument", "none"
+EVIDENCE = (ON_CPU, ON_GPU, PROJECTED, PHYSICS_BOUND, ARITHMETIC, ARGUMENT, NO_EVIDENCE)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a verdict rests on: its `kind` (`EVIDENCE`) and, for a measurement, whether the model measured had
+    16-bit weights (`weights16`: False for the embedded model, dequantized from a Q4_1 GGUF; None when unknown)."""
+    kind: str
+    weights16: bool | None = None
+
+    def __post_init__(self):
+        if self.kind not in EVIDENCE:
+            raise ValueError(f"evidence kind {self.kind!r} is not one of {EVIDENCE}")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """A kind of claim and the evidence that can decide it: `decides` (kinds whose verdict stands), `refutes`
+    (kinds that can only show the claim impossible, a bound: "wrong" stands, anything else says what it allows),
+    `needs16` (only a model with 16-bit weights decides), and `wanting`, what would decide it otherwise."""
+    name: str
+    meaning: str
+    decides: tuple[str, ...]
+    refutes: tuple[str, ...] = ()
+    needs16: bool = False
+    wanting: str = ""
+
+
+SCOPES = {s.name: s for s in (
+    Scope("arithmetic", "the article's own arithmetic on inputs it states, or a published figure",
+          (ARITHMETIC, ON_CPU, ON_GPU, PROJECTED, PHYSICS_BOUND)),
+    Scope("behaviour", "what a method or system does whatever the device's speed: outputs, token and byte counts, "
+                       "acceptance, memory held, the shape of a trade-off",
+          (ON_CPU, ON_GPU, ARITHMETIC, PROJECTED)),
+    Scope("gpu-speed", "a time, speed or speedup on a GPU (its kernels, its serving stack)",
+          (ON_GPU, PROJECTED), refutes=(PHYSICS_BOUND, ARITHMETIC),
+          wanting="a measurement on the GPU the claim names"),
+    Scope("weight-accuracy", "the accuracy cost of quantizing the weights of a 16-bit model",
+          (ON_CPU, ON_GPU), needs16=True,
+          wanting="the same measurement on a 16-bit checkpoint (notebook 02's MODEL parameter)"),
+)}
+
+
+def scoped(scope: str, evidence: Evidence, measured: str) -> tuple[str, str]:
+    """(the verdict, the verdict in the lab's setting): `measured`, the rules' verdict on the evidence, stands where
+    the claim's `scope` lets this evidence decide it; elsewhere the verdict is "not checkable here" and `measured`
+    is kept as the verdict in this setting ("" where it stands as the verdict). A bound that refutes a claim
+    (`Scope.refutes`) decides "wrong" only: a claim inside what physics allows is not thereby shown to hold."""
+    rule = SCOPES[scope]
+    if measured not in MEASURED or evidence.kind in (ARGUMENT, NO_EVIDENCE):
+        return measured, ""
+    if evidence.kind in rule.decides and not (rule.needs16 and evidence.weights16 is not True):
+        return measured, ""
+    if evidence.kind in rule.refutes and measured in (WRONG, ROUNDING):
+        return measured, ""
+    return NOT_CHECKABLE, measured
+
+
+def beyond(rule: Rule, bound) -> bool:
+    """Whether a claim asks for more than a physics bound on the same quantity allows (a speedup above what the
+    bytes read permit): its smallest value, less half a unit of its last printed digit, above `bound`. A claim
+    with no lower end (an upper bound itself) never exceeds one."""
+    b = _decimal(bound)
+    if b is None:
+        return False
+    half = _unit(precision(rule)) / 2
+    if isinstance(rule, Number):
+        low = Decimal(rule.text) - half
+    elif isinstance(rule, Range):
+        low = None if rule.lo is None else Decimal(rule.lo) - half
+    else:
+        low = Decimal(rule.threshold) if rule.above else None
+    return low is not None and low > b

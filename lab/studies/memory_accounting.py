@@ -18,10 +18,12 @@ import pandas as pd
 
 from lab import memory as mem
 from lab import roofline
-from lab.claims import CLAIMS_COLUMNS, Number, Range, claim_row, judged, shown
+from lab.claims import CLAIMS_COLUMNS, Number, Range
 from lab.hardware import GPUS, Hardware, get_gpu
 from lab.models.loader import EMBEDDED_MODELS, preset_names
 from lab.roofline import model_cost
+from lab.studies import arithmetic
+from lab.studies.arithmetic import recomputed as _recomputed
 from lab.runs import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
 
 KV_DTYPES = ["bf16", "fp8", "int8", "int4", "int2"]
@@ -277,12 +279,4 @@ def claims_table() -> pd.DataFrame:
         _recomputed("000 §2.2: KV bytes read per decode step at 128K (its 80 x 131072 x 512)", "5.4 GB", Number("5.4"),
                     kv_128k / 1e9, "GB"),
     ]
-    return pd.DataFrame(rows, columns=CLAIMS_COLUMNS)
-
-
-def _recomputed(claim: str, says: str, rule: Number | Range, computed: float, unit: str, why: str = "") -> dict:
-    """A `claim_row` for an article's number recomputed here, judged by `rule` (`lab.claims.judged`) and printed so
-    that the ledger reads the same verdict back; by how much (and `why`, where the difference has a reason worth
-    stating) in the note."""
-    word, off = judged(rule, computed)
-    return claim_row(claim, says, f"{shown(computed, rule)} {unit}", word, "; ".join(n for n in (off, why) if n))
+    return pd.DataFrame([*rows, *arithmetic.rows()], columns=CLAIMS_COLUMNS)

@@ -1,0 +1,24 @@
+"""The source articles' own arithmetic, recomputed (issue 34 item 4): one module per seed, each a list of claims
+table rows (`lab.claims.claim_row`, through `recomputed`) whose figure the lab computes from the article's stated
+inputs with `lab.memory`, `lab.roofline` and `lab.hardware`, never types. Notebook 01 writes them into its
+claims table (`lab.studies.memory_accounting.claims_table`), where the ledger finds them.
+"""
+
+from __future__ import annotations
+
+from lab.claims import Bound, Number, Range, claim_row, judged, shown
+
+
+def recomputed(claim: str, says: str, rule: Number | Range | Bound, computed: float, unit: str, why: str = "") -> dict:
+    """A `claim_row` for an article's number recomputed here, judged by `rule` (`lab.claims.judged`) and printed so
+    that the ledger reads the same verdict back; by how much (and `why`, where the difference has a reason worth
+    stating) in the note."""
+    word, off = judged(rule, computed)
+    return claim_row(claim, says, f"{shown(computed, rule)} {unit}", word, "; ".join(n for n in (off, why) if n))
+
+
+def rows() -> list[dict]:
+    """Every seed's recomputed rows, in seed order."""
+    from lab.studies.arithmetic import s000, s002, s003
+
+    return [*s000.rows(), *s002.rows(), *s003.rows()]

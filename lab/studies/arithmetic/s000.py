@@ -1,0 +1,10 @@
+"""Seed 000's arithmetic, recomputed from the inputs the article states (KV cache versus local recomputation (Replay))."""
+
+from __future__ import annotations
+
+from lab.studies.arithmetic import recomputed  # noqa: F401  (each row is one `recomputed(...)`)
+
+
+def rows() -> list[dict]:
+    """One `recomputed` row per claim of seed 000 that arithmetic on its stated inputs decides."""
+    return []

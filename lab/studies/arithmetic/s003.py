@@ -1,0 +1,10 @@
+"""Seed 003's arithmetic, recomputed from the inputs the article states (quantization, KV and serving)."""
+
+from __future__ import annotations
+
+from lab.studies.arithmetic import recomputed  # noqa: F401  (each row is one `recomputed(...)`)
+
+
+def rows() -> list[dict]:
+    """One `recomputed` row per claim of seed 003 that arithmetic on its stated inputs decides."""
+    return []
