@@ -11,6 +11,10 @@
   (perplexity = exp(sum NLL / sum tokens), tokens per second = sum tokens / sum seconds) are resampled as
   ratios, not as means of per-item ratios. Comparing two methods on the same items passes both methods'
   columns to one `stat`, so each resample draws the same items for both: a paired comparison.
+- `run_spread(values)`: the median of a figure measured in independent, interleaved runs and the span (min to
+  max) of those runs, at least 3 of them: on a machine whose speed drifts between runs minutes apart (up to 1.5x
+  here), a timing ratio's interval over the steps of one run measures the wrong spread, so a timing verdict rests
+  on the spread of run-level ratios instead (issue 34 item 6).
 - `significance(interval, null)`: the word every table and verdict uses, "distinguishable" when the interval
   excludes `null` (0 for a difference, 1 for a ratio), else "not distinguishable".
 
@@ -117,6 +121,22 @@ def ratio_of_sums(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 def ratio_interval(numerators, denominators, **kwargs) -> Interval:
     """sum(numerators) / sum(denominators) over items (a pooled rate) with its bootstrap interval."""
     return bootstrap(ratio_of_sums, numerators, denominators, **kwargs)
+
+
+MIN_RUNS = 3
+
+
+def run_spread(values) -> Interval:
+    """The median of run-level figures (one per independent run, e.g. each run's ratio of median step times) and
+    their min-max span. Fewer than `MIN_RUNS` runs have no spread to speak of: the ends are NaN, which decides
+    nothing (`lab.ledger.rules.verdict` says not distinguishable)."""
+    v = np.asarray(values, dtype=float)
+    if v.size == 0 or np.isnan(v).any():
+        raise ValueError(f"run_spread needs one finite figure per run, got {values!r}")
+    mid = float(np.median(v))
+    if v.size < MIN_RUNS:
+        return Interval(mid, math.nan, math.nan)
+    return Interval(mid, float(v.min()), float(v.max()))
 
 
 def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:

@@ -44,6 +44,7 @@ DECODE_STEPS = 8
 INT4_BATCHES = (1, 32)  # section 7
 INT4_CONTEXT = 128
 INT4_STEPS = 16
+INT4_ROUNDS = 3  # interleaved runs of every build; the verdict rests on their spread
 
 # %%
 import pandas as pd
@@ -144,14 +145,18 @@ check.round(2)
 # ## 7. "INT4 decode is 2-2.5x faster than FP16", measured (seeds/003 §2.1)
 # The same model decodes on the engine in float32, in bfloat16 (the 16-bit serving dtype here; a CPU has no fast
 # float16 matmul) and with 4-bit weights packed for torch's int4 kernel (`lab.quant.packed`), at batch 1 and
-# 32. Speedups are ratios of median step times with a bootstrap 95% interval over the steps, beside what a
-# purely bandwidth-bound step would give (the ratio of bytes read). The logic is in `lab.studies.int4_decode`.
+# 32. This machine's speed drifts between runs minutes apart, more than one run's steps vary, so each speedup is
+# the median over `INT4_ROUNDS` interleaved runs of each run's ratio of median step times, with the span of the
+# runs as its interval (the verdict rests on it); one run's bootstrap interval over its steps is shown beside it.
+# Beside them, what a purely bandwidth-bound step would give (the ratio of bytes read). The logic is in
+# `lab.studies.int4_decode`.
 
 # %%
 from lab.studies import int4_decode
 
 int4_measured, int4_table, int4_claims = int4_decode.run(
-    batches=params.INT4_BATCHES, context=params.INT4_CONTEXT, steps=params.INT4_STEPS)
+    batches=params.INT4_BATCHES, context=params.INT4_CONTEXT, steps=params.INT4_STEPS,
+    rounds=params.INT4_ROUNDS)
 run.save_table("int4_decode", int4_measured.drop(columns="times"))
 run.save_table("int4_speedup", int4_table)
 run.save_figure("int4_decode", int4_decode.plot(int4_table))

@@ -37,7 +37,8 @@ DEVICE = "auto"  # auto (CUDA when present), cpu, cuda or cuda:N
 MODEL = "smollm2-135m"  # needs its tokenizer: grammars are over its vocabulary
 DTYPE = "auto"  # the serving dtype, or "float32"
 BATCHES = (1, 4, 16, 32, 64)  # the mask-cost batch sizes
-MASK_STEPS = 48  # timed decode steps per batch size, with and without the grammar
+MASK_STEPS = 16  # timed decode steps per batch size and round, with and without the grammar
+ROUNDS = 3  # interleaved runs of every batch size, on and off: the ratio's interval is their spread
 WARM_STEPS = 4
 LIST_ITEMS = 16  # the mask-cost output: a list of this many objects (long enough for every step)
 NAIVE_SAMPLE = 2048  # tokens the naive mask tries per state (scaled to the vocabulary)
@@ -78,6 +79,9 @@ grammars = grammars_for(tok, vocab, stop_ids)
 # ignored): the same shapes, so the difference is the mask. Each step is timed on its own; the engine's
 # `structured_mask_seconds` gives the mask time inside it (filling each request's bitmask from its matcher, then
 # setting forbidden logits to -inf, one request after another). Only steps where the whole batch ran count.
+# The machine's speed drifts between runs more than one run's steps vary, so the whole comparison runs ROUNDS
+# times, interleaved (on first in every other round): the ratio with / without and the mask's share are medians
+# over rounds with the rounds' span as their interval; one round's interval over its steps is shown beside it.
 
 # %%
 steps, constrained_outputs = study.mask_cost(params, model, tok)

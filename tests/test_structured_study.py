@@ -111,8 +111,9 @@ def _claims(valid_with_grammar=1.0, share_at_64=0.25, naive_agrees=True):
          "seconds per valid answer": s}
         for t in (0.0, 0.7) for g, v, n, s in (("on", valid_with_grammar, 35.0, 0.05), ("off", 0.75, 56.0, 0.08))])
     summary = pd.DataFrame([{"batch": b, "mask share of step": share, "mask ms per row": 0.2,
-                             "step with grammar ms": 15.0, "with / without": 1.1, "ratio 95% low": 1.05,
-                             "ratio 95% high": 1.15, "distinguishable": True} for b, share in ((1, 0.02), (64, share_at_64))])
+                             "step with grammar ms": 15.0, "with / without": 1.1, "rounds": 3, "ratio runs low": 1.05,
+                             "ratio runs high": 1.15, "share runs low": share * 0.9, "share runs high": share * 1.1,
+                             "distinguishable": True} for b, share in ((1, 0.02), (64, share_at_64))])
     components = pd.DataFrame({"naive_s": [0.03, 0.03], "fill_s": [2e-6, 3e-6], "apply_s": [1e-4, 1e-4],
                                "naive_agrees": [True, naive_agrees]})
     depth = pd.DataFrame({"depth": [1, 8, 32], "compile ms": [4.0, 8.0, 16.0], "fill us median": [2.8, 2.5, 2.3]})
@@ -144,3 +145,22 @@ def test_a_cut_output_or_a_disagreeing_mask_makes_its_claim_wrong_with_the_reaso
     assert fmt["verdict"] == "wrong" and "max_tokens" in fmt["note"]
     lookup = claims[claims["claim"].str.startswith("precompiling")].iloc[0]
     assert lookup["verdict"] == "wrong" and "disagree" in lookup["note"]
+
+
+def test_the_grammar_ratio_is_distinguishable_only_when_every_run_falls_on_one_side():
+    """Three rounds whose on/off ratios drift around 1 (0.96, 1.02, 0.98), each tight over its own steps: one
+    round's steps would call 0.96 distinguishable; the rounds' span does not (issue 34 item 6)."""
+    def steps(ratios):
+        rows = []
+        for r, ratio in enumerate(ratios):
+            for on, scale in ((False, 1.0), (True, ratio)):
+                rows += [{"batch": 1, "grammar": on, "step": i, "running": 1, "round": r,
+                          "step_s": scale * (0.1 + 1e-4 * (i % 3)), "mask_s": 0.002 if on else 0.0}
+                         for i in range(12)]
+        return pd.DataFrame(rows)
+
+    drift = study.mask_summary(steps([0.96, 1.02, 0.98])).iloc[0]
+    assert (drift["ratio runs low"], drift["with / without"], drift["ratio runs high"]) == pytest.approx((0.96, 0.98, 1.02))
+    assert drift["ratio one run's steps high"] < 1  # one run alone looks distinguishable
+    assert not drift["distinguishable"]
+    assert study.mask_summary(steps([1.05, 1.08, 1.06])).iloc[0]["distinguishable"]

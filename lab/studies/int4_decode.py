@@ -11,8 +11,12 @@ costs time. Here three builds of the same model decode on the engine, at batch 1
   (`lab.quant.packed`), as a GPTQ or AWQ checkpoint would run (the kernel's speed does not depend on how the
   codes were found).
 
-Each decode step is timed alone (`lab.timing.decode_step_seconds`); a speedup is the ratio of median step
-times with a bootstrap 95% interval over the steps (`lab.timing.ratio_interval`). Beside each measurement,
+Each decode step is timed alone (`lab.timing.decode_step_seconds`). This machine's speed drifts between runs
+minutes apart (INT4/bf16 at batch 32 measured 0.79, 0.64 and 0.71 in three runs, each with a tight interval over
+its own steps), so the verdict rests on independent runs (issue 34 item 6): `rounds` runs, interleaved (every
+build and batch once per round, the order rotated each round), each giving its ratio of median step times; the
+speedup is their median with the span of the runs (`lab.intervals.run_spread`). The bootstrap interval over one
+run's steps (`lab.timing.ratio_interval`) is shown beside it, so a reader sees when drift exceeds it. Beside each measurement,
 the prediction of a purely bandwidth-bound step: the ratio of the bytes a step reads (weights, at 4 bits plus
 a bf16 scale and zero per group of 64, and the batch's KV cache), the article's own argument made numeric.
 """
@@ -24,6 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lab.claims import CLAIMS_COLUMNS, Range, claim_row, judged
+from lab.intervals import run_spread
 from lab.plots import error_extents
 from lab.timing import decode_engine, decode_step_seconds, ratio_interval
 
@@ -56,42 +61,58 @@ def step_bytes(model, build: str, batch: int, context: int) -> float:
     return (linear + head) * per_weight + kv
 
 
-def measure(models: dict, tokenizer, batches=(1, 32), context: int = 128, steps: int = 16) -> pd.DataFrame:
-    """One row per build and batch: the median step time and the raw step times."""
+def measure(models: dict, tokenizer, batches=(1, 32), context: int = 128, steps: int = 16,
+            rounds: int = 3) -> pd.DataFrame:
+    """One row per round, build and batch: the median step time and the raw step times. Each round times every
+    (build, batch) once, in an order rotated by one each round, so drift over the run falls on every build."""
+    pairs = [(build, b) for build in models for b in batches]
     rows = []
-    for build, b in tqdm([(build, b) for build in models for b in batches], desc="builds x batches"):
+    for r, i in tqdm([(r, i) for r in range(rounds) for i in range(len(pairs))], desc="rounds x builds x batches"):
+        build, b = pairs[(i + r) % len(pairs)]
         times = decode_step_seconds(decode_engine(models[build], tokenizer, b, context, steps), b, context, steps)
-        rows.append({"build": build, "batch": b, "context": context,
+        rows.append({"round": r, "build": build, "batch": b, "context": context,
                      "step_ms": 1e3 * float(pd.Series(times).median()), "times": times,
                      "bytes_per_step": step_bytes(models["float32"], build, b, context)})
     return pd.DataFrame(rows)
 
 
 def speedups(measured: pd.DataFrame) -> pd.DataFrame:
-    """int4 against bfloat16 (the article's comparison) and against float32, per batch: measured with its
-    interval, and the bytes-read prediction."""
+    """int4 against bfloat16 (the article's comparison) and against float32, per batch: the median over rounds
+    of each round's ratio of median step times, with the rounds' span (`run_spread`: the interval a verdict rests
+    on), the first round's bootstrap interval over its steps (how tight one run looks), and the bytes-read
+    prediction."""
+    from lab.timing import ratio_interval
+
     rows = []
     for b, d in measured.groupby("batch"):
-        by = d.set_index("build")
+        per_round = {r: g.set_index("build") for r, g in d.groupby("round")}
+        first = per_round[min(per_round)]
         for base in ("bfloat16", "float32"):
-            ratio, lo, hi = ratio_interval(by.at[base, "times"], by.at["int4", "times"])
-            rows.append({"batch": b, "int4 against": base, "measured_speedup": ratio, "ci95_low": lo,
-                         "ci95_high": hi, "bytes_read_ratio": by.at[base, "bytes_per_step"] / by.at["int4", "bytes_per_step"],
-                         f"{base}_step_ms": by.at[base, "step_ms"], "int4_step_ms": by.at["int4", "step_ms"]})
+            spread = run_spread([g.at[base, "step_ms"] / g.at["int4", "step_ms"] for g in per_round.values()])
+            _, step_lo, step_hi = ratio_interval(first.at[base, "times"], first.at["int4", "times"])
+            rows.append({"batch": b, "int4 against": base, "runs": len(per_round),
+                         "measured_speedup": spread.value, "ci95_low": spread.low, "ci95_high": spread.high,
+                         "one_run_steps_low": step_lo, "one_run_steps_high": step_hi,
+                         "bytes_read_ratio": first.at[base, "bytes_per_step"] / first.at["int4", "bytes_per_step"],
+                         f"{base}_step_ms": d[d["build"] == base]["step_ms"].median(),
+                         "int4_step_ms": d[d["build"] == "int4"]["step_ms"].median()})
     return pd.DataFrame(rows)
 
 
 def claim_rows(table: pd.DataFrame) -> pd.DataFrame:
     """The claim against each batch's measured int4 / bfloat16 speedup, as `claim_row`s: `lab.ledger.rules.verdict`
-    on the speedup's interval against the article's range (`CLAIM`): holds only if the whole interval lies within
-    2-2.5x, wrong (by how much in the note) only if the whole interval lies outside, else not distinguishable."""
+    on the speedup's span over runs against the article's range (`CLAIM`): holds only if every run lies within
+    2-2.5x, wrong (by how much in the note) only if every run lies outside, else not distinguishable (so with
+    fewer than 3 runs, whose span is undefined)."""
     rows = []
     for r in table[table["int4 against"] == "bfloat16"].itertuples():
         said, note = judged(CLAIM, r.measured_speedup, (r.ci95_low, r.ci95_high))
         # The measured cell leads with the speedup and its "[low, high]": the ledger reads both from there.
         rows.append(claim_row(f"003 §2.1: INT4 decode is 2-2.5x faster than FP16 (batch {r.batch})", "2-2.5x",
-                              f"{r.measured_speedup:.2f}x measured, 95% CI [{r.ci95_low:.2f}, {r.ci95_high:.2f}]; "
-                              f"bytes read {r.bytes_read_ratio:.2f}x", said, note))
+                              f"{r.measured_speedup:.2f}x measured, median of {r.runs} runs, run span "
+                              f"[{r.ci95_low:.2f}, {r.ci95_high:.2f}]; one run's steps [{r.one_run_steps_low:.2f}, "
+                              f"{r.one_run_steps_high:.2f}]; bytes read {r.bytes_read_ratio:.2f}x", said,
+                              "; ".join(x for x in (note, "on this CPU, torch's int4 kernel") if x)))
     return pd.DataFrame(rows, columns=CLAIMS_COLUMNS)
 
 
@@ -101,9 +122,10 @@ def plot(table: pd.DataFrame):
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     for i, (base, d) in enumerate(table.groupby("int4 against", sort=False)):
         x = [j + 0.2 * (i - 0.5) for j in range(len(d))]
-        yerr = error_extents(d["measured_speedup"], d["ci95_low"], d["ci95_high"],
+        yerr = error_extents(d["measured_speedup"], d["ci95_low"], d["ci95_high"],  # the span of the runs
                              [f"int4 / {base}, batch {b}" for b in d["batch"]])
-        ax.errorbar(x, d["measured_speedup"], yerr=yerr, fmt="o", capsize=4, label=f"measured, int4 / {base}",
+        ax.errorbar(x, d["measured_speedup"], yerr=yerr, fmt="o", capsize=4,
+                    label=f"measured, int4 / {base} (median, span of {d['runs'].iloc[0]} runs)",
                     color=f"C{i}")
         ax.scatter(x, d["bytes_read_ratio"], marker="_", s=300, color=f"C{i}", label=f"bytes-read bound / {base}")
     ax.axhspan(float(CLAIM.lo), float(CLAIM.hi), color="0.85", label="article: 2-2.5x over FP16")
@@ -117,9 +139,9 @@ def plot(table: pd.DataFrame):
 
 
 @torch.inference_mode()
-def run(name: str = "smollm2-135m", batches=(1, 32), context: int = 128, steps: int = 16):
-    """build, measure and compare: (measured, speedups, claims)."""
+def run(name: str = "smollm2-135m", batches=(1, 32), context: int = 128, steps: int = 16, rounds: int = 3):
+    """build, measure (`rounds` interleaved runs) and compare: (measured, speedups, claims)."""
     models, tok = build_models(name, context + steps + 16)
-    measured = measure(models, tok, batches, context, steps)
+    measured = measure(models, tok, batches, context, steps, rounds)
     table = speedups(measured)
     return measured, table, claim_rows(table)

@@ -55,7 +55,8 @@ class MemoryParams:
     INT4_BATCHES: tuple = (1, 32)  # the INT4 decode claim (section 7)
     INT4_CONTEXT: int = 128
     INT4_STEPS: int = 16
-    # Under a minute at reference size; quick halves the probe and the INT4 steps (`make run`'s budget), smoke
+    INT4_ROUNDS: int = 3  # interleaved runs of every build: the verdict rests on their spread (issue 34 item 6)
+    # About two minutes at reference size (the INT4 claim's 3 interleaved runs); quick halves the probe and the INT4 steps (`make run`'s budget), smoke
     # trims the timed engine work. gpu: the
     # roofline check at a production shape, which a CPU cannot time: Llama-3-8B (random weights) in bfloat16 on
     # the GPU, decode at batch 1, 16 and 64 over 1024 tokens of context, from weight-bound to KV-bound steps,
@@ -65,7 +66,7 @@ class MemoryParams:
     PRESETS: ClassVar[dict] = {
         "quick": {"PROBE_SECONDS": 2.0, "INT4_STEPS": 8},
         "smoke": {"ENGINE_BATCHES": (1, 4), "PROBE_SECONDS": 2.0, "DECODE_STEPS": 3,
-                  "INT4_BATCHES": (1, 2), "INT4_CONTEXT": 32, "INT4_STEPS": 3},
+                  "INT4_BATCHES": (1, 2), "INT4_CONTEXT": 32, "INT4_STEPS": 3, "INT4_ROUNDS": 1},
         "gpu": {"GPU": "h200", "ENGINE_MODEL": "random:llama-3-8b", "ENGINE_DTYPE": "bfloat16",
                 "ENGINE_BATCHES": (1, 16, 64), "ENGINE_CONTEXT": 1024, "DECODE_STEPS": 16,
                 "PROBE_SECONDS": 2.0},
@@ -91,6 +92,7 @@ class MemoryParams:
         for name in ("DECODE_STEPS", "INT4_STEPS"):
             check_range(name, getattr(self, name), 2, 1000, int)
         check_range("INT4_CONTEXT", self.INT4_CONTEXT, 1, 8192, int)
+        check_range("INT4_ROUNDS", self.INT4_ROUNDS, 1, 50, int)
         check_choice("ENGINE_MODEL", self.ENGINE_MODEL, [*EMBEDDED_MODELS, *(f"random:{n}" for n in preset_names())])
         check_dtype("ENGINE_DTYPE", self.ENGINE_DTYPE)
         check_range("ENGINE_CONTEXT", self.ENGINE_CONTEXT, 1, 8192, int)

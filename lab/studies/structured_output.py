@@ -98,7 +98,8 @@ class StructuredParams:
     MODEL: str = "smollm2-135m"  # needs its tokenizer: grammars are over its vocabulary
     DTYPE: str = "auto"  # the serving dtype, or "float32"
     BATCHES: tuple = (1, 4, 16, 32, 64)  # the mask-cost batch sizes
-    MASK_STEPS: int = 48  # timed decode steps per batch size, with and without the grammar
+    MASK_STEPS: int = 16  # timed decode steps per batch size and round, with and without the grammar
+    ROUNDS: int = 3  # interleaved runs of every batch size, on and off: the ratio's interval is their spread
     WARM_STEPS: int = 4
     LIST_ITEMS: int = 16  # the mask-cost output: a list of this many objects (long enough for every step)
     NAIVE_SAMPLE: int = 2048  # tokens the naive mask tries per state (scaled to the vocabulary)
@@ -112,9 +113,9 @@ class StructuredParams:
     HARDWARE: str = "h100-sxm"  # the projection's accelerator
     PROJECT_MODELS: tuple = ("llama-3-8b", "qwen2.5-7b", "llama-3-70b")
     PRESETS: ClassVar[dict] = {
-        "quick": {"BATCHES": (1, 32), "MASK_STEPS": 16, "NAIVE_SAMPLE": 1024, "NAIVE_POSITIONS": 12, "COMPILE_REPEATS": 3,
+        "quick": {"BATCHES": (1, 32), "MASK_STEPS": 8, "NAIVE_SAMPLE": 1024, "NAIVE_POSITIONS": 12, "COMPILE_REPEATS": 3,
                   "NESTING_DEPTHS": (1, 4, 16), "ITEMS": 16, "JUMP_ITEMS": 3},
-        "smoke": {"BATCHES": (1, 4), "MASK_STEPS": 3, "WARM_STEPS": 1, "LIST_ITEMS": 4, "NAIVE_SAMPLE": 64,
+        "smoke": {"BATCHES": (1, 4), "MASK_STEPS": 3, "ROUNDS": 1, "WARM_STEPS": 1, "LIST_ITEMS": 4, "NAIVE_SAMPLE": 64,
                   "NAIVE_POSITIONS": 3, "COMPILE_REPEATS": 1, "NESTING_DEPTHS": (1, 2), "ITEMS": 3,
                   "MAX_TOKENS": 48, "JUMP_ITEMS": 1},
         # the article's regime: the host's mask fill against a decode step of milliseconds on one GPU, batches
@@ -138,7 +139,7 @@ class StructuredParams:
             check_range("BATCHES", b, 1, 256, int)
         for d in self.NESTING_DEPTHS:
             check_range("NESTING_DEPTHS", d, 1, 64, int)
-        for name, lo, hi in (("MASK_STEPS", 1, 1000), ("WARM_STEPS", 0, 100), ("LIST_ITEMS", 1, 64),
+        for name, lo, hi in (("MASK_STEPS", 1, 1000), ("ROUNDS", 1, 50), ("WARM_STEPS", 0, 100), ("LIST_ITEMS", 1, 64),
                              ("NAIVE_SAMPLE", 1, 1 << 20), ("NAIVE_POSITIONS", 1, 1000), ("COMPILE_REPEATS", 1, 100),
                              ("ITEMS", 1, 400), ("MAX_TOKENS", 16, 1024), ("JUMP_ITEMS", 1, 400)):
             check_range(name, getattr(self, name), lo, hi, int)
@@ -185,32 +186,49 @@ def _timed_steps(p: StructuredParams, model, tok, batch: int, constrained: bool)
 
 def mask_cost(p: StructuredParams, model, tok) -> tuple[pd.DataFrame, list[list[int]]]:
     """Per timed decode step: its wall time and the mask time within it, at each batch size, grammar on and
-    off (the same prompts and lengths: the off run ignores EOS). Returns the steps and the constrained outputs."""
+    off (the same prompts and lengths: the off run ignores EOS), in `ROUNDS` interleaved rounds (on first in
+    odd rounds), so the machine's drift between runs shows as the rounds' spread. Returns the steps and the
+    first round's constrained outputs."""
     rows, outputs = [], []
-    for batch in tqdm(p.BATCHES, desc="mask cost: batch sizes"):
-        for constrained in (False, True):
-            r, out = _timed_steps(p, model, tok, batch, constrained)
-            rows += r
-            outputs += out if constrained else []
+    jobs = [(r, batch) for r in range(p.ROUNDS) for batch in p.BATCHES]
+    for r, batch in tqdm(jobs, desc="mask cost: rounds x batch sizes"):
+        for constrained in ((False, True) if r % 2 == 0 else (True, False)):
+            steps, out = _timed_steps(p, model, tok, batch, constrained)
+            rows += [{**row, "round": r} for row in steps]
+            outputs += out if constrained and r == 0 else []
     return pd.DataFrame(rows), outputs
 
 
 def mask_summary(steps: pd.DataFrame) -> pd.DataFrame:
     """Per batch size: the median step with and without the grammar, the engine's mask time, and the mask's
-    share of the constrained step; only steps where the whole batch ran count."""
+    share of the constrained step; only steps where the whole batch ran count. The ratio with / without is the
+    median over rounds of each round's ratio of median steps, its interval the rounds' span
+    (`lab.intervals.run_spread`: the machine drifts between runs more than one run's steps vary); it is
+    distinguishable from 1 only when every round falls on one side. One round's bootstrap interval over its
+    steps is shown beside it. The mask's share gets the rounds' span too."""
+    from lab.intervals import run_spread
     from lab.timing import ratio_interval
 
     rows = []
     for batch, g in steps.groupby("batch"):
         full = g[g["running"] == batch]
         on, off = full[full["grammar"]], full[~full["grammar"]]
-        ratio, lo, hi = ratio_interval(list(on["step_s"]), list(off["step_s"]))
-        rows.append({"batch": batch, "steps timed": len(on), "step without grammar ms": 1e3 * off["step_s"].median(),
-                     "step with grammar ms": 1e3 * on["step_s"].median(), "with / without": ratio,
-                     "ratio 95% low": lo, "ratio 95% high": hi, "mask ms per step": 1e3 * on["mask_s"].median(),
+        rounds = sorted(full["round"].unique())
+        ratio = run_spread([on[on["round"] == r]["step_s"].median() / off[off["round"] == r]["step_s"].median()
+                            for r in rounds])
+        share = run_spread([(on[on["round"] == r]["mask_s"] / on[on["round"] == r]["step_s"]).median()
+                            for r in rounds])
+        first_on, first_off = on[on["round"] == rounds[0]], off[off["round"] == rounds[0]]
+        _, step_lo, step_hi = ratio_interval(list(first_on["step_s"]), list(first_off["step_s"]))
+        rows.append({"batch": batch, "rounds": len(rounds), "steps timed": len(on),
+                     "step without grammar ms": 1e3 * off["step_s"].median(),
+                     "step with grammar ms": 1e3 * on["step_s"].median(), "with / without": ratio.value,
+                     "ratio runs low": ratio.low, "ratio runs high": ratio.high,
+                     "ratio one run's steps low": step_lo, "ratio one run's steps high": step_hi,
+                     "mask ms per step": 1e3 * on["mask_s"].median(),
                      "mask ms per row": 1e3 * on["mask_s"].median() / batch,
-                     "mask share of step": (on["mask_s"] / on["step_s"]).median(),
-                     "distinguishable": bool(lo > 1 or hi < 1)})
+                     "mask share of step": share.value, "share runs low": share.low, "share runs high": share.high,
+                     "distinguishable": bool(ratio.low > 1 or ratio.high < 1)})
     return pd.DataFrame(rows)
 
 

@@ -87,8 +87,9 @@ def claims_table(p: StructuredParams, validity: pd.DataFrame, summary: pd.DataFr
             f"with a 100k+ vocabulary, masking every step takes 20-30% of a step at small batch (batch {batch})",
             "20-30%", f"vocabulary {vocab_here:,}: {r['mask ms per row']:.3f} ms a row, {100 * share:.1f}% of a "
             f"{r['step with grammar ms']:.1f} ms step; step with / without the grammar {r['with / without']:.3f}x "
-            f"({r['ratio 95% low']:.3f}-{r['ratio 95% high']:.3f}"
-            f"{'' if r['distinguishable'] else ', not distinguishable from 1'})", *judged(MASK_SHARE, 100 * share)))
+            f"(span of {r['rounds']} runs {r['ratio runs low']:.3f}-{r['ratio runs high']:.3f}"
+            f"{'' if r['distinguishable'] else ', not distinguishable from 1'})",
+            *judged(MASK_SHARE, 100 * share, (100 * r["share runs low"], 100 * r["share runs high"]))))
     small = proj[proj["batch"] == proj["batch"].min()].iloc[0]
     big = proj[proj["batch"] == proj["batch"].max()].iloc[0]
     word, off = judged(MASK_SHARE, 100 * small["share, serial"])
