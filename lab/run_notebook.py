@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import html
 import json
 import os
 import traceback
@@ -61,18 +62,45 @@ def check_parameter_names(path: Path, params: dict, declared=None) -> None:
                          f"{', '.join(declared)}")
 
 
-def strip_images(notebook_path: Path) -> None:
+WIDGET_VIEW, WIDGET_STATE = "application/vnd.jupyter.widget-view+json", "application/vnd.jupyter.widget-state+json"
+
+
+def _progress_text(states: dict, model_id: str) -> str | None:
+    """A tqdm widget's last state as the text bar it stands for ("mask cost: 100%|##########| 6/6 [00:09<00:00]"):
+    tqdm.notebook draws an HBox of a label, a progress bar and a counter; nbclient saves their final values in the
+    notebook's widget state. None when the state is not such a box."""
+    box = states.get(model_id, {}).get("state", {})
+    parts = [states.get(str(c).removeprefix("IPY_MODEL_"), {}).get("state", {}) for c in box.get("children", [])]
+    bars = [p for p in parts if "max" in p and "value" in p]
+    labels = [p.get("value", "") for p in parts if "max" not in p and isinstance(p.get("value"), str)]
+    if len(bars) != 1 or len(labels) != 2:
+        return None
+    bar = bars[0]
+    done = bar["value"] / bar["max"] if bar.get("max") else 0.0
+    filled = int(round(10 * done))
+    # tqdm's labels are HTML with figure spaces: its left one ends with the percentage, its right one the counts
+    left, right = (html.unescape(t).replace("\u2007", " ").strip() for t in labels)
+    return f"{left}|{'#' * filled}{' ' * (10 - filled)}| {right}"
+
+
+def tidy_outputs(notebook_path: Path) -> None:
+    """An executed notebook as a reader should see it: its figures kept inline as PNG (other image types, larger
+    and redundant, dropped), and each progress bar replaced by its final state as text, since the widget itself
+    does not render outside a live kernel and its saved text is the bar's first state ("0%| 0/N")."""
     import nbformat
 
     nb = nbformat.read(notebook_path, as_version=4)
+    states = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     for cell in nb.cells:
         for out in cell.get("outputs", []):
             data = out.get("data", {})
-            for mime in [m for m in data if m.startswith("image/")]:
+            for mime in [m for m in data if m.startswith("image/") and m != "image/png"]:
                 del data[mime]
-                data.setdefault("text/plain", "[image saved as PNG in the run directory]")
-            if "application/vnd.jupyter.widget-view+json" in data:
-                del data["application/vnd.jupyter.widget-view+json"]
+            view = data.pop(WIDGET_VIEW, None)
+            if view is not None:
+                text = _progress_text(states, view.get("model_id", ""))
+                if text:  # a progress bar; other widgets (a study's panels) keep their own text
+                    data["text/plain"] = text
     nb.metadata.pop("widgets", None)
     nbformat.write(nb, notebook_path)
 
@@ -128,5 +156,5 @@ def run_notebook(name: str, params: dict | None = None, root: Path | None = None
                                        execution_timeout=cell_timeout, kernel_manager_class=PollingKernelManager)
         finally:
             if out.exists():
-                strip_images(out)
+                tidy_outputs(out)
     return run_dir

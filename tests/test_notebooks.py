@@ -39,7 +39,13 @@ def test_notebook_runs_in_smoke_mode_with_provenance(name, tmp_path, monkeypatch
     assert metrics["duration_s"] > 0
     assert (run_dir / f"{name}.ipynb").exists() and list(run_dir.glob("*.png")) and list(run_dir.glob("*.csv"))
     executed = nbformat.read(run_dir / f"{name}.ipynb", as_version=4)
-    assert not any("image/png" in o.get("data", {}) for c in executed.cells for o in c.get("outputs", []))
+    # every figure the run saves as a file is inline too (issue 35): at least as many inline PNGs as saved ones,
+    # outside the widget cells; progress bars are text in their final state, not the widget's first ("0%")
+    main = [c for c in executed.cells if c.cell_type == "code" and not c.source.startswith("if INTERACTIVE")]
+    inline = [o["data"]["image/png"] for c in main for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    assert len(inline) >= len(list(run_dir.glob("*.png"))) and all(len(png) > 1000 for png in inline), name
+    texts = [o.get("data", {}).get("text/plain", "") for c in main for o in c.get("outputs", [])]
+    assert not any(t.lstrip().startswith("0%|") or "widget-view" in t for t in texts), name
     widget_cells = [c for c in executed.cells if c.cell_type == "code" and c.source.startswith("if INTERACTIVE")]
     assert widget_cells, "every study notebook has a widget cell"
     for cell in widget_cells:
