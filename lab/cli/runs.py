@@ -103,6 +103,30 @@ def _results(args) -> int:
     return 0
 
 
+def _runs(args) -> int:
+    """`lab runs --stale`: every notebook's latest reference run that does not match the code, and why."""
+    from lab.run_staleness import reference_states
+    from lab.runs import results_root
+
+    root = Path(args.results_dir) if args.results_dir else results_root()
+    repo = Path(__file__).resolve().parents[2]
+    states = reference_states(root, repo)
+    shown = {nb: s for nb, s in states.items() if s[1]} if args.stale else states
+    for nb, (run_dir, reasons) in shown.items():
+        print(f"{nb:28s} {run_dir.name:32s} {'; '.join(reasons) or 'matches the code'}")
+    if args.stale and not shown:
+        print("every latest reference run matches the code")
+    return 0
+
+
+def add_runs(sub) -> None:
+    """`lab runs [--stale]`"""
+    runs = sub.add_parser("runs", help="each notebook's latest reference run and whether it matches the code")
+    runs.add_argument("--stale", action="store_true", help="list only the runs that are dirty or stale")
+    runs.add_argument("--results-dir", default=None)
+    runs.set_defaults(func=_runs)
+
+
 def add_run(sub) -> None:
     """`lab run NOTEBOOK|all`"""
     run = sub.add_parser("run", help="execute a study notebook (or 'all') through papermill into results/")

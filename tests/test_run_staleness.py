@@ -1,0 +1,52 @@
+"""`lab runs --stale` (issue 35 item 5): a reference run is stale when its notebook or a study module it imports
+(transitively, packages included) changed after the run's commit, and dirty when its tree was."""
+
+import subprocess
+
+from lab.run_staleness import run_state, studies_used
+
+
+def _git(repo, *args):
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+def _repo(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "notebooks").mkdir(parents=True)
+    (repo / "lab" / "studies" / "pkg").mkdir(parents=True)
+    (repo / "notebooks" / "01_x.py").write_text("from lab.studies import alpha as a, gamma\nimport numpy\n")
+    (repo / "lab" / "studies" / "alpha.py").write_text("from lab.studies.beta import f\n")
+    (repo / "lab" / "studies" / "beta.py").write_text("from lab.studies import pkg\n")
+    (repo / "lab" / "studies" / "pkg" / "__init__.py").write_text("X = 1\n")
+    (repo / "lab" / "studies" / "unused.py").write_text("Y = 1\n")
+    _git(repo, "init", "-q")
+    _git(repo, "-c", "user.email=a@b", "-c", "user.name=a", "add", "-A")
+    _git(repo, "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "one")
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return repo, commit
+
+
+def _run(commit, dirty=False):
+    return {"notebook": "01_x", "params": {"git_commit": commit, "git_dirty": dirty}}
+
+
+def test_the_modules_a_notebook_uses_are_found_transitively(tmp_path):
+    repo, _ = _repo(tmp_path)
+    assert studies_used(repo / "notebooks" / "01_x.py", repo) == [
+        "lab/studies/alpha.py", "lab/studies/beta.py", "lab/studies/pkg"]  # gamma does not exist: skipped
+
+
+def test_a_run_is_stale_only_when_what_it_ran_changed(tmp_path):
+    repo, commit = _repo(tmp_path)
+    assert run_state(_run(commit), repo) == []
+    (repo / "lab" / "studies" / "unused.py").write_text("Y = 2\n")  # not imported: still matches
+    assert run_state(_run(commit), repo) == []
+    (repo / "lab" / "studies" / "pkg" / "__init__.py").write_text("X = 2\n")  # two imports away, in a package
+    (state,) = run_state(_run(commit), repo)
+    assert state.startswith("stale") and "lab/studies/pkg/__init__.py" in state
+
+
+def test_a_dirty_run_and_an_unknown_commit_are_said(tmp_path):
+    repo, commit = _repo(tmp_path)
+    assert run_state(_run(commit, dirty=True), repo)[0].startswith("dirty")
+    assert run_state(_run("0" * 40), repo)[0].startswith("unknown commit")
