@@ -12,7 +12,7 @@ from lab import memory as mem
 from lab.studies import parallelism as study
 from lab.studies.parallelism_claims import claims_table
 
-from claims_shape import assert_one_shape
+from claims_shape import assert_links_find_one_row, assert_one_shape
 
 
 def test_rank_memory_adds_up_to_the_whole_model():
@@ -57,7 +57,9 @@ def test_claims_have_one_shape_and_keep_the_rows_the_ledger_links():
     per_rank = study.rank_memory(mem.ModelShape.preset(p.PROJECT_MODEL), p.PROJECT_TP)
     claims = claims_table(p, tp, study.projection(p), bubble, per_rank)
     assert_one_shape(claims)
-    for match in ("all-reduce takes up to 40%", "TP without fast links", "PP: micro-batches at least 4x",
+    assert_links_find_one_row(claims, "08_parallelism")
+    for match in ("all-reduce takes up to 40%", "TP without fast links", "communication eats most of the compute",
+                  "PP: micro-batches at least 4x",
                   "TP inside a node of at most 8 cards", "a 70B model in FP16 takes 140 GB",
                   "over 8 A100s with TP: 17.5 GB", "8-card TP across nodes"):
         assert claims["claim"].str.contains(match, regex=False).sum() == 1, match
@@ -71,3 +73,36 @@ def test_claims_have_one_shape_and_keep_the_rows_the_ledger_links():
     assert re.search(r"(?P<lo>(?P<v>\d+))% on NVLink.*?(?P<hi>\d+)% on PCIe",
                      by.loc["all-reduce takes up to 40% of a decode step with 8-way TP on a 70B model",
                             "measured here"])
+
+
+def test_tp_over_a_slow_link_is_judged_on_the_projection_and_comes_out_either_way():
+    """Seeds/003 §4.3's "even slower than one card" and §7.1's "most of the compute", on the projection over a link
+    without NVLink: PCIe Gen5's assumed latency leaves 8 cards ahead of one while the collectives take most of the
+    step; a link with a network's latency puts TP behind one card. This machine's TP=2 (which cannot win on 2 cores)
+    is shown and decides nothing."""
+    from lab.parallel.comm_model import LINKS, Link
+
+    p = study.ParallelParams()
+    tp = pd.DataFrame([{"phase": "decode", "tokens": 1, "TP=1 ms": 14.0, "TP=2 ms": 99.0,
+                        "comm share (measured)": 0.72, "speedup": 14 / 99}])
+
+    def rows(link):
+        proj = study.projection(p, {"nvlink-h100x8": LINKS["nvlink-h100x8"], "pcie5-h100x8": link})
+        by = claims_table(p, tp, proj, _bubble(), study.rank_memory(mem.ModelShape.preset(p.PROJECT_MODEL),
+                                                                      p.PROJECT_TP)).set_index("claim")
+        slower = by[by.index.str.startswith("TP without fast links")].iloc[0]
+        most = by[by.index.str.contains("communication eats most of the compute")].iloc[0]
+        return slower, most
+
+    slower, most = rows(LINKS["pcie5-h100x8"])
+    assert slower["verdict"] == "wrong" and float(re.match(r"[\d.]+", slower["measured here"]).group()) > 1
+    assert "gloo" in slower["measured here"] and "decides nothing" in slower["note"]
+    assert most["verdict"] == "holds"
+    slower, _ = rows(Link("a network link", 500e-6, 10e9))
+    assert slower["verdict"] == "holds"
+
+
+def _bubble():
+    return pd.DataFrame([{"phase": phase, "micro_batches": m, "m >= 4p": m >= 8, "wait share (measured)": 0.1,
+                          "bubble (p - 1) / (m + p - 1)": 1 / (m + 1), "PP=2 ms": 100.0}
+                         for phase in ("prefill", "decode") for m in (1, 8)])

@@ -3,6 +3,7 @@ per-run forms of the speedup model, step costs timed on the engine, the per-cate
 run, and `lab spec`."""
 
 import json
+import math
 from types import SimpleNamespace
 
 import pandas as pd
@@ -14,7 +15,7 @@ from lab.spec.prompts import LAB_PROMPTS, MULTI_TURN, load_prompts
 from lab.spec.theory import expected_tokens_by_position, expected_tokens_per_round, predicted_run_speedup
 from lab.intervals import Interval
 from lab.studies.spec_acceptance import SpecParams, policy_table, summarize
-from lab.studies.spec_acceptance_claims import claims_table, range_verdict
+from lab.studies.spec_acceptance_claims import CUT_OFF, _cut_off_row, break_even, claims_table, range_verdict
 from lab.studies.spec_acceptance_intervals import drafter_comparison
 
 from claims_shape import assert_links_find_one_row, assert_one_shape
@@ -207,6 +208,23 @@ def test_the_claims_table_has_one_shape_and_keeps_the_rows_the_ledger_links():
     quantized = by.loc["draft cost ratio c is typically 0.03-0.1 (quantized)"]
     assert "bandwidth-bound int4 kernel" in quantized["measured here"] and "packed" in quantized["note"]
     assert not claims["claim"].str.startswith("(no claim)").any()  # context joins its claim's row
+
+
+def test_the_cut_off_is_where_the_formula_falls_to_1_1x_and_could_have_held():
+    """Seeds/003 §5.1's "below a = 0.4 hardly worth it", by its own formula: the a at which k = 4, c = 0.05 reach
+    1.1x (not the speedup at exactly 0.4); a dearer draft would put that point above 0.4 and the claim would hold."""
+    from lab.ledger.rules import verdict
+    from lab.spec.theory import predicted_speedup
+
+    a = break_even(0.05, 4)
+    assert predicted_speedup(a, 4, 0.05) == pytest.approx(1.1, abs=1e-6) and a < 0.3
+    assert break_even(0.05) < a  # the best k pays even lower
+    assert verdict(CUT_OFF, a) == "wrong" and verdict(CUT_OFF, break_even(0.3, 4)) == "holds"
+    assert math.isnan(break_even(1.0, 4, verify_cost=2.0))  # 5 tokens for 6 steps at best: never
+    overall = pd.DataFrame({"c_effective": [0.001, float("nan")], "v(k)": [1.2, 1.0]}, index=["ngram", "idle"])
+    row = _cut_off_row(overall, 4)
+    assert row["verdict"] == "wrong" and row["measured here"].startswith(f"{a:.4f}"[:4])
+    assert "(ngram)" in row["measured here"] and "idle" not in row["measured here"]
 
 
 def test_drafters_are_compared_on_the_same_prompts():

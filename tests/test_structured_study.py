@@ -12,7 +12,7 @@ from lab.studies import structured_output as study
 from lab.studies import structured_output_task as task
 from lab.studies.structured_output_claims import claims_table, projection
 
-from claims_shape import assert_one_shape
+from claims_shape import assert_links_find_one_row, assert_one_shape
 
 
 def test_wilson_matches_published_values():
@@ -103,39 +103,60 @@ def test_projection_share_grows_with_batch_and_overlap_hides_it():
     assert first["share, naive mask"] > 0.9
 
 
-def _claims(valid_with_grammar=1.0, share_at_64=0.25, naive_agrees=True):
-    """Notebook 07's claims table from small hand-made measurements (the reference run's shapes)."""
+def _claims(valid_with_grammar=1.0, share_at_1=0.02, naive_s=0.03, naive_agrees=True):
+    """Notebook 07's claims table from small hand-made measurements (the reference run's shapes): a 15 ms step at
+    batch 1, the precompiled mask `share_at_1` of it, the naive mask `naive_s` a state."""
     p = study.StructuredParams()
     validity = pd.DataFrame([
         {"grammar": g, "temperature": t, "outputs": 40, "schema_valid": v, "tokens per valid answer": n,
          "seconds per valid answer": s}
         for t in (0.0, 0.7) for g, v, n, s in (("on", valid_with_grammar, 35.0, 0.05), ("off", 0.75, 56.0, 0.08))])
     summary = pd.DataFrame([{"batch": b, "mask share of step": share, "mask ms per row": 0.2,
-                             "step with grammar ms": 15.0, "with / without": 1.1, "rounds": 3, "ratio runs low": 1.05,
-                             "ratio runs high": 1.15, "share runs low": share * 0.9, "share runs high": share * 1.1,
-                             "distinguishable": True} for b, share in ((1, 0.02), (64, share_at_64))])
-    components = pd.DataFrame({"naive_s": [0.03, 0.03], "fill_s": [2e-6, 3e-6], "apply_s": [1e-4, 1e-4],
+                             "step with grammar ms": 15.0, "step without grammar ms": 15.0, "with / without": 1.1,
+                             "rounds": 3, "ratio runs low": 1.05, "ratio runs high": 1.15,
+                             "share runs low": share * 0.9, "share runs high": share * 1.1,
+                             "distinguishable": True} for b, share in ((1, share_at_1), (64, 0.25))])
+    components = pd.DataFrame({"naive_s": [naive_s, naive_s], "fill_s": [2e-6, 3e-6], "apply_s": [1e-4, 1e-4],
                                "naive_agrees": [True, naive_agrees]})
     depth = pd.DataFrame({"depth": [1, 8, 32], "compile ms": [4.0, 8.0, 16.0], "fill us median": [2.8, 2.5, 2.3]})
     compile_df = pd.DataFrame({"grammar": ["recursive tree ($ref)"], "cold ms": [0.7]})
-    proj = projection(p, fill_s_per_row=1e-4, naive_s_per_row=0.03, vocab_here=49152, batches=(1, 128),
+    proj = projection(p, fill_s_per_row=1e-4, naive_s_per_row=naive_s, vocab_here=49152, batches=(1, 128),
                       models=("llama-3-8b",))
     return claims_table(p, validity, summary, components, depth, compile_df, proj, 49152)
+
+
+def _mask_row(claims):
+    return claims[claims["claim"].str.contains("两三成): this machine", regex=False)].iloc[0]
 
 
 def test_claims_have_one_shape_and_keep_the_rows_the_ledger_links():
     claims = _claims()
     assert_one_shape(claims)
-    for match in ("makes the format absolutely correct", "and faster: a smaller", "at small batch (batch 1)",
-                  "at small batch (batch 64)", "(the same, projected)", "precompiling the state transitions",
-                  "deeply nested schemas", "vocabularies run to a hundred thousand"):
+    assert_links_find_one_row(claims, "07_structured_output")
+    for match in ("makes the format absolutely correct", "and faster: a smaller", "两三成): this machine",
+                  "(the same, projected)", "precompiling the state transitions", "deeply nested schemas",
+                  "vocabularies run to a hundred thousand"):
         assert claims["claim"].str.contains(match, regex=False).sum() == 1, match
-    batch = claims[claims["claim"].str.contains("at small batch")].set_index("claim")
-    assert list(batch["verdict"]) == ["wrong", "holds"]  # 2% and 25% against 20-30%
-    assert re.search(r"(?P<v>[\d.]+)% of a", batch["measured here"].iloc[1]).group("v") == "25.0"  # the ledger's
-    assert batch["note"].iloc[0].startswith("the lab gets")
+    assert not claims["claim"].str.contains("batch 64").any()  # the article speaks of small batches only
     nested = claims[claims["claim"].str.startswith("deeply nested")].iloc[0]
-    assert nested["verdict"] == "wrong" and "pushdown automaton" in nested["note"]  # compile ~ depth^0.4
+    assert nested["verdict"] == "not checkable here" and "pushdown automaton" in nested["measured here"]
+    vocab = claims[claims["claim"].str.startswith("vocabularies")].iloc[0]
+    assert vocab["verdict"] == "not checkable here" and "tiny" not in vocab["measured here"]
+
+
+def test_the_full_mask_s_share_spans_the_precompiled_and_the_naive_mask_and_can_come_out_either_way():
+    """The article's 20-30% is a mask computed in full every step: its cost lies between xgrammar's precompiled
+    fill and the naive mask, the span the verdict rests on; it holds only when the whole span is inside 20-30%."""
+    span = r"^(?P<v>[\d.]+)% \[(?P<lo>[\d.]+), (?P<hi>[\d.]+)\]"
+    cases = {(0.02, 0.03): "not distinguishable",  # 2% to 67%: across the range
+             (0.22, 0.0055): "holds",  # 22% to 27%
+             (0.02, 0.001): "wrong"}  # 2% to 6%
+    for (share, naive_s), want in cases.items():
+        row = _mask_row(_claims(share_at_1=share, naive_s=naive_s))
+        assert row["verdict"] == want, (share, naive_s)
+        m = re.search(span, row["measured here"])
+        assert float(m["lo"]) == pytest.approx(100 * share, abs=0.05)
+        assert float(m["v"]) == float(m["hi"]) == pytest.approx(100 * naive_s / (0.015 + naive_s), abs=0.05)
 
 
 def test_a_cut_output_or_a_disagreeing_mask_makes_its_claim_wrong_with_the_reason():

@@ -4,7 +4,9 @@ seeds/003 sections 1.1 and 4.3), set against notebook 08's measurements and proj
 and section), what the lab measured or computed, the verdict and why. Every verdict on a number is
 `lab.ledger.rules.verdict` on it (`lab.claims.judged`): the 40% all-reduce share against the span its unknown
 latency allows, the memory figures as estimates within 2%, and the notebook's criteria for the qualitative claims
-(TP=2 slower than TP=1, the bubble at most 20%) as `Bound`s."""
+as `Bound`s (TP over a link without NVLink slower than one card, its collectives over half the step, the bubble at
+most 20%). TP over a slow link is judged on the projection: on this machine TP=2 over gloo cannot beat TP=1 (two
+processes share the 2 cores one uses), so its measurement is shown and decides nothing."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from lab import memory as mem
-from lab.claims import NOT_CHECKABLE, Bound, Number, claim_row, judged
+from lab.claims import NOT_CHECKABLE, Bound, Number, claim_row, judged, shown
 
 if TYPE_CHECKING:
     from lab.studies.parallelism import ParallelParams
@@ -37,16 +39,7 @@ def claims_table(p: ParallelParams, tp: pd.DataFrame, proj: pd.DataFrame, bubble
         f"{nv['alpha for 40% (us)']:.0f} us on NVLink", word,
         "; ".join(x for x in (off, "the span, NVLink to PCIe, is what the unknown all-reduce latency allows (a real "
                                    "step is longer than its roofline bound, which lowers the share)") if x)))
-    dec = tp[(tp["phase"] == "decode")].sort_values("tokens").iloc[0]
-    big = proj[proj["batch"] == proj["batch"].max()].set_index("link")
-    rows.append(claim_row(
-        "TP without fast links: communication eats the gain, even slower than one card", "slower (seeds/003 §4.3)",
-        f"this machine (gloo over loopback): decode at batch {int(dec.tokens)} {dec['TP=1 ms']:.0f} ms at TP=1, "
-        f"{dec['TP=2 ms']:.0f} ms at TP=2 ({100 * dec['comm share (measured)']:.0f}% in collectives); projected "
-        f"PCIe at batch {int(big.loc['pcie5-h100x8', 'batch'])}: {100 * big.loc['pcie5-h100x8', 'comm share']:.0f}% "
-        f"of the step, NVLink {100 * big.loc['nvlink-h100x8', 'comm share']:.0f}%",
-        judged(Bound("1", above=False), dec["speedup"])[0],
-        "here: TP=2 is slower than one process" if dec["speedup"] < 1 else "not here: TP=2 is faster"))
+    rows += _slow_link_rows(p, tp, proj)
     pre = bubble[bubble["phase"] == "prefill"].sort_values("micro_batches")
     dec_b = bubble[bubble["phase"] == "decode"].sort_values("micro_batches")
     at = pre[pre["m >= 4p"]]
@@ -76,6 +69,50 @@ def claims_table(p: ParallelParams, tp: pd.DataFrame, proj: pd.DataFrame, bubble
     rows.append(claim_row("8-card TP across nodes adds 10-15% to TTFT", "10-15% (seeds/002 §2.3)", "one machine here",
                           NOT_CHECKABLE, "needs two nodes"))
     return pd.DataFrame(rows)
+
+
+SLOW_LINK = "pcie5-h100x8"  # the link without NVLink the projection has
+ONE_CARD = Bound("1", above=False)  # "even slower than one card": TP's speedup over one card under 1
+MOST = Bound("50", above=True)  # "most of the compute": the collectives over half the step, in percent
+
+
+def _slow_link_rows(p: ParallelParams, tp: pd.DataFrame, proj: pd.DataFrame) -> list[dict]:
+    """TP over a link without NVLink (seeds/003 §4.3 and §7.1), projected: PROJECT_MODEL's decode step at PROJECT_TP
+    (the roofline's step for a rank's share, plus the alpha-beta collectives) against the same model's roofline step
+    on one card (as if it fit: PROJECT_TP times a rank's), and the collectives' share of the step. This machine's
+    TP=2 over gloo is shown beside it, but cannot decide it: two processes on 2 cores share the cores one process
+    already uses, so TP=2 cannot come out faster (it holds by construction)."""
+    slow = proj[proj["link"] == SLOW_LINK].assign(
+        speedup=lambda d: p.PROJECT_TP * d["compute ms"] / (d["compute ms"] + d["comm ms"]))
+    worst, best = slow.loc[slow["speedup"].idxmin()], slow.loc[slow["speedup"].idxmax()]
+    # the latency at which TP's step reaches one card's (PROJECT_TP x a rank's compute): alpha + the slack per
+    # collective (the all-reduces and the LM head's gather), at the batch where it comes first
+    alpha = (slow["alpha_us"] + 1e3 * ((p.PROJECT_TP - 1) * slow["compute ms"] - slow["comm ms"])
+             / (slow["all-reduces"] + 1)).min()
+    dec = tp[(tp["phase"] == "decode")].sort_values("tokens").iloc[0]
+    here = (f"this machine (gloo over loopback, 2 cores): TP=2 {dec['speedup']:.2f}x TP=1 at batch {int(dec.tokens)}, "
+            f"{100 * dec['comm share (measured)']:.0f}% in collectives")
+    setting = (f"{p.PROJECT_MODEL} at TP={p.PROJECT_TP} over 8x H100 PCIe Gen5 without NVLink (roofline step + "
+               f"alpha-beta collectives, alpha {worst['alpha_us']:.0f} us assumed)")
+    rows = [claim_row(
+        "TP without fast links: communication eats the gain, even slower than one card (没有高速互联硬上张量并行…"
+        "甚至比单卡还慢)", "slower (seeds/003 §4.3)",
+        f"{shown(worst['speedup'], ONE_CARD)}x one card at batch {int(worst.batch)} ({best['speedup']:.2f}x at batch "
+        f"{int(best.batch)}): {setting}; slower than one card once an all-reduce takes over {alpha:.0f} us; {here}",
+        *judged(ONE_CARD, worst["speedup"]))]
+    rows[0]["note"] = "; ".join(x for x in (rows[0]["note"], (
+        "projected: one card's step is the roofline's for the whole model, as if it fit; on this machine TP=2 "
+        "cannot beat TP=1 (two processes share the cores one uses), so it decides nothing")) if x)
+    share = 100 * slow["comm share"]
+    top = slow.loc[share.idxmax()]
+    rows.append(claim_row(
+        "TP on a machine without fast links: communication eats most of the compute (通信开销能把大部分算力吃掉)",
+        "most (seeds/003 §7.1)",
+        f"{shown(share.max(), MOST)}% of the step in collectives at batch {int(top.batch)} ({share.min():.0f}% at "
+        f"batch {int(slow.loc[share.idxmin()].batch)}): {setting}; NVLink at most "
+        f"{100 * proj[proj['link'] != SLOW_LINK]['comm share'].max():.0f}%",
+        *judged(MOST, share.max())))
+    return rows
 
 
 def plot_bubble(bubble: pd.DataFrame):
