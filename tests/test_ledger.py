@@ -119,7 +119,8 @@ def test_every_linked_row_is_in_the_committed_reference_runs(entries):
 
 def test_the_rules_decide_the_rows_the_notebooks_once_judged_by_their_own(entries):
     assert entries["003-59"].verdict == ROUNDING  # 35.8 vs 35.86
-    assert entries["003-36"].verdict == WRONG  # c = 0.001 against 0.03-0.1 (notebook 05 now checks the range too)
+    # c = 0.001 against 0.03-0.1 (notebook 05 checks the range too), a time ratio on this CPU: wrong in this setting
+    assert entries["003-36"].in_setting == WRONG and entries["003-36"].verdict == NOT_CHECKABLE
     assert entries["000-29"].verdict == NOT_DISTINGUISHABLE  # 40% inside the 32-49% the latency allows
     assert "one H100" in entries["000-22"].why and entries["000-22"].verdict == WRONG
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lab.ledger import seed000, seed002, seed003
+from lab.ledger import seed000, seed002, seed003, seed003_serving
 from lab.ledger.gather import Entry, gather
 from lab.ledger.record import Cause, Claim, cause_table
 from lab.ledger.report import write_csv, write_markdown
 from lab.ledger.rules import MISSING
 
-CLAIMS: list[Claim] = [*seed000.CLAIMS, *seed002.CLAIMS, *seed003.CLAIMS]
+CLAIMS: list[Claim] = [*seed000.CLAIMS, *seed002.CLAIMS, *seed003.CLAIMS, *seed003_serving.CLAIMS]
 # Per seed, the article's mistakes by key: what a wrong claim's `cause` names.
 CAUSES: dict[str, dict[str, Cause]] = {"000": cause_table(seed000.CAUSES), "002": cause_table(seed002.CAUSES),
                                        "003": cause_table(seed003.CAUSES)}

@@ -1,64 +1,60 @@
-"""Every numeric or testable claim of seeds/003 (LLM deployment: memory, quantization, scheduling), by section.
+"""Every numeric or testable claim of seeds/003 (LLM deployment: memory, quantization, scheduling), by section: §1-§3
+here, §4-§7 in `seed003_serving`, which shares `CAUSES` and the helpers below.
 
-Checked by notebook 01 (memory accounting and INT4 decode), 02 (weight quantization), 03 (KV-cache quantization),
-05 (speculative decoding), 07 (structured output) and 08 (parallelism). Notebook 06 measures
-several of its claims but writes no claims table yet; those rows say so.
+Checked by notebook 01 (memory accounting, INT4 decode, and the article's own arithmetic recomputed:
+`lab.studies.arithmetic.s003`), 02 (weight quantization), 03 (KV-cache quantization), 05 (speculative decoding), 07
+(structured output) and 08 (parallelism). Each claim names the setting it is about and its scope (issue 40): the
+article speaks of 70B models on 80 GB GPUs, so its speed claims need a GPU or a projection to one, and its weight-
+accuracy claims a 16-bit checkpoint; the lab's embedded model is already 4-bit. Where a row quotes the article, the
+Chinese follows the English (「…」).
 
-Its wrong verdicts come from fewer mistakes (`CAUSES`, which CLAIMS.md counts), most of them in §5.1's model of
-speculative decoding (the draft's cost, the verification's, acceptance by task) and §5.3's cost of the mask.
+Its wrong verdicts come from fewer mistakes (`CAUSES`, which CLAIMS.md counts): its rounding, its sizing example's
+shape, and its model of speculative decoding (a cut-off in a alone, acceptance by task alone), of KV formats and of TP
+over slow links.
 """
 
 from __future__ import annotations
 
 from lab.ledger.record import Cause, Claim, Link
-from lab.ledger.rules import NOT_CHECKABLE, NOT_YET, Number, Range
+from lab.ledger.rules import ARITHMETIC, NOT_CHECKABLE, NOT_YET, Bound, Number, Range
 
 MEM, QUANT, KV, SPEC, STRUCT, PAR = ("01_memory_accounting", "02_quantization_accuracy", "03_kv_quantization",
                                      "05_speculative_acceptance", "07_structured_output", "08_parallelism")
 SETTING = "a recommended setting, not a statement with a truth value"
 NO_ROW_06 = "notebook 06 measures it but writes no claims table"
-SECTION_6_2 = ("§6.2's worked example gives a 70B model 32 layers; a real 70B has 80 (KV 80 GiB, 119 GiB in all, per "
-               "issue 23), which lab.memory would check; no notebook row recomputes the example that way")
+FOUR_BIT = ("the embedded model's weights are already 4-bit (a Q4_1 GGUF), so quantizing them again says nothing of "
+            "quantizing a 16-bit model")
+# The settings claims are about (`Claim.about`), where several rows share one.
+A70 = "a 70B model (the article's: 32 layers x 8 KV heads x 128), 80 GB GPUs"
+INT4_DECODE = "a GPU's INT4 (GPTQ/AWQ) decode kernels against FP16, a 70B-class model"
+QUANT_16 = "4-bit GPTQ/AWQ of a 16-bit model, its calibration set, any device"
+KV_ANY = "a KV cache quantized to FP8/INT8/INT4 in online serving, any model and device"
+PAGED = "a paged KV cache (vLLM-style) against a contiguous reservation per request, real request lengths"
 
 # The article's mistakes behind its wrong verdicts (a claim's `cause`), in the order they first appear.
 CAUSES = (
-    Cause("gptq-over-awq", "§2.1", "It gives GPTQ a general edge over AWQ in perplexity, a ranking that depends on "
-                                   "the model and its calibration, and that the lab's model at 4 bits reverses."),
-    Cause("int4-speedup-fixed", "§2.1", "It gives INT4 decode a fixed 2-2.5x over FP16, when the speedup is what the "
-                                        "saved weight bytes are worth in the step, which the kernel and the batch "
-                                        "decide: fewer bytes read is not the same factor of time, and once the batch "
-                                        "makes the step compute-bound INT4 can be slower."),
-    Cause("perplexity-insensitive", "§2.2", "It takes perplexity to be insensitive to weight quantization (a rise of "
-                                            "a few tenths), which depends on the model and the bit width: the best "
-                                            "4-bit method raises the lab's 135M model's perplexity by over 10%."),
     Cause("kv-format-not-scale", "§2.3", "It ranks KV-cache formats by number type alone (FP8 usually safe, INT8 "
                                          "needs care), when the scale's granularity matters as much: INT8 with "
                                          "per-token scales keeps more precision than FP8 with one per-tensor scale, "
                                          "as its own advice on per-token scales later in §2.3 implies."),
-    Cause("draft-cost-fixed", "§5.1", "It takes a draft's cost c to be 0.03-0.1 of a target step, when c is the "
-                                      "drafter's time per step over the target's, which its kind sets: an n-gram "
-                                      "lookup costs far less, and a draft that runs a model forward (layer-skip, a "
-                                      "quantized copy) pays fixed per-step costs that do not shrink with its size."),
-    Cause("acceptance-cut-off", "§5.1", "It puts speculation's break-even at an acceptance rate of 0.4 alone, when by "
-                                        "its own formula a = 0.4 with c = 0.05 still gives 1.37x at k = 4 (1.42x at "
-                                        "k = 2): where speculation stops paying depends on c and k too."),
-    Cause("verify-one-step", "§5.1", "It prices verifying k drafts as one target step (a round costs 1 + k c), when "
-                                     "verification is a (k+1)-token forward with k+1 LM-head rows, which costs more "
-                                     "than a one-token step unless the step is wholly bound by reading weights."),
+    Cause("rounded-down", "§3.1", "Its prose rounds its own arithmetic down a digit: 1 - 500/4096 = 0.88 as eight "
+                                  "tenths (八成, §3.1), 70e9 x 0.55 B = 35.86 GiB as 35.8 where its own code prints "
+                                  "35.9 (§6.2)."),
+    Cause("tp-slow-link", "§4.3", "It expects tensor parallelism over a link without NVLink to fall behind one card, "
+                                  "when each card then reads only its share of the weights: projected over PCIe Gen5, "
+                                  "8 cards stay well ahead of one even where the collectives take most of the step; "
+                                  "TP falls behind only at an all-reduce latency of a network link, not of PCIe."),
+    Cause("acceptance-cut-off", "§5.1", "It puts speculation's break-even at an acceptance rate of 0.4 alone, when "
+                                        "its own formula with its own c = 0.05 and k = 4 still gives 1.1x well below "
+                                        "a = 0.4: where speculation stops paying depends on c, k and the cost of "
+                                        "verification, not on a alone."),
     Cause("acceptance-by-task", "§5.1", "It attaches acceptance rates to the task type (code, rewriting, translation "
                                         "and summarization at 0.7 or more, open-ended writing under 0.5), when "
                                         "acceptance depends as much on the drafter: on the same prompts the lab's "
                                         "three drafters fall on both sides of both lines."),
-    Cause("mask-share", "§5.3", "It puts the vocabulary mask at 20-30% of a step at small batch, when its share "
-                                "depends on how the mask is computed (a precompiled one is a few percent at batch 1, "
-                                "one tried token by token nearly the whole step) and grows with the batch, one mask "
-                                "per row, rather than being a small-batch cost."),
-    Cause("nesting-explodes", "§5.3", "It expects deep nesting to blow up the state machine a JSON schema compiles "
-                                      "to, as it would a finite automaton, when constrained decoders compile schemas "
-                                      "to a pushdown automaton whose stack takes nesting and recursion at a cost "
-                                      "that grows slower than the depth."),
-    Cause("rounded-down", "§6.2", "Its prose prints 70e9 x 0.55 B = 35.86 GiB as 35.8, where its own code prints "
-                                  "35.9."),
+    Cause("example-shape", "§6.2", "Its sizing example gives a 70B model the 32 layers of an 8B one (8 KV heads x "
+                                   "128, hidden 4096): a real 70B has 80 layers and holds 2.5x that KV cache, so the "
+                                   "example that 'just fits' an 80 GB card does not fit it, nor do its remedies."),
 )
 
 
@@ -70,163 +66,188 @@ def kv(claim: str) -> Link:
     return Link(KV, claim)
 
 
-CLAIMS = [
+def arith(match: str) -> Link:
+    """A row of notebook 01's claims table that recomputes the article's arithmetic (`lab.studies.arithmetic`)."""
+    return Link(MEM, match, evidence=ARITHMETIC)
+
+
+MEMORY = [
     c(1, "§1.1", "A 70B model stored in FP16 takes 140 GB and does not fit one 80 GB card.", "140 GB",
-      link=Link(PAR, "a 70B model in FP16 takes 140 GB", lab_pattern=r"(?P<v>\d+(?:\.\d+)?) GB"),
-      rule=Number("140", exact=False)),
-    c(2, "§1.1", "In INT4 with group scales and zero points a 70B model takes 38-42 GB.", "38-42 GB",
-      link=Link(MEM, "70B in INT4 with group scales"), rule=Range("38", "42")),
+      link=Link(PAR, "a 70B model in FP16 takes 140 GB", lab_pattern=r"(?P<v>\d+(?:\.\d+)?) GB", evidence=ARITHMETIC),
+      rule=Number("140", exact=False), about="a 70B model (Llama-3-70B), FP16 weights", scope="arithmetic"),
+    c(62, "§1.1", "In INT4 the weights drop to about 35 GB (「换成 INT4 之后权重降到 35GB 左右」).", "about 35 GB",
+      link=arith("70e9 weights at 4 bits"), rule=Number("35"), about="70e9 weights at 4 bits, before scales",
+      scope="arithmetic"),
+    c(2, "§1.1", "With group scales and zero points (「再加上 group scale 和 zero point 的额外开销」) a 70B model in INT4 "
+                 "takes 38-42 GB.", "38-42 GB",
+      link=arith("group scales and zero points"), rule=Range("38", "42"),
+      why="zero points counted, as the claim says (notebook 01's row on symmetric INT4, scales only, leaves them out)",
+      about="Llama-3-70B, INT4 group 128 with fp16 scales and zero points, embeddings and LM head unquantized",
+      scope="arithmetic"),
     c(3, "§1.1", "KV per token for 32 layers, 8 KV heads, head_dim 128 in FP16 is 131,072 B (128 KB).", "131072 B",
-      link=Link(MEM, "KV per token, 32 layers x 8 KV heads"), rule=Number("131072")),
+      link=arith("KV per token, 32 layers x 8 KV heads"), rule=Number("131072"),
+      about="32 layers x 8 KV heads x 128, FP16 KV", scope="arithmetic"),
     c(4, "§1.1", "One 8K-token request of that model holds 1 GB of KV.", "1 GB",
-      link=Link(MEM, "same model, one request of 8K tokens"), rule=Number("1")),
+      link=arith("same model, one request of 8K tokens"), rule=Number("1"),
+      about="32 layers x 8 KV heads x 128, FP16 KV, 8K tokens", scope="arithmetic"),
     c(5, "§1.1", "Thirty-two such requests hold 32 GB of KV (repeated in §6.2).", "32 GB",
-      link=Link(MEM, "KV of 8K x 32 requests"), rule=Number("32")),
+      link=arith("KV of 8K x 32 requests"), rule=Number("32"),
+      about="32 layers x 8 KV heads x 128, FP16 KV, 32 requests of 8K", scope="arithmetic"),
+    c(63, "§1.1", "With MHA (32 KV heads) a token holds 512 KB of KV (「每 token 就是 512KB」).", "512 KB",
+      link=arith("KV per token with MHA"), rule=Number("512"), about="32 layers x 32 KV heads x 128, FP16 KV",
+      scope="arithmetic"),
     c(6, "§1.1", "With MHA (32 KV heads) an 8K-token request holds 4 GB of KV.", "4 GB",
-      link=Link(MEM, "MHA (32 KV heads)"), rule=Number("4")),
-    c(7, "§1.1", "Activations need a 2-4 GB margin.", "2-4 GB", verdict=NOT_CHECKABLE,
-      why="a safety margin that depends on the batch's token budget, not one number"),
+      link=arith("MHA (32 KV heads)"), rule=Number("4"), about="32 layers x 32 KV heads x 128, FP16 KV, 8K tokens",
+      scope="arithmetic"),
+    c(7, "§1.1", "Activations need a 2-4 GB margin (「通常留 2~4GB 余量比较稳妥」).", "2-4 GB",
+      link=arith("activation peak of a Llama-3-70B forward"), rule=Range(None, "4"),
+      why="the forward's activation peak at the largest step the article names (8192 batched tokens, §3.2), "
+          "estimated from the model's shape; a margin holds when the peak fits in it",
+      about="a 70B model (Llama-3-70B), bf16 activations, up to 8192 batched tokens and 32 sequences",
+      scope="behaviour"),
     c(8, "§1.2", "Decode reads 40 GB of INT4 weights at 2 TB/s in 20 ms: at most 50 tokens/s per request.", "20 ms",
-      link=Link(MEM, "decode lower bound for 40 GB"), rule=Number("20")),
-    c(9, "§1.2", "Real kernels reach 60-70% of that bound: about 30 tokens/s per request.", "about 30 tokens/s",
-      verdict=NOT_CHECKABLE, why="needs a 2 TB/s GPU and a 70B INT4 model (notebook 01 measures the CPU engine at "
-                                 "3.2x its own bound)"),
+      link=arith("decode lower bound for 40 GB"), rule=Number("20"),
+      about="40 GB of weights at 2 TB/s, batch 1", scope="arithmetic"),
+    c(9, "§1.2", "Real kernels reach 60-70% of that bound (「实际 kernel 效率打个六七折」): about 30 tokens/s per "
+                 "request.", "about 30 tokens/s", verdict=NOT_CHECKABLE,
+      why="a GPU kernel's share of its bandwidth bound: needs a 70B INT4 model on a 2 TB/s GPU, decoding at batch 1, "
+          "against 20 ms a token; notebook 01 times this CPU's engine against its own roofline "
+          "(roofline_vs_engine.csv), which says nothing of a GPU kernel's efficiency",
+      about="a 70B INT4 model on a 2 TB/s GPU, batch 1, the serving stack's decode kernels", scope="gpu-speed"),
     c(10, "§1.2", "Prefill of 4096 tokens on a 70B model is about 5.7e14 FLOPs (573 TFLOPs).", "5.7e14",
-      link=Link(MEM, "prefill FLOPs of a 70B model on 4096 tokens"), rule=Number("5.73e14")),
-    c(11, "§1.2", "At 300+ TFLOP/s and 40% utilisation that prefill takes 4+ seconds.", "4+ s", verdict=NOT_YET,
-      why="arithmetic on the row above (lab.roofline's prefill time at 40% of an A100's 312 TFLOP/s); no row "
-          "computes it",
-      decider="arithmetic: 5.73e14 FLOPs at 40% of an A100's 312 TFLOP/s (lab.roofline), against 4+ s"),
+      link=arith("prefill FLOPs of a 70B model on 4096 tokens"), rule=Number("5.73e14"),
+      about="a 70B model, 4096 prompt tokens, 2 x params x tokens", scope="arithmetic"),
+    c(11, "§1.2", "At 300+ TFLOP/s and 40% utilisation that prefill takes 4+ seconds (「四秒多」).", "4+ s",
+      link=arith("prefill of 5.73e14 FLOPs at 40%"), rule=Range("4.0", "4.9"),
+      why="an A100's 312 TFLOP/s stands for the article's 'three hundred and some' (三百多)",
+      about="5.73e14 FLOPs on a 300+ TFLOP/s GPU (an A100) at 40% utilisation", scope="arithmetic"),
+    c(64, "§1.2", "Batching is the way to raise throughput: one read of the weights serves tens of requests "
+                  "(「一次读权重同时算几十个请求把带宽成本摊薄」).", "amortized",
+      verdict=NOT_YET, why="notebook 01 times decode steps at batch 1 to 32 (roofline_vs_engine.csv) but writes no "
+                           "claims row on them",
+      decider="notebook 01's roofline_vs_engine.csv as a claims row: tokens per second at batch 32 over batch 1 "
+              "(batch / measured_ms), against a gain of well over 1 while the step stays memory-bound",
+      about="decode while bandwidth-bound, any device, batch 1 to tens", scope="behaviour"),
     c(12, "§1.3", "A 50 ms TPOT is 20 tokens/s per request; 32 concurrent requests make 640 tokens/s.", "640 tokens/s",
-      verdict=NOT_YET, why="arithmetic no notebook row states (1000/50 x 32 = 640)",
-      decider="arithmetic: 1000 / 50 x 32, against 640"),
-    c(13, "§2", "INT4 quantization often doubles throughput on the same card.", "2x", verdict=NOT_YET,
-      why="notebook 01's int4_decode table measures INT4 against bf16 at batch 1 and 32 but has no row for "
-          "throughput",
-      decider="notebook 01's int4_decode table as a claims row: tokens per second, INT4 against bf16 at batch 32, "
-              "against 2x"),
-    c(14, "§2.1", "FP8 weights are nearly lossless and need no calibration.", "nearly lossless", verdict=NOT_YET,
-      why="notebook 02 quantizes weights to int8, int4 and int3, not fp8",
-      decider="notebook 02's accuracy pipeline with fp8 (e4m3) weights: perplexity and the sensitive pass rate "
-              "against bf16"),
+      link=arith("32 requests at a TPOT of 50 ms"), rule=Number("640"), about="any: 32 requests at 50 ms TPOT",
+      scope="arithmetic"),
+]
+
+QUANTIZATION = [
+    c(13, "§2", "INT4 quantization often doubles throughput on the same card (「吞吐往往翻倍」).", "2x",
+      verdict=NOT_CHECKABLE,
+      why="a throughput on a GPU card, where INT4 also frees memory for a larger batch; this CPU's int4 kernel is "
+          "timed against bf16 in notebook 01 (the INT4 decode rows, 003-16/17, with the bytes-read bound beside "
+          "them); what would decide it: tokens per second of a 70B served in INT4 and in FP16 on the same GPU, each "
+          "at the batch its memory allows",
+      about=INT4_DECODE + ", served at the batch each fits", scope="gpu-speed"),
+    c(14, "§2.1", "FP8 weights are nearly lossless and need no calibration (「几乎无损、无需校准」).", "nearly lossless",
+      verdict=NOT_CHECKABLE,
+      why=f"{FOUR_BIT}; what would decide it: notebook 02's pipeline with fp8 (e4m3) weights on a 16-bit checkpoint "
+          "(its MODEL parameter), perplexity and the sensitive pass rate against bf16",
+      about="FP8 weights of a 16-bit model, no calibration, any device", scope="weight-accuracy"),
     c(15, "§2.1", "AWQ is steadier on instruction and chat tasks; GPTQ is slightly better in perplexity; the gap is "
-                  "small.", "GPTQ <= AWQ in perplexity",
+                  "small (「GPTQ 在纯语言建模的困惑度上略占优两者差距不大」).", "GPTQ <= AWQ in perplexity",
       link=Link(QUANT, "GPTQ is slightly better than AWQ in perplexity (w4g64, code)"),
       why="the perplexity half, on held-out code at w4g64 (a paired interval over sequences); notebook 02's claims "
           "table has the prose domain and the sensitive-set half (AWQ against GPTQ) in rows of their own",
-      cause="gptq-over-awq"),
+      about=QUANT_16, scope="weight-accuracy"),
+    c(65, "§2.1", "AWQ is more sensitive to the calibration set's distribution (「AWQ 对校准集分布更敏感」).",
+      "AWQ more sensitive", verdict=NOT_CHECKABLE,
+      why=f"{FOUR_BIT}; what would decide it: notebook 02's calibration comparison (short Q&A against the stratified "
+          "mix, 003-18) run for AWQ and for GPTQ on a 16-bit checkpoint, the KL change of each",
+      about=QUANT_16, scope="weight-accuracy"),
     c(16, "§2.1", "INT4 decode is 2-2.5x faster than FP16 (batch 1).", "2-2.5x",
-      link=Link(MEM, "INT4 decode is 2-2.5x faster than FP16 (batch 1)"), rule=Range("2", "2.5")),
+      link=Link(MEM, "INT4 decode is 2-2.5x faster than FP16 (batch 1)", bound=r"bytes read (?P<v>[\d.]+)x"),
+      rule=Range("2", "2.5"), about=INT4_DECODE + ", batch 1", scope="gpu-speed"),
     c(17, "§2.1", "INT4 decode is 2-2.5x faster than FP16 (batch 32).", "2-2.5x",
-      link=Link(MEM, "INT4 decode is 2-2.5x faster than FP16 (batch 32)"), rule=Range("2", "2.5"),
-      cause="int4-speedup-fixed"),
+      link=Link(MEM, "INT4 decode is 2-2.5x faster than FP16 (batch 32)", bound=r"bytes read (?P<v>[\d.]+)x"),
+      rule=Range("2", "2.5"), about=INT4_DECODE + ", batch 32", scope="gpu-speed"),
+    c(66, "§2.1", "INT4 cannot make decode 4x faster than FP16 (「谁跟你说 INT4 能带来四倍加速那大概率是没在真实负载上测过」).",
+      "not 4x", link=arith("bytes a decode step reads, FP16 over INT4"), rule=Bound("4", above=False),
+      why="the bytes a step reads bound its speedup while it is bandwidth-bound: the KV cache, the scales and the "
+          "unquantized embeddings are read either way",
+      about="Llama-3-70B, INT4 group 128 against FP16 weights, FP16 KV at 4096 tokens, batch 1", scope="behaviour"),
     c(18, "§2.2", "Calibrate on 256-512 samples of real traffic; a short-QA calibration set degrades long-document "
                   "summaries.", "degrades",
       link=Link(QUANT, "a short-Q&A calibration set degrades long-document summarization"),
-      why="KL on held-out Spec-Bench summarization prompts, short-Q&A against the stratified mix, paired over prompts"),
-    c(19, "§2.2", "Perplexity barely moves under quantization while task metrics drop.", "perplexity +0.x",
+      why="KL on held-out Spec-Bench summarization prompts, short-Q&A against the stratified mix, paired over prompts",
+      about=QUANT_16, scope="weight-accuracy"),
+    c(19, "§2.2", "Perplexity barely moves under quantization, up a few tenths (「涨个零点几」: +0.x in perplexity "
+                  "itself, not +0.x%), while task metrics drop.", "perplexity +0.x",
       link=Link(QUANT, "perplexity barely moves under 4-bit weight quantization"),
       why="the best 4-bit method's perplexity rise on two held-out domains; notebook 02's claims table tests the "
-          "task-metric half per method (the sensitive pass rate, paired over items)", cause="perplexity-insensitive"),
-    c(20, "§2.3", "An FP8 KV cache is usually safe.", "safe", link=kv("FP8 (e4m3, calibrated per-tensor scale)")),
+          "task-metric half per method (the sensitive pass rate, paired over items)",
+      about=QUANT_16, scope="weight-accuracy"),
+    c(67, "§2.2", "Quantization's bad cases concentrate in numbers, code blocks, rare proper nouns and long context "
+                  "(「量化后的 bad case 高度集中在这几类」).", "concentrated", verdict=NOT_CHECKABLE,
+      why=f"{FOUR_BIT}; what would decide it: notebook 02's sensitive categories on a 16-bit checkpoint, the pass-"
+          "rate drop of each against that of ordinary prompts",
+      about=QUANT_16, scope="weight-accuracy"),
+    c(20, "§2.3", "An FP8 KV cache is usually safe.", "safe", link=kv("FP8 (e4m3, calibrated per-tensor scale)"),
+      about=KV_ANY, scope="behaviour"),
+    c(68, "§2.3", "An FP8 KV cache halves the 32 GB (「同样是 32GB 的缓存占用直接砍半」).", "16 GB",
+      link=arith("an FP8 KV cache for 32 requests of 8K"), rule=Number("16"),
+      about="32 layers x 8 KV heads x 128, FP8 KV with a per-tensor scale, 32 requests of 8K", scope="arithmetic"),
     c(21, "§2.3", "An INT8 KV cache needs care.", "needs care", link=kv("INT8 needs care"),
-      cause="kv-format-not-scale"),
-    c(22, "§2.3", "An INT4 KV cache is not for online serving.", "not safe", link=kv("INT4 is not safe")),
+      cause="kv-format-not-scale", about=KV_ANY, scope="behaviour"),
+    c(22, "§2.3", "An INT4 KV cache is not for online serving.", "not safe", link=kv("INT4 is not safe"),
+      about=KV_ANY, scope="behaviour"),
     c(23, "§2.3", "Keys are more sensitive to quantization than values.", "K > V",
-      link=kv("keys are more sensitive than values (int4/per-token)")),
-    c(24, "§2.3", "Keys want finer (per-channel) scales.", "per-channel K", link=kv("keys want per-channel scales")),
+      link=kv("keys are more sensitive than values (int4/per-token)"), about=KV_ANY, scope="behaviour"),
+    c(24, "§2.3", "Keys want finer (per-channel) scales.", "per-channel K", link=kv("keys want per-channel scales"),
+      about=KV_ANY, scope="behaviour"),
     c(25, "§2.3", "Per-token dynamic scales beat a per-tensor static scale on long context.", "per-token",
-      link=kv("per-token dynamic beats per-tensor static on long context (int8)")),
+      link=kv("per-token dynamic beats per-tensor static on long context (int8)"), about=KV_ANY + ", long context",
+      scope="behaviour"),
     c(26, "§2.3", "KV quantization error grows with context, so short prompts hide it.", "grows",
-      link=kv("the error grows with context")),
-    c(27, "§3.1", "Reserving 4096 tokens for a 500-token request wastes about 80%.", "about 80%", verdict=NOT_YET,
-      why="notebook 01's paging_waste table computes waste per allocation policy but has no claims row "
-          "(1 - 500/4096 is 88%)",
-      decider="arithmetic: 1 - 500/4096 (notebook 01's paging_waste table), against about 80%"),
-    c(28, "§3.1", "Paging cuts KV waste from over 60% to single digits.", "> 60% -> < 10%", verdict=NOT_YET,
-      why="notebook 01's paging_waste table, no claims row",
-      decider="notebook 01's paging_waste table as a claims row: a static reservation's waste against > 60%, "
-              "paging's against < 10%"),
+      link=kv("the error grows with context"), about=KV_ANY + ", thousands of tokens", scope="behaviour"),
+]
+
+PAGING = [
+    c(27, "§3.1", "Reserving 4096 tokens for a 500-token request wastes about 80% (「浪费八成」).", "八成",
+      link=arith("a 4096-token reservation for a 500-token request"), rule=Number("0.8"), cause="rounded-down",
+      about="any: 500 tokens of a 4096-token reservation", scope="arithmetic"),
+    c(28, "§3.1", "Without paging over 60% of the KV memory is wasted (「显存浪费能从六成以上…」).", "> 60%",
+      link=arith("a contiguous reservation's KV waste"), rule=Range("60", None),
+      why="request lengths are the article's to state and it does not: notebook 01's log-normal (the lengths its "
+          "paging table uses) stands in for real traffic",
+      about=PAGED, scope="behaviour"),
+    c(69, "§3.1", "Paging cuts the waste to single digits (「…压到个位数百分比」).", "< 10%",
+      link=arith("paged KV waste at block 16"), rule=Range(None, "9"),
+      why="the same log-normal lengths; a paged cache wastes only the tail of each request's last block",
+      about=PAGED + ", block 16", scope="behaviour"),
+    c(70, "§3.1", "The same card then carries several times the concurrency (「同样的卡能多扛好几倍并发」).",
+      "several times", link=arith("paged at block 16 over contiguous"), rule=Range("3", None),
+      why="sequences per unit of KV memory, from the same log-normal lengths; 'several' (好几) read as at least 3",
+      about=PAGED + ", block 16, at most 8192 tokens a request", scope="behaviour"),
+    c(71, "§3.1", "Block sizes 8, 16 and 32 make little difference (「差异不会特别大」).", "little difference",
+      link=arith("block 8 over block 32"), rule=Bound("1.1", above=False),
+      why="in memory: the sequences the same KV memory holds; the block table's size and the addressing cost, which "
+          "the article also weighs, are a kernel's and not counted",
+      about=PAGED + ", block 8 to 32", scope="behaviour"),
     c(29, "§3.2", "Set max_num_seqs to about 80% of what memory allows; max batched tokens 2048-8192.", "80%",
-      verdict=NOT_CHECKABLE, why=SETTING),
+      verdict=NOT_CHECKABLE, why=SETTING, about="a vLLM-style engine on one GPU", scope="behaviour"),
+    c(72, "§3.2", "Too many batched tokens let one long prefill stall the running decodes (「打字突然停顿」); chunked "
+                  "prefill slots it into their gaps.", "stall", verdict=NOT_YET,
+      why="notebook 06 serves a mixed load with chunked prefill on and off (chunked_prefill.csv) but writes no claims "
+          "table",
+      decider="notebook 06's chunked_prefill.csv as a claims row: the running requests' largest inter-token gap "
+              "(max_gap_p99) with chunked prefill off at 2048 batched tokens against on at 256",
+      about="a continuous-batching engine with long prompts among running decodes, any device", scope="behaviour"),
     c(30, "§3.3", "Prefix caching cuts TTFT substantially with a long fixed system prompt.", "substantially",
       verdict=NOT_YET, why=f"{NO_ROW_06}: TTFT P50 2.6x lower with a 512-token shared prompt",
       decider="notebook 06's prefix_caching table as a claims row: TTFT P50 with and without a long shared system "
-              "prompt"),
-    c(31, "§4.1", "Tiled attention with an online softmax keeps the scores on chip, so attention memory grows linearly "
-                  "rather than quadratically with context.", "quadratic -> linear", verdict=NOT_YET,
-      why="the lab's Triton paged attention kernels (kernels/paged_attention.py) are of that kind and their traffic "
-          "is checked against formulas, but no notebook row measures memory against context",
-      decider="peak attention memory of the lab's tiled (Triton) attention against an eager one, swept over the "
-              "context length"),
-    c(32, "§4.2", "Kernel launches take about 20% of decode time; CUDA graphs remove it.", "about 20%",
-      verdict=NOT_CHECKABLE, why="needs a GPU (CUDA graphs)"),
-    c(33, "§4.3", "TP without fast links: communication eats the gain, even slower than one card.", "slower",
-      link=Link(PAR, "TP without fast links")),
-    c(34, "§4.3", "In PP, micro-batches at least 4x the stages fill most of the bubble.", "m >= 4p",
-      link=Link(PAR, "PP: micro-batches at least 4x")),
-    c(35, "§4.3", "TP inside a node of at most 8 cards; PP across nodes.", "TP <= 8",
-      link=Link(PAR, "TP inside a node of at most 8 cards")),
-    c(36, "§5.1", "A small draft model costs c = 0.03-0.1 of the target (the n-gram drafter).", "0.03-0.1",
-      link=Link(SPEC, "draft cost ratio c is typically 0.03-0.1 (ngram)"), rule=Range("0.03", "0.1"),
-      why="c = 0.001 is far below the range: the range does not describe this drafter", cause="draft-cost-fixed"),
-    c(37, "§5.1", "c = 0.03-0.1 (the lab's layer-skip drafter).", "0.03-0.1",
-      link=Link(SPEC, "draft cost ratio c is typically 0.03-0.1 (layerskip)"), rule=Range("0.03", "0.1"),
-      cause="draft-cost-fixed"),
-    c(38, "§5.1", "c = 0.03-0.1 (a weight-quantized copy as draft).", "0.03-0.1",
-      link=Link(SPEC, "draft cost ratio c is typically 0.03-0.1 (quantized)"), rule=Range("0.03", "0.1"),
-      cause="draft-cost-fixed"),
-    c(39, "§5.1", "a = 0.7, k = 4, c = 0.05 give 2.77 tokens a round and about 2.3x.", "2.3x",
-      link=Link(SPEC, "a=0.7, k=4, c=0.05", lab_pattern=r"speedup = (?P<v>[\d.]+)"), rule=Number("2.3")),
-    c(40, "§5.1", "At a = 0.5 the round yields 1.94 tokens and about 1.6x.", "1.6x",
-      link=Link(SPEC, "a=0.5: E = 1.94", lab_pattern=r"speedup = (?P<v>[\d.]+)"), rule=Number("1.6")),
-    c(41, "§5.1", "Below a = 0.4 speculation is hardly worth it.", "a < 0.4", link=Link(SPEC, "a below 0.4"),
-      cause="acceptance-cut-off"),
-    c(42, "§5.1", "Verifying k drafts costs one target step (a round costs 1 + k c).", "1 + k c",
-      link=Link(SPEC, "verifying k drafts costs one target step"), cause="verify-one-step"),
-    c(43, "§5.1", "Acceptance decides everything.", "a decides", link=Link(SPEC, "acceptance decides everything")),
-    c(44, "§5.1", "Code, rewriting, translation and summarization reach a >= 0.7; open-ended writing falls under 0.5 "
-                  "(n-gram drafter).", "a >= 0.7 / < 0.5",
-      link=Link(SPEC, "open-ended writing a < 0.5 (ngram)"), cause="acceptance-by-task"),
-    c(45, "§5.1", "The same, for the layer-skip drafter.", "a >= 0.7 / < 0.5",
-      link=Link(SPEC, "open-ended writing a < 0.5 (layerskip)"), cause="acceptance-by-task"),
-    c(46, "§5.1", "The same, for a quantized copy as drafter.", "a >= 0.7 / < 0.5",
-      link=Link(SPEC, "open-ended writing a < 0.5 (quantized)"), cause="acceptance-by-task"),
-    c(47, "§5.2", "N-gram drafts work wonders for rewriting and RAG at almost zero cost.", "near-zero cost",
-      link=Link(SPEC, "n-gram drafts work wonders")),
-    c(48, "§5.2", "A same-family small model drafts best.", "same family", link=Link(SPEC, "same-family small model")),
-    c(49, "§5.3", "Constrained decoding makes the format absolutely correct.", "100% valid",
-      link=Link(STRUCT, "makes the format absolutely correct")),
-    c(50, "§5.3", "... and faster, through fewer retries.", "faster", link=Link(STRUCT, "and faster: a smaller")),
-    c(51, "§5.3", "Masking a 100k+ vocabulary takes 20-30% of a step at small batch (batch 1).", "20-30%",
-      link=Link(STRUCT, "at small batch (batch 1)", lab_pattern=r"(?P<v>[\d.]+)% of a"), rule=Range("20", "30"),
-      cause="mask-share"),
-    c(52, "§5.3", "The same at batch 64.", "20-30%",
-      link=Link(STRUCT, "at small batch (batch 64)", lab_pattern=r"(?P<v>[\d.]+)% of a"), rule=Range("20", "30"),
-      cause="mask-share"),
-    c(53, "§5.3", "The same, projected to a GPU with a 128K vocabulary.", "20-30%",
-      link=Link(STRUCT, "(the same, projected)", lab_pattern=r"(?P<v>[\d.]+)% at batch 1\b"),
-      rule=Range("20", "30"), cause="mask-share"),
-    c(54, "§5.3", "Precompiling the state transitions reduces masking to a lookup and a bitwise AND.", "lookup",
-      link=Link(STRUCT, "precompiling the state transitions")),
-    c(55, "§5.3", "Deeply nested schemas make the state machine explode.", "explodes",
-      link=Link(STRUCT, "deeply nested schemas"), cause="nesting-explodes"),
-    c(56, "§5.3", "Vocabularies run to a hundred thousand tokens or more.", "100k+",
-      link=Link(STRUCT, "vocabularies run to a hundred thousand")),
-    c(57, "§6.2", "Fixed-length load tests seriously overestimate performance.", "overestimate", verdict=NOT_YET,
-      why=f"{NO_ROW_06}: fixed lengths at the P50 report 1.46x the log-normal's goodput",
-      decider="notebook 06's goodput with fixed against log-normal request lengths, as a claims row"),
-    c(58, "§6.2", "Run production at about 70% of the throughput knee.", "70%", verdict=NOT_CHECKABLE,
-      why=f"{SETTING} (notebook 06 applies it: knee 8, operating point 6)"),
-    c(59, "§6.2", "The sizing example's weights: 70B at 0.55 bytes/param are 35.8 GB.", "35.8 GB",
-      link=Link(MEM, "weights of 70B at 0.55 bytes/param"), rule=Number("35.8"),
-      why="70e9 x 0.55 B = 35.86 GiB, which prints as 35.9 (the article's own code prints 35.9): a rounding slip, "
-          "not a wrong figure; the notebook held this one row to 0.05% and called it wrong", cause="rounded-down"),
-    c(60, "§6.2", "Weights 35.8 + KV 32 + 3 GB reserve make about 71 GB, just fitting an 80 GB card.", "70+ GB",
-      verdict=NOT_YET, why=SECTION_6_2,
-      decider="lab.memory's weights + KV of the §6.2 example with 80 layers, against 71 GB on an 80 GB card"),
-    c(61, "§6.2", "Dropping to 24 requests or an FP8 KV cache both make the example fit.", "both fit",
-      verdict=NOT_YET, why=SECTION_6_2,
-      decider="lab.memory's totals of the §6.2 example with 80 layers, at 24 requests and with an FP8 KV cache, "
-              "against 80 GB"),
+              "prompt",
+      about="a serving engine with prefix caching, a long shared system prompt", scope="behaviour"),
+    c(73, "§3.3", "Dynamic content such as a timestamp inserted into the prompt defeats the prefix cache entirely "
+                  "(「中间插入了动态内容比如时间戳就完全失效」).", "entirely", verdict=NOT_YET,
+      why="a prefix cache that hashes each block with its parent's (vLLM's, the lab engine's) still hits the blocks "
+          "before the change, which 'entirely' denies; no notebook measures it",
+      decider="the lab engine's prefix cache: the cached tokens of a request whose shared system prompt has a "
+              "timestamp inserted halfway, against none",
+      about="a block-hashed prefix cache (vLLM-style), a shared system prompt with a changing field",
+      scope="behaviour"),
 ]
+
+CLAIMS = [*MEMORY, *QUANTIZATION, *PAGING]
