@@ -31,7 +31,8 @@ def spec_claims(run_dir, monkeypatch):
     monkeypatch.setattr(claims, "quantized_c_bound", lambda p, model: 0.0)
     costs = {r.drafter: SimpleNamespace(c=None if pd.isna(r.c_forward) else r.c_forward)  # all the table reads
              for r in _table(run_dir, "step_costs").itertuples()}
-    return claims.claims_table(_table(run_dir, "by_category"), costs, _params(SpecParams, run_dir), None)
+    bench = _table(run_dir, "spec_bench") if (run_dir / "spec_bench.csv").exists() else None
+    return claims.claims_table(_table(run_dir, "by_category"), costs, _params(SpecParams, run_dir), None, bench)
 
 
 def structured_claims(run_dir, monkeypatch):

@@ -259,3 +259,19 @@ def test_cli_spec_json(capsys):
     assert all(r["lossless"] for r in cats.values()) and cats["all"]["requests"] == 5
     assert main(["spec", "--data", "/nonexistent/q.jsonl"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_acceptance_by_task_reads_the_source_with_more_prompts():
+    """Spec-Bench's translation and summarization (20 prompts at the reference) replace the lab set's 5 prompts
+    for the acceptance-by-task claim; a task Spec-Bench lacks, or ran with fewer prompts, stays the lab set's."""
+    from lab.studies.spec_acceptance_claims import task_categories
+
+    cats = pd.DataFrame({"drafter": ["ngram"] * 3 + ["layerskip"], "category": ["code", "translation",
+                         "summarization", "translation"], "requests": [5, 5, 5, 5], "a": [0.5, 0.6, 0.7, 0.4]})
+    bench = pd.DataFrame({"drafter": ["ngram", "ngram", "ngram"], "requests": [20, 3, 20], "a": [0.3, 0.9, 0.2],
+                          "category": ["translation", "summarization", "question answering"]})
+    out = task_categories(cats, bench)
+    assert list(zip(out["drafter"], out["category"])) == list(zip(cats["drafter"], cats["category"]))  # order kept
+    assert list(out["source"]) == ["lab set", "Spec-Bench", "lab set", "lab set"]
+    assert list(out["requests"]) == [5, 20, 5, 5] and list(out["a"]) == [0.5, 0.3, 0.7, 0.4]
+    assert task_categories(cats, None)["source"].eq("lab set").all()
