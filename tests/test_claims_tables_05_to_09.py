@@ -1,4 +1,4 @@
-"""Notebooks 05, 07, 08 and 09's claims tables in the one shape (`lab.claims.claim_row`), rebuilt from the tables
+"""Notebooks 05, 06, 07, 08 and 09's claims tables in the one shape (`lab.claims.claim_row`), rebuilt from the tables
 their latest reference runs saved: every ledger link finds exactly one row, and the ledger reads the same number
 (and interval) and reaches the same verdicts from the rebuilt table as from the committed one, so a change of
 shape or wording cannot move a claim unnoticed. (tests/test_claims_tables.py does the same for 01 and 04.)"""
@@ -62,10 +62,23 @@ def ttft_claims(run_dir, monkeypatch):
     weights = json.loads((run_dir / "metrics.json").read_text())["weights_bytes"]
     return claims_table(_params(TTFTParams, run_dir), _table(run_dir, "prefill_flops"),
                         _table(run_dir, "first_token_ttft"), _table(run_dir, "int8_memory"),
-                        _table(run_dir, "hit_rate_sweep"), _table(run_dir, "cold_start"), weights)
+                        _table(run_dir, "hit_rate_sweep"), _table(run_dir, "cold_start"),
+                        _table(run_dir, "cold_start_raw"), weights)
+
+
+def serving_claims(run_dir, monkeypatch):
+    from lab.studies.serving import ServingParams
+    from lab.studies.serving_claims import claims_table
+
+    p = _params(ServingParams, run_dir)
+    op = json.loads((run_dir / "metrics.json").read_text())["operating_concurrency"]
+    device = json.loads((run_dir / "params.json").read_text())["gpu"] or "cpu"
+    return claims_table(_table(run_dir, "prefix_caching"), _table(run_dir, "length_shapes"), p.SYSTEM_PROMPT,
+                        f"{p.MODEL} on {device}, {op} in flight")
 
 
 @pytest.mark.parametrize("notebook, build", [("05_speculative_acceptance", spec_claims),
+                                             ("06_serving_ttft", serving_claims),
                                              ("07_structured_output", structured_claims),
                                              ("08_parallelism", parallel_claims),
                                              ("09_ttft_claims", ttft_claims)])

@@ -3,7 +3,6 @@ sums written out by hand, so a wrong formula fails here rather than in a verdict
 
 import os
 
-import pandas as pd
 import pytest
 
 from lab import memory as mem
@@ -95,8 +94,8 @@ def test_the_ledger_reads_seed_002s_claims_from_notebook_09():
     from lab.ledger.seed002 import CLAIMS, NB09
 
     linked = {c.id for c in CLAIMS if c.link is not None and c.link.notebook == NB09}
-    assert linked == {"002-02", "002-12", "002-17", "002-18", "002-20", "002-22", "002-23", "002-27", "002-31",
-                      "002-35"}
+    assert linked == {"002-02", "002-09", "002-12", "002-17", "002-18", "002-20", "002-21", "002-22", "002-23",
+                      "002-27", "002-31", "002-33", "002-35", "002-36"}
 
 
 def test_lab_memory_counts_what_the_engine_holds_in_int8_a_quantized_tied_head_included():
@@ -117,34 +116,14 @@ def test_a_tied_head_in_another_format_is_a_second_copy():
     assert same["lm_head"] == 0 and split["lm_head"] == pytest.approx(s.vocab_size * s.hidden_size + 2 * s.vocab_size)
 
 
-def _cold_summary():
-    """Notebook 09's cold-start cases, three repeats each, at about the reference run's times."""
-    times = {"cold file, no warm-up": {"load_s": 2.3, "resident_before": 0.0, "to_first_token_s": 3.1,
-                                       "import_s": 0.73},
-             "warm file, no warm-up": {"load_s": 2.0, "first_ttft_s": 0.064},
-             "warm file, warm-up request": {"first_ttft_s": 0.0569, "second_ttft_s": 0.055},
-             "read the weights file": {"cold_read_s": 0.82, "warm_read_s": 0.02},
-             "python -c pass": {"process_wall_s": 0.018}}
-    return study.cold_summary(pd.DataFrame([{"case": case, **{k: v * (1 + 0.01 * i) for k, v in q.items()}}
-                                            for case, q in times.items() for i in range(3)]))
-
-
 def test_claims_have_one_shape_and_keep_the_rows_and_figures_the_ledger_reads():
     from lab.ledger.seed002 import NB09
-    from lab.studies.ttft_claims_table import claims_table
+    from ttft_tables import claims
 
-    p = study.TTFTParams()
-    first = pd.DataFrame({"ttft median s": [0.25, 0.05, 0.024], "hit tokens": [0, 448, 496]})
-    sweep = pd.DataFrame({"hit rate %": [0, 40, 80], "ttft median s": [0.64, 0.52, 0.19]})
-    for end, scale in (("median", 1.0), ("min", 0.9), ("max", 1.1)):
-        sweep[f"vs {p.HIGH_HIT}% ({end})"] = scale * sweep["ttft median s"] / 0.19
-    claims = claims_table(p, study.flops_table(p), first, study.int8_table(p), sweep, _cold_summary(), 538e6)
-    assert_one_shape(claims)
-    assert_links_find_one_row(claims, NB09)
-    by = claims.set_index("claim")
-    warm_up = by.loc["an 8-token warm-up request at start lowers real requests' TTFT by 30-50%"]
-    assert warm_up["measured here"].endswith("11.1% lower") and warm_up["verdict"] == "wrong"
-    assert "on this CPU" in warm_up["note"]
+    table = claims()
+    assert_one_shape(table)
+    assert_links_find_one_row(table, NB09)
+    by = table.set_index("claim")
     int8 = by.loc["preloading plus INT8 cuts memory by about 50% against FP16"]
     assert int8["verdict"] == "holds"  # 48.5% for llama-3-70b's weights (a numpy bool, not "not distinguishable")
     # no number decides O(L^2) -> O(L): wrong by argument, the argument in the note; the 2.5x and "attention only"

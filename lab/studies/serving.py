@@ -10,10 +10,14 @@ stops it. The experiments are the procedures of the TTFT article (seeds/002) and
 - a `max_num_seqs` sweep under the same open-loop load with the article's rule applied in order: stop at the
   first batch size whose TTFT P50 rises by more than 20% while throughput gains less than 10%;
 - chunked prefill on and off with long prompts mixed in: TPOT P99 and the largest inter-token gap;
-- prefix caching on and off with a shared system prompt: TTFT and the hit rate;
+- prefix caching on and off with a shared system prompt and with random prompts: TTFT and the hit rate;
 - cold start: model load (GGUF conversion, cached safetensors) and the first request's TTFT with and without
   a warm-up request, each in a fresh process;
 - fixed against log-normal lengths at the same load: what fixed lengths overstate.
+
+The prefix-caching and length experiments, which the claims table (`lab.studies.serving_claims`) judges, run
+REPEATS times, the compared settings back to back in each run, so a claim's interval is the spread of run-level
+ratios (`lab.run_level`).
 """
 
 from __future__ import annotations
@@ -63,8 +67,9 @@ class ServingParams:
     SEED: int = 0
     DTYPE: str = "auto"  # the served model's: the serving dtype
     COLD_START_TOKENS: int = 128  # the cold-start request's output
+    REPEATS: int = 3  # runs of the claims' experiments (prefix caching, length shapes): their run-level spread
     # quick: a ramp to 16 in flight with fewer requests a level and outputs half as long, three batch sizes, 1K-token
-    # long prompts (two minutes, within `make run`'s budget); smoke: seconds;
+    # long prompts, the claims' experiments run once (two minutes, within `make run`'s budget); smoke: seconds;
     # gpu: Llama-3-8B's shapes (random weights: timing needs no trained ones) in bf16 on one GPU, prompts of
     # 512-2K tokens (6K long ones, a 2K system prompt), 4 and 16 in flight, outputs of 16-64 tokens, production
     # SLOs (TTFT 1 s, TPOT 50 ms): the regime a CPU cannot reach. ~47 s on one H200 (bench/gpu_suite.sh allots
@@ -73,14 +78,15 @@ class ServingParams:
     # parameter here removes; 8 s start.
     PRESETS: ClassVar[dict] = {
         "quick": {"OUTPUT_LEN": (16, 32, 64), "CONCURRENCY": (1, 2, 4, 8, 16), "REQUESTS_PER_LEVEL": 12,
-                  "BATCH_SIZES": (1, 4, 16), "LONG_PROMPT": 1024, "DURATION": 60.0, "COLD_START_TOKENS": 16},
+                  "BATCH_SIZES": (1, 4, 16), "LONG_PROMPT": 1024, "DURATION": 60.0, "COLD_START_TOKENS": 16,
+                  "REPEATS": 1},
         "smoke": {"INPUT_LEN": (16, 32, 48), "OUTPUT_LEN": (4, 6, 8), "CONCURRENCY": (1, 2), "REQUESTS_PER_LEVEL": 4,
                   "BATCH_SIZES": (1, 2), "LONG_PROMPT": 256, "CHUNK_TOKENS": 64, "SYSTEM_PROMPT": 64,
-                  "MAX_MODEL_LEN": 512, "DURATION": 60.0, "KV_BLOCKS": 128, "COLD_START_TOKENS": 16},
+                  "MAX_MODEL_LEN": 512, "DURATION": 60.0, "KV_BLOCKS": 128, "COLD_START_TOKENS": 16, "REPEATS": 1},
         "gpu": {"MODEL": "random:llama-3-8b", "DTYPE": "bfloat16", "INPUT_LEN": (512, 1024, 2048),
                 "OUTPUT_LEN": (16, 32, 64), "CONCURRENCY": (4, 16), "REQUESTS_PER_LEVEL": 8, "BATCH_SIZES": (4, 16),
                 "SLO_TTFT": 1.0, "SLO_TPOT": 0.05, "LONG_PROMPT": 6144, "CHUNK_TOKENS": 512, "SYSTEM_PROMPT": 2048,
-                "MAX_MODEL_LEN": 8192, "KV_BLOCKS": 8192, "DURATION": 4.0},
+                "MAX_MODEL_LEN": 8192, "KV_BLOCKS": 8192, "DURATION": 4.0, "REPEATS": 1},
     }
 
     def __post_init__(self):
@@ -108,6 +114,7 @@ class ServingParams:
         check_range("DURATION", self.DURATION, 1.0, 3600.0)
         check_range("COLD_START_TOKENS", self.COLD_START_TOKENS, 1, self.MAX_MODEL_LEN, int)
         check_range("KV_BLOCKS", self.KV_BLOCKS, -(-self.MAX_MODEL_LEN // 16), 1 << 20, int)
+        check_range("REPEATS", self.REPEATS, 1, 20, int)
 
 
 def load_config(p: ServingParams, **overrides) -> LoadConfig:
@@ -210,20 +217,29 @@ def chunked_prefill(p: ServingParams, model, tokenizer, concurrency: int) -> tup
     return pd.DataFrame(rows), reports
 
 
+PROMPTS = {"shared system prompt": True, "random prompts": False}  # prefix caching's two loads: a shared prefix or none
+
+
 def prefix_caching(p: ServingParams, model, tokenizer, concurrency: int) -> tuple[pd.DataFrame, dict]:
+    """Prefix caching on and off, back to back, under a load whose requests share a SYSTEM_PROMPT-token prefix and
+    under one of random prompts (nothing to reuse), in each of REPEATS runs (request draws seeded by the run)."""
     rows, reports = [], {}
-    for cached in tqdm((True, False), desc="prefix caching on/off"):
-        cfg = load_config(p, max_concurrency=concurrency, system_prompt_tokens=p.SYSTEM_PROMPT)
-        reports[cached] = serve_and_load(model, tokenizer, _engine(p, enable_prefix_caching=cached), cfg)
-        hit = max((s.get("lab_prefix_cache_hit_rate", 0.0) for s in reports[cached].scrapes), default=float("nan"))
-        rows.append(_row({"prefix_caching": cached, "system_prompt_tokens": p.SYSTEM_PROMPT, "hit_rate": hit},
-                         reports[cached]))
+    for r, (prompts, shared), cached in tqdm([(r, kind, cached) for r in range(p.REPEATS) for kind in PROMPTS.items()
+                                              for cached in (True, False)], desc="prefix caching on/off"):
+        cfg = load_config(p, max_concurrency=concurrency, system_prompt_tokens=p.SYSTEM_PROMPT if shared else 0,
+                          seed=p.SEED + r)
+        engine = _engine(p, enable_prefix_caching=cached)
+        report = reports[prompts, cached, r] = serve_and_load(model, tokenizer, engine, cfg)
+        hit = max((s.get("lab_prefix_cache_hit_rate", 0.0) for s in report.scrapes), default=float("nan"))
+        rows.append(_row({"prompts": prompts, "repeat": r, "prefix_caching": cached,
+                          "system_prompt_tokens": cfg.system_prompt_tokens, "hit_rate": hit}, report))
     return pd.DataFrame(rows), reports
 
 
 def length_shapes(p: ServingParams, model, tokenizer, concurrency: int) -> pd.DataFrame:
     """The same load with log-normal lengths, lengths fixed at the P50 (the usual benchmark), and fixed at the
-    log-normal's mean (same token volume)."""
+    log-normal's mean (same token volume), back to back in each of REPEATS runs (request draws seeded by the run);
+    each relative to the log-normal of its run."""
     rows = []
     lognormal_in, lognormal_out = LengthDist(*p.INPUT_LEN), LengthDist(*p.OUTPUT_LEN)
 
@@ -236,14 +252,15 @@ def length_shapes(p: ServingParams, model, tokenizer, concurrency: int) -> pd.Da
                                LengthDist(p.OUTPUT_LEN[0], p.OUTPUT_LEN[0], p.OUTPUT_LEN[0], fixed=True)),
               "fixed at the mean": tuple(LengthDist(mean(d), mean(d), mean(d), fixed=True)
                                          for d in (lognormal_in, lognormal_out))}
-    for name, (i, o) in shapes.items():
-        cfg = load_config(p, max_concurrency=concurrency, input_len=i, output_len=o)
-        rows.append(_row({"lengths": name, "input_p50": i.p50, "output_p50": o.p50},
-                         serve_and_load(model, tokenizer, _engine(p), cfg)))
+    for r in range(p.REPEATS):
+        for name, (i, o) in shapes.items():
+            cfg = load_config(p, max_concurrency=concurrency, input_len=i, output_len=o, seed=p.SEED + r)
+            rows.append(_row({"lengths": name, "repeat": r, "input_p50": i.p50, "output_p50": o.p50},
+                             serve_and_load(model, tokenizer, _engine(p), cfg)))
     t = pd.DataFrame(rows)
-    base = t.loc[t["lengths"] == "log-normal"].iloc[0]
+    base = t[t["lengths"] == "log-normal"].set_index("repeat")
     for col in ("goodput_requests", "output_throughput", "tpot_p99", "ttft_p99"):
-        t[f"{col}_vs_lognormal"] = t[col] / base[col]
+        t[f"{col}_vs_lognormal"] = t[col].to_numpy() / base.loc[t["repeat"], col].to_numpy()
     return t
 
 

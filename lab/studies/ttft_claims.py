@@ -12,11 +12,14 @@ and a first-request TTFT from 3 s to 300 ms. This module counts and measures eac
   prompt's forward whether or not a KV cache exists;
 - `int8_table`: `lab.memory.weight_bytes` in int8 (per-channel scales) against bf16, embeddings and norms left in
   16 bits as serving stacks leave them, and with them in int8 too; the saving on weights plus a bf16 KV cache;
-- `ttft_sweep`: TTFT on the lab engine for prompts of N tokens whose first h% is in the prefix cache (warmed by
-  a request with the same prefix and another suffix), median with min-max over repeats;
+- `hit_sweep`: TTFT on the lab engine for prompts of N tokens whose first h% is in the prefix cache (warmed by
+  a request with the same prefix and another suffix), median with min-max over repeats, and each hit rate's TTFT
+  over the reference's in the same repeat (the hit rates interleaved), whose spread over repeats is the interval
+  the claims are judged on (`lab.run_level`);
 - `cold_start`: `python -c pass`, then fresh processes that import the engine, load the weights from a file
   evicted from the page cache (`posix_fadvise(DONTNEED)`, residency checked with `mincore`) or from a warm one,
-  and time the first request with and without a warm-up request.
+  and time the first request with and without a warm-up request; `cold_runs` pairs the cases of each repeat
+  (the warm-up's cut, preloading's cut, the read's share of a load) for the claims' run-level intervals.
 
 The engine's own int8 allocation and the readiness probes on `lab serve` are `lab.studies.ttft_claims_serving`;
 the claims table and the figure are `lab.studies.ttft_claims_table`.
@@ -182,14 +185,17 @@ def interval(values) -> dict:
     return {"median": float(np.median(v)), "min": float(v.min()), "max": float(v.max())}
 
 
-def ttft_points(llm, n_tokens: int, cached: dict, repeats: int, seed: int = 0) -> pd.DataFrame:
-    """TTFT for each label -> cached prefix length, the labels interleaved within each repeat (drift spreads
-    over all); median, min and max over repeats, and the tokens the engine actually reused."""
+def ttft_runs(llm, n_tokens: int, cached: dict, repeats: int, seed: int = 0) -> pd.DataFrame:
+    """TTFT for each label -> cached prefix length, once in each of `repeats` runs, the labels interleaved within a
+    run (drift between runs moves every label alike): one row per label and run, with the tokens reused."""
     rng = np.random.default_rng(seed)
     ttft_with_prefix(llm, n_tokens, 0, rng)  # a first forward pays one-off costs
-    raw = [{"label": k, "cached": c, **ttft_with_prefix(llm, n_tokens, c, rng)}
-           for _ in range(repeats) for k, c in cached.items()]
-    raw = pd.DataFrame(raw)
+    return pd.DataFrame([{"label": k, "repeat": r, "cached": c, **ttft_with_prefix(llm, n_tokens, c, rng)}
+                         for r in range(repeats) for k, c in cached.items()])
+
+
+def summarize(raw: pd.DataFrame, n_tokens: int) -> pd.DataFrame:
+    """Per label of `ttft_runs`' rows: median, min and max TTFT over runs and the tokens the engine reused."""
     rows = []
     for label, g in raw.groupby("label", sort=False):
         t = interval(g["ttft_s"])
@@ -199,20 +205,39 @@ def ttft_points(llm, n_tokens: int, cached: dict, repeats: int, seed: int = 0) -
     return pd.DataFrame(rows)
 
 
+def ttft_points(llm, n_tokens: int, cached: dict, repeats: int, seed: int = 0) -> pd.DataFrame:
+    """`summarize` of `ttft_runs`."""
+    return summarize(ttft_runs(llm, n_tokens, cached, repeats, seed), n_tokens)
+
+
+def run_ratios(raw: pd.DataFrame, reference) -> pd.DataFrame:
+    """Each label's TTFT over the `reference` label's in the same run (`ttft_runs`' rows): one ratio per label and
+    run, the unit the claims' intervals are taken over (`lab.run_level`)."""
+    ref = raw[raw["label"] == reference].set_index("repeat")["ttft_s"]
+    return raw.assign(ratio=raw["ttft_s"].to_numpy() / ref.loc[raw["repeat"]].to_numpy())
+
+
 def hit_sweep(p: TTFTParams, llm) -> pd.DataFrame:
-    """TTFT against the share of the prompt in the prefix cache; relative to HIGH_HIT. Cached lengths round down
-    to whole blocks (the engine caches full blocks and always computes the last prompt token)."""
+    """TTFT against the share of the prompt in the prefix cache (`sweep_table` of `ttft_runs`). Cached lengths
+    round down to whole blocks (the engine caches full blocks and always computes the last prompt token)."""
     n, block_size = p.SWEEP_TOKENS, llm.config.block_size
     cached = {h: min(int(n * h / 100) // block_size * block_size, (n - 1) // block_size * block_size)
               for h in p.HIT_RATES}
-    t = ttft_points(llm, n, cached, p.REPEATS, seed=1).rename(columns={"label": "hit rate %"})
+    return sweep_table(p, ttft_runs(llm, n, cached, p.REPEATS, seed=1))
+
+
+def sweep_table(p: TTFTParams, raw: pd.DataFrame) -> pd.DataFrame:
+    """Per hit rate (`raw`: `ttft_runs`' rows labelled by hit rate): TTFT median and min-max over runs, and its
+    ratio to HIGH_HIT's and to the lowest hit rate's TTFT run by run (median, min and max of the run-level ratios)."""
+    n = p.SWEEP_TOKENS
+    t = summarize(raw, n).rename(columns={"label": "hit rate %"})
     t["hit share"] = t["hit tokens"] / n
-    ref = t.set_index("hit rate %").loc[p.HIGH_HIT]
-    t[f"vs {p.HIGH_HIT}% (median)"] = t["ttft median s"] / ref["ttft median s"]
-    # a worst-case interval of the ratio: this point's min over the reference's max, and the other way round
-    t[f"vs {p.HIGH_HIT}% (min)"] = t["ttft min s"] / ref["ttft max s"]
-    t[f"vs {p.HIGH_HIT}% (max)"] = t["ttft max s"] / ref["ttft min s"]
-    t["computed tokens ratio"] = (n - t["hit tokens"]) / (n - ref["hit tokens"])
+    for name, ref in ((f"vs {p.HIGH_HIT}%", p.HIGH_HIT), (f"vs {min(p.HIT_RATES)}%", min(p.HIT_RATES))):
+        by = run_ratios(raw, ref).groupby("label", sort=False)["ratio"]
+        for end in ("median", "min", "max"):
+            t[f"{name}, run {end}"] = by.agg(end).to_numpy()
+    ref_hit = t.set_index("hit rate %").loc[p.HIGH_HIT, "hit tokens"]
+    t["computed tokens ratio"] = (n - t["hit tokens"]) / (n - ref_hit)
     return t
 
 
@@ -321,6 +346,26 @@ def cold_summary(raw: pd.DataFrame) -> pd.DataFrame:
             if g[c].notna().any():
                 out.append({"case": case, "quantity": c, **interval(g[c].dropna())})
     return pd.DataFrame(out)
+
+
+def cold_runs(raw: pd.DataFrame) -> pd.DataFrame:
+    """`cold_start`'s rows, one per repeat, with the run-level quantities the claims rest on (each case of a repeat
+    runs back to back): the warm-up request's cut of the first request's TTFT, preloading's cut of the load (the
+    file cold against in the page cache), and the share of a cold and a warm load that reading the file takes
+    (the read that parallel shards of one disk cannot split)."""
+    def case(name: str, column: str) -> pd.Series:
+        return raw[raw["case"] == name].set_index("repeat")[column]
+
+    out = pd.DataFrame({"cold_read_s": case("read the weights file", "cold_read_s"),
+                        "warm_read_s": case("read the weights file", "warm_read_s"),
+                        "cold_load_s": case("cold file, no warm-up", "load_s"),
+                        "warm_load_s": case("warm file, no warm-up", "load_s")})
+    out["warm_up_cut"] = 1 - case("warm file, warm-up request", "first_ttft_s") / case("warm file, no warm-up",
+                                                                                     "first_ttft_s")
+    out["preload_cut"] = 1 - out["warm_load_s"] / out["cold_load_s"]
+    out["read_share_cold"] = out["cold_read_s"] / out["cold_load_s"]
+    out["read_share_warm"] = out["warm_read_s"] / out["warm_load_s"]
+    return out.reset_index()
 
 
 def first_token_points(p: TTFTParams, llm) -> pd.DataFrame:
