@@ -11,8 +11,8 @@
   (perplexity = exp(sum NLL / sum tokens), tokens per second = sum tokens / sum seconds) are resampled as
   ratios, not as means of per-item ratios. Comparing two methods on the same items passes both methods'
   columns to one `stat`, so each resample draws the same items for both: a paired comparison.
-- `run_spread(values)`: the median of a figure measured in independent, interleaved runs and the span (min to
-  max) of those runs, at least 3 of them: on a machine whose speed drifts between runs minutes apart (up to 1.5x
+- `spread(values)`: the median of a figure measured in independent, interleaved runs and the span (min to
+  max) of those runs (`Spread`; its `interval` needs at least 3 of them): on a machine whose speed drifts between runs minutes apart (up to 1.5x
   here), a timing ratio's interval over the steps of one run measures the wrong spread, so a timing verdict rests
   on the spread of run-level ratios instead (issue 34 item 6).
 - `significance(interval, null)`: the word every table and verdict uses, "distinguishable" when the interval
@@ -126,17 +126,33 @@ def ratio_interval(numerators, denominators, **kwargs) -> Interval:
 MIN_RUNS = 3
 
 
-def run_spread(values) -> Interval:
-    """The median of run-level figures (one per independent run, e.g. each run's ratio of median step times) and
-    their min-max span. Fewer than `MIN_RUNS` runs have no spread to speak of: the ends are NaN, which decides
-    nothing (`lab.ledger.rules.verdict` says not distinguishable)."""
+@dataclass(frozen=True)
+class Spread:
+    """A figure measured once in each of `n` independent runs: the runs' median, min and max (issue 34 item 6)."""
+    median: float
+    lo: float
+    hi: float
+    n: int
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """(min, max) over the runs; (NaN, NaN), which decides nothing, with fewer than `MIN_RUNS` runs."""
+        return (self.lo, self.hi) if self.n >= MIN_RUNS else (math.nan, math.nan)
+
+    def scaled(self, factor: float, offset: float = 0.0) -> "Spread":
+        """`offset + factor * x` of each end (a ratio r as a cut in percent: `scaled(-100, 100)`), ends reordered."""
+        lo, hi = sorted((offset + factor * self.lo, offset + factor * self.hi))
+        return Spread(offset + factor * self.median, lo, hi, self.n)
+
+
+def spread(values) -> Spread:
+    """The run-level `values` as a `Spread`; a NaN (a run that measured nothing, e.g. no step where the whole
+    batch ran) is not a run and is left out, so `n` counts the runs that measured."""
     v = np.asarray(values, dtype=float)
-    if v.size == 0 or np.isnan(v).any():
-        raise ValueError(f"run_spread needs one finite figure per run, got {values!r}")
-    mid = float(np.median(v))
-    if v.size < MIN_RUNS:
-        return Interval(mid, math.nan, math.nan)
-    return Interval(mid, float(v.min()), float(v.max()))
+    v = v[~np.isnan(v)]
+    if not v.size:
+        return Spread(math.nan, math.nan, math.nan, 0)
+    return Spread(float(np.median(v)), float(v.min()), float(v.max()), int(v.size))
 
 
 def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:

@@ -5,47 +5,16 @@ repeat's two sides run back to back, so drift between repeats moves both), and i
 those run-level ratios, min to max, not a bootstrap over the steps or requests of one run: this machine drifts
 between runs minutes apart by more than one run's steps vary. Fewer than `MIN_RUNS` runs give no interval, and
 then no verdict: the rules call a value without an interval "not distinguishable" here rather than let one run
-decide a claim.
+decide a claim. The spread itself (`Spread`, `spread`) lives in `lab.intervals` with the lab's other intervals;
+here is how a claims table prints and judges one.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
-import numpy as np
-
 from lab.claims import Rule, judged, shown
+from lab.intervals import MIN_RUNS, Spread, spread
 
-MIN_RUNS = 3
-
-
-@dataclass(frozen=True)
-class Spread:
-    """The median of a quantity's run-level values, their min and max, and how many runs there were."""
-    median: float
-    lo: float
-    hi: float
-    n: int
-
-    @property
-    def interval(self) -> tuple[float, float]:
-        """(min, max) over the runs; (NaN, NaN), which decides nothing, with fewer than `MIN_RUNS` runs."""
-        return (self.lo, self.hi) if self.n >= MIN_RUNS else (math.nan, math.nan)
-
-    def scaled(self, factor: float, offset: float = 0.0) -> Spread:
-        """`offset + factor * x` of each end (a ratio r as a cut in percent: `scaled(-100, 100)`), ends reordered."""
-        lo, hi = sorted((offset + factor * self.lo, offset + factor * self.hi))
-        return Spread(offset + factor * self.median, lo, hi, self.n)
-
-
-def spread(values) -> Spread:
-    """The run-level `values` (NaN dropped) as a `Spread`."""
-    v = np.asarray(values, dtype=float)
-    v = v[~np.isnan(v)]
-    if not v.size:
-        return Spread(math.nan, math.nan, math.nan, 0)
-    return Spread(float(np.median(v)), float(v.min()), float(v.max()), int(v.size))
+__all__ = ["MIN_RUNS", "Spread", "judged_runs", "spread", "text"]
 
 
 def text(s: Spread, rule: Rule) -> str:

@@ -15,7 +15,7 @@ Each decode step is timed alone (`lab.timing.decode_step_seconds`). This machine
 minutes apart (INT4/bf16 at batch 32 measured 0.79, 0.64 and 0.71 in three runs, each with a tight interval over
 its own steps), so the verdict rests on independent runs (issue 34 item 6): `rounds` runs, interleaved (every
 build and batch once per round, the order rotated each round), each giving its ratio of median step times; the
-speedup is their median with the span of the runs (`lab.intervals.run_spread`). The bootstrap interval over one
+speedup is their median with the span of the runs (`lab.intervals.spread`). The bootstrap interval over one
 run's steps (`lab.timing.ratio_interval`) is shown beside it, so a reader sees when drift exceeds it. Beside each measurement,
 the prediction of a purely bandwidth-bound step: the ratio of the bytes a step reads (weights, at 4 bits plus
 a bf16 scale and zero per group of 64, and the batch's KV cache), the article's own argument made numeric.
@@ -28,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lab.claims import CLAIMS_COLUMNS, Range, claim_row, judged
-from lab.intervals import run_spread
+from lab.intervals import spread as run_spread
 from lab.plots import error_extents
 from lab.timing import decode_engine, decode_step_seconds, ratio_interval
 
@@ -78,7 +78,7 @@ def measure(models: dict, tokenizer, batches=(1, 32), context: int = 128, steps:
 
 def speedups(measured: pd.DataFrame) -> pd.DataFrame:
     """int4 against bfloat16 (the article's comparison) and against float32, per batch: the median over rounds
-    of each round's ratio of median step times, with the rounds' span (`run_spread`: the interval a verdict rests
+    of each round's ratio of median step times, with the rounds' span (`lab.intervals.spread`: the interval a verdict rests
     on), the first round's bootstrap interval over its steps (how tight one run looks), and the bytes-read
     prediction."""
     from lab.timing import ratio_interval
@@ -88,10 +88,11 @@ def speedups(measured: pd.DataFrame) -> pd.DataFrame:
         per_round = {r: g.set_index("build") for r, g in d.groupby("round")}
         first = per_round[min(per_round)]
         for base in ("bfloat16", "float32"):
-            spread = run_spread([g.at[base, "step_ms"] / g.at["int4", "step_ms"] for g in per_round.values()])
+            runs = run_spread([g.at[base, "step_ms"] / g.at["int4", "step_ms"] for g in per_round.values()])
+            low, high = runs.interval
             _, step_lo, step_hi = ratio_interval(first.at[base, "times"], first.at["int4", "times"])
             rows.append({"batch": b, "int4 against": base, "runs": len(per_round),
-                         "measured_speedup": spread.value, "ci95_low": spread.low, "ci95_high": spread.high,
+                         "measured_speedup": runs.median, "ci95_low": low, "ci95_high": high,
                          "one_run_steps_low": step_lo, "one_run_steps_high": step_hi,
                          "bytes_read_ratio": first.at[base, "bytes_per_step"] / first.at["int4", "bytes_per_step"],
                          f"{base}_step_ms": d[d["build"] == base]["step_ms"].median(),

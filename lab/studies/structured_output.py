@@ -203,10 +203,10 @@ def mask_summary(steps: pd.DataFrame) -> pd.DataFrame:
     """Per batch size: the median step with and without the grammar, the engine's mask time, and the mask's
     share of the constrained step; only steps where the whole batch ran count. The ratio with / without is the
     median over rounds of each round's ratio of median steps, its interval the rounds' span
-    (`lab.intervals.run_spread`: the machine drifts between runs more than one run's steps vary); it is
+    (`lab.intervals.spread`: the machine drifts between runs more than one run's steps vary); it is
     distinguishable from 1 only when every round falls on one side. One round's bootstrap interval over its
     steps is shown beside it. The mask's share gets the rounds' span too."""
-    from lab.intervals import run_spread
+    from lab.intervals import spread as run_spread
     from lab.timing import ratio_interval
 
     rows = []
@@ -218,17 +218,18 @@ def mask_summary(steps: pd.DataFrame) -> pd.DataFrame:
                             for r in rounds])
         share = run_spread([(on[on["round"] == r]["mask_s"] / on[on["round"] == r]["step_s"]).median()
                             for r in rounds])
+        (ratio_lo, ratio_hi), (share_lo, share_hi) = ratio.interval, share.interval
         first_on, first_off = on[on["round"] == rounds[0]], off[off["round"] == rounds[0]]
         _, step_lo, step_hi = ratio_interval(list(first_on["step_s"]), list(first_off["step_s"]))
         rows.append({"batch": batch, "rounds": len(rounds), "steps timed": len(on),
                      "step without grammar ms": 1e3 * off["step_s"].median(),
-                     "step with grammar ms": 1e3 * on["step_s"].median(), "with / without": ratio.value,
-                     "ratio runs low": ratio.low, "ratio runs high": ratio.high,
+                     "step with grammar ms": 1e3 * on["step_s"].median(), "with / without": ratio.median,
+                     "ratio runs low": ratio_lo, "ratio runs high": ratio_hi,
                      "ratio one run's steps low": step_lo, "ratio one run's steps high": step_hi,
                      "mask ms per step": 1e3 * on["mask_s"].median(),
                      "mask ms per row": 1e3 * on["mask_s"].median() / batch,
-                     "mask share of step": share.value, "share runs low": share.low, "share runs high": share.high,
-                     "distinguishable": bool(ratio.low > 1 or ratio.high < 1)})
+                     "mask share of step": share.median, "share runs low": share_lo, "share runs high": share_hi,
+                     "distinguishable": bool(ratio_lo > 1 or ratio_hi < 1)})
     return pd.DataFrame(rows)
 
 
