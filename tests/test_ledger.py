@@ -120,7 +120,8 @@ def test_every_linked_row_is_in_the_committed_reference_runs(entries):
 def test_the_rules_decide_the_rows_the_notebooks_once_judged_by_their_own(entries):
     assert entries["003-59"].verdict == ROUNDING  # 35.8 vs 35.86
     assert entries["003-36"].verdict == WRONG  # c = 0.001 against 0.03-0.1 (notebook 05 now checks the range too)
-    assert entries["000-29"].verdict == NOT_DISTINGUISHABLE  # 40% inside the 32-49% the latency allows
+    # the article's 40% is with Replay on: plain TP decode's share does not test it (issue 34 item 3)
+    assert entries["000-29"].verdict == NOT_YET and "08" in BY_ID["000-29"].decider
     assert "one H100" in entries["000-22"].why and entries["000-22"].verdict == WRONG
 
 
