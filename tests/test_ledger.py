@@ -121,7 +121,8 @@ def test_the_rules_decide_the_rows_the_notebooks_once_judged_by_their_own(entrie
     assert entries["003-59"].verdict == ROUNDING  # 35.8 vs 35.86
     # c = 0.001 against 0.03-0.1 (notebook 05 checks the range too), a time ratio on this CPU: wrong in this setting
     assert entries["003-36"].in_setting == WRONG and entries["003-36"].verdict == NOT_CHECKABLE
-    assert entries["000-29"].verdict == NOT_DISTINGUISHABLE  # 40% inside the 32-49% the latency allows
+    # the article's 40% is with Replay on: plain TP decode's share does not test it (issue 34 item 3)
+    assert entries["000-29"].verdict == NOT_YET and "08" in BY_ID["000-29"].decider
     assert "one H100" in entries["000-22"].why and entries["000-22"].verdict == WRONG
 
 

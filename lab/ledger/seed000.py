@@ -1,8 +1,13 @@
 """Every numeric or testable claim of seeds/000 (KV cache versus local recomputation, "Replay"), by section.
 
 Most are checked by notebook 04 (the replay break-even, `lab.studies.replay_break_even.claims_table`) and
-notebook 01 (memory accounting); the all-reduce share by notebook 08. The article's numbers are written in the
-unit of the lab's figure and to the article's printed precision (its "2.6 MB" is "2.6e6" bytes).
+notebook 01 (memory accounting, with the article's arithmetic recomputed in `lab.studies.arithmetic.s000`). The
+article's numbers are written in the unit of the lab's figure and to the article's printed precision (its "2.6 MB"
+is "2.6e6" bytes).
+
+Each claim says the setting it is about (`about`) and what it depends on (`scope`, `lab.ledger.rules.SCOPES`): the
+article's own arithmetic, a count of work or bytes (behaviour, which this CPU or arithmetic decides), or a time on
+an H100 (gpu-speed, which only a GPU measurement or a projection decides and a physics bound can only refute).
 
 Its wrong verdicts come from far fewer mistakes (`CAUSES`, which CLAIMS.md counts), most of them from two, each
 repeated through §2.2's worked example and what is built on it: a KV size of one KV head where the model has eight,
@@ -12,7 +17,8 @@ and a recompute cost that leaves out the window's forward pass through the model
 from __future__ import annotations
 
 from lab.ledger.record import Cause, Claim, Link
-from lab.ledger.rules import NOT_CHECKABLE, NOT_YET, Number
+from lab.ledger.rules import ARGUMENT, ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, PHYSICS_BOUND, PROJECTED, \
+    Bound, Number, Range
 
 MEM, REPLAY, PAR = "01_memory_accounting", "04_replay_break_even", "08_parallelism"
 GPU_CLUSTER = "an anecdote from a 70B deployment on 8 GPUs: needs that cluster"
@@ -21,6 +27,14 @@ SETTING = "a recommended setting, not a statement with a truth value"
 ONE_H100 = ("the lab's figure assumes one H100 holds the 70B model in fp16 (141 GB on an 80 GB card); split over "
             "8 H100s each still reads 17.6 GB of weights, about 5 ms at 3.35 TB/s, over 10x the claim, so the verdict "
             "stands but the lab's number is for a device that does not exist")
+# The settings the claims are about.
+EX70 = "a 70B model (80 layers, 8 KV heads of 128, d_model 8192), fp16"
+H100 = f"{EX70}, on one H100 SXM"
+ANY = "any"
+# How a notebook-04 or notebook-01 row's figure was obtained, where it is not a measurement here.
+AT_PEAK = "an H100's 989 TFLOP/s and 3.35 TB/s at 100%, lower bounds on the time"
+BY_COST = "projected to an H100 by lab.replay.cost: the larger of the FLOPs at 50% of peak and the weights + prefix " \
+          "KV read at 3.35 TB/s"
 
 # The article's mistakes behind its wrong verdicts (a claim's `cause`), in the order they first appear.
 CAUSES = (
@@ -39,11 +53,25 @@ CAUSES = (
                                             "the whole prefix, which reads the prefix's KV anyway."),
     Cause("rounded-down", "§2.2", "It prints its own 80 x 64 x (2 x 8192 x 128 + 64 x 128) = 1.078e10 FLOPs as "
                                   "10.7e9 (107 亿) rather than 10.8e9."),
+    Cause("ratio-slip", "§2.2", "It divides its 107 亿 FLOPs by 262 万 bytes as 4072; the quotient is 4084, and its "
+                                "formula's own ratio, (2 x 8192 + 64) / 4, is 4112."),
     Cause("flops-over-peak", "§2.2", "It turns its 53.8 亿 (5.38e9) FLOPs into 53.8e9 when dividing by 989 TFLOP/s, "
-                                     "so it prints 0.05 ms where the quotient is 0.0054 ms, ten times less."),
+                                     "so it prints 0.05 ms where the quotient is 0.0054 ms, ten times less, and its "
+                                     "0.08-0.12 ms at 40-60% of peak inherits the factor."),
     Cause("pd-link-rate", "§3.2", "Its 'internal simulation' moves a 32K context's KV (10.7 GB at eight KV heads) "
                                   "from the prefill node to the decode node in 2.9 ms, 3.7 TB/s, faster than an "
                                   "H100's own memory and 74x a 400 Gb/s network link."),
+    Cause("kv-volume", "§3.2", "It calls the KV of 10 requests 'tens of GB'; at the 32K-128K contexts it is about, "
+                               "eight KV heads make it 107-429 GB."),
+    Cause("bigger-models", "§4.1", "It says bigger models show more of Replay's advantage, when the recompute's FLOPs "
+                                   "per KV byte grow with the model's width (its own formula gives (2 d_model + W) / "
+                                   "4), so on one GPU replay pays less the bigger the model."),
+    Cause("tp-kv-split", "§5.2", "It says recomputing under tensor parallelism needs the complete K/V on one card, so "
+                                 "every recompute moves K/V between cards; each card holds and recomputes its own "
+                                 "heads' K/V from the layer input it already has."),
+    Cause("concurrency-gain", "§6", "It credits replay with 2-4x one card's concurrency, when replay frees only the "
+                                    "KV it leaves uncached: a window of W of each request's M tokens, or at most the "
+                                    "20-40% of each sequence its own settings leave uncached (1.25-1.67x)."),
 )
 
 
@@ -51,103 +79,207 @@ def c(n: int, section: str, claim: str, article: str, **kw) -> Claim:
     return Claim(f"000-{n:02d}", "000", section, claim, article, **kw)
 
 
-CLAIMS = [
-    c(1, "§1.1", "The KV cache of one token in one layer (8 KV heads x 128, fp16) is 8 KB.", "8 KB",
-      link=Link(MEM, "KV per token per layer, 8 KV heads x 128"), rule=Number("8192"), cause="kv-product"),
-    c(2, "§1.1", "A 128K-token request's KV cache (80 layers) takes about 1 GB.", "about 1 GB",
-      link=Link(MEM, "one 128K-token request, 80 layers"), rule=Number("1"), cause="layers-left-out"),
-    c(3, "§1.1", "H100 memory bandwidth is about 3.35 TB/s, A100's about 2 TB/s.", "3.35 TB/s, 2 TB/s",
-      verdict=NOT_CHECKABLE, why="datasheet figures: nothing here measures an H100 or A100 (lab.hardware carries "
-                                 "them as given)"),
-    c(4, "§1.2", "A 70B model on 8 x 80 GB A100s with static KV reservation ran at about 20% GPU utilisation at "
-                 "32K context.", "about 20%", verdict=NOT_CHECKABLE, why=GPU_CLUSTER),
-    c(5, "§1.2", "Going from 2K to 32K context raised per-token decode latency from 40 ms to 130 ms.", "40 -> 130 ms",
-      verdict=NOT_YET, why="a roofline decode step of a 70B on A100 at 2K and at 32K context (lab.roofline) would "
-                           "say whether the KV read explains the rise; measuring it needs 8 A100s",
-      decider="lab.roofline's decode step of a 70B on an A100 at 2K and at 32K context: does the KV read explain 40"
-              " -> 130 ms?"),
-    c(6, "§2.1", "The H100 SXM's ridge point is 989 TFLOP/s / 3.35 TB/s, about 295 FLOPs per byte.", "295 FLOPs/B",
-      link=Link(REPLAY, "H100 ridge point"), rule=Number("295")),
-    c(7, "§2.2", "Recomputing a 64-token window of a 70B model (its formula) costs about 10.7e9 FLOPs.",
-      "107 亿 FLOPs",
-      link=Link(REPLAY, "recompute FLOPs of a 64-token window (its formula)"), rule=Number("10.7e9"),
-      why="80 x 64 x (2 x 8192 x 128 + 64 x 128) = 1.078e10, which rounds to 10.8e9", cause="rounded-down"),
-    c(8, "§2.2", "Those 10.7e9 FLOPs are all the work a 64-token window needs.", "10.7e9 FLOPs",
-      link=Link(REPLAY, "and of all the work a 64-token window needs"), rule=Number("10.7e9", exact=False),
-      cause="recompute-undercounted"),
-    c(9, "§2.2", "The KV of a 64-token window is about 2.6 MB.", "2.6 MB",
-      link=Link(REPLAY, "bytes of a 64-token window's KV"), rule=Number("2.6e6"), cause="one-kv-head"),
-    c(10, "§2.2", "Recompute FLOPs per KV byte of the window are about 4,072.", "4072 FLOPs/B",
-      link=Link(REPLAY, "FLOPs per KV byte of the window"), rule=Number("4072"), cause="recompute-undercounted"),
-    c(11, "§2.2", "A decode step at 128K context reads about 5.4 GB of KV.", "5.4 GB",
-      link=Link(REPLAY, "KV read per decode step at 128K"), rule=Number("5.4e9"), cause="one-kv-head"),
-    c(12, "§2.2", "Recomputing the last 32 tokens of a 70B model (its formula) costs about 5.38e9 FLOPs.",
-      "53.8 亿 FLOPs", verdict=NOT_YET,
-      why="its formula gives 80 x 32 x (2 x 8192 x 128 + 32 x 128) = 5.379e9; notebook 04 takes the figure as an "
-          "input and has no row for it",
-      decider="arithmetic: a notebook 04 row computing 80 x 32 x (2 x 8192 x 128 + 32 x 128) against 5.38e9"),
-    c(13, "§2.2", "Recomputing the last 32 tokens (5.38e9 FLOPs) takes about 0.05 ms on an H100.", "0.05 ms",
-      link=Link(REPLAY, "time to recompute 32 tokens with its 5.38e9 FLOPs"), rule=Number("0.05"),
-      cause="flops-over-peak"),
-    c(14, "§2.2", "The full work of recomputing 32 tokens after 128K of context takes about 0.05 ms.", "0.05 ms",
-      link=Link(REPLAY, "with the full work of 32 tokens after 128K"), rule=Number("0.05", exact=False),
-      cause="recompute-undercounted"),
-    c(15, "§2.2", "Reading 5.4 GB of KV at 3.35 TB/s takes about 1.6 ms.", "1.6 ms",
-      link=Link(REPLAY, "time to read 128K tokens' KV at 3.35 TB/s"), rule=Number("1.6")),
-    c(16, "§2.2", "Reading a real 128K context's KV (8 KV heads, 80 layers) takes about 1.6 ms.", "1.6 ms",
-      link=Link(REPLAY, "the real 128K KV (8 KV heads)"), rule=Number("1.6", exact=False), cause="one-kv-head"),
-    c(17, "§2.2", "At 40-60% of peak, recomputing the 32 tokens takes 0.08-0.12 ms.", "0.08-0.12 ms",
-      verdict=NOT_YET, why="no row recomputes it; notebook 04's 0.0054 ms at peak divided by 0.4-0.6 would "
-                           "(0.009-0.014 ms, so the article's range would be 10x high)",
-      decider="arithmetic: a notebook 04 row dividing its 0.0054 ms at peak by 0.4-0.6, against 0.08-0.12 ms"),
-    c(18, "§2.2", "Replaying a recent window spares reading the prefix's KV, an order-of-magnitude saving at long "
-                  "context.", "1.6 ms vs 0.05 ms", link=Link(REPLAY, "replaying a window spares reading"),
-      cause="recompute-undercounted"),
-    c(19, "§3.1", "Recomputing a recent window beats reading its KV on long contexts.", "by an order of magnitude",
-      link=Link(REPLAY, "recomputing a recent window beats reading its KV"), cause="recompute-undercounted"),
-    c(20, "§3.1", "A replay window smaller than 16 tokens does not work; windows are 16-64 tokens.", "W >= 16",
-      verdict=NOT_CHECKABLE, why=SETTING),
-    c(21, "§3.2", "In PD disaggregation, pulling a 32K context's KV from the prefill node takes about 2.9 ms.",
-      "2.9 ms", link=Link(REPLAY, "PD: pull the 32K context's KV"), rule=Number("2.9", exact=False),
-      cause="pd-link-rate"),
-    c(22, "§3.2", "Recomputing the last 64 tokens of a 32K context on the decode node takes about 0.4 ms.", "0.4 ms",
-      link=Link(REPLAY, "PD: recompute the last 64 tokens of a 32K context"), rule=Number("0.4", exact=False),
-      why=ONE_H100, cause="recompute-undercounted"),
-    c(23, "§3.2", "So the decode node should recompute the last 64 tokens rather than receive their KV.", "recompute",
-      link=Link(REPLAY, "PD: recompute the last 64 tokens rather than receive"), why=ONE_H100,
-      cause="recompute-undercounted"),
-    c(24, "§3.3", "Speculative drafts are 4-8 tokens, and verifying them is a short parallel prefill.", "4-8 tokens",
-      verdict=NOT_CHECKABLE, why="a description of speculative decoding, not a claim with a number to check "
-                                 "(seeds/003 section 5's claims are checked by notebook 05)"),
-    c(25, "§4.1", "A 32-token window of a 70B model at 32K context costs about 1/1000 of the context's FLOPs.",
-      "1/1000", verdict=NOT_YET, why="arithmetic: lab.roofline's prefill FLOPs of 32 tokens against 32K tokens "
-                                     "(with attention) would check it; no notebook row computes it",
-      decider="arithmetic: lab.roofline's prefill FLOPs of 32 tokens over those of 32K tokens (attention included),"
-              " against 1/1000"),
-    c(26, "§4.1", "Trigger replay when free memory is under 20% or bandwidth utilisation over 80%.", "20%, 80%",
-      verdict=NOT_CHECKABLE, why=SETTING),
-    c(27, "§4.1", "Replay pays only from about 32K of context, for models of 7B-70B.", ">= 32K",
-      verdict=NOT_YET, why="notebook 04 finds recompute faster than a host-memory or disk read in 0 of 48 "
-                           "measured points on this machine, but has no row for the 32K threshold",
-      decider="a notebook 04 row setting its measured break-even context (recompute against host memory and disk) "
-              "against 32K"),
-    c(28, "§5.1", "With replay on, TTFT rose from 700 ms to 1.2 s at 33K context.", "0.7 -> 1.2 s",
-      verdict=NOT_CHECKABLE, why=GPU_CLUSTER),
-    c(29, "§5.2", "With 8-way TP on a 70B model, all-reduce takes up to 40% of a decode step.", "40%",
-      link=Link(PAR, "all-reduce takes up to 40%",
-                lab_pattern=r"(?P<lo>(?P<v>\d+))% on NVLink.*?(?P<hi>\d+)% on PCIe"),
-      rule=Number("40", exact=False),
-      why="the lab's projection spans 32% (NVLink, an assumed 15 us all-reduce latency) to 49% (PCIe): 40% is "
-          "inside the span its unknown latency allows, so the claim is neither confirmed nor refuted"),
-    c(30, "§5.4", "Set the window to 1/8-1/4 of the KV segment size.", "1/8-1/4",
-      verdict=NOT_CHECKABLE, why=SETTING),
-    c(31, "§5.5", "Self-diagnosis on its 128K example: replay pays (read > 1.2 x recompute at 50% efficiency).",
-      "yes (1.6 ms vs 0.08-0.12 ms)", link=Link(REPLAY, "self-diagnosis on its 128K example"),
-      cause="recompute-undercounted"),
-    c(32, "§6 (closing)", "Replay let one card serve 16-32 requests where it served 8.", "8 -> 16-32",
-      verdict=NOT_YET, why="lab.memory's concurrency at a context with and without a window's KV would bound it "
-                           "(a window of W tokens frees only W tokens per request); the measured figure needs the "
-                           "deployment",
-      decider="lab.memory's concurrency on one card at the article's context with and without a window's KV, "
-              "against 8 -> 16-32"),
-]
+def _section_1() -> list[Claim]:
+    return [
+        c(1, "§1.1", "The KV cache of one token in one layer (8 KV heads x 128, fp16) is 8 KB.", "8 KB",
+          link=Link(MEM, "KV per token per layer, 8 KV heads x 128", evidence=ARITHMETIC), rule=Number("8192"),
+          cause="kv-product", about=EX70, scope="arithmetic"),
+        c(2, "§1.1", "A 128K-token request's KV cache (80 layers) takes about 1 GB.", "about 1 GB",
+          link=Link(MEM, "one 128K-token request, 80 layers", evidence=ARITHMETIC), rule=Number("1"),
+          cause="layers-left-out", about=EX70, scope="arithmetic"),
+        c(3, "§1.1", "H100 memory bandwidth is about 3.35 TB/s, A100's about 2 TB/s.", "3.35 TB/s, 2 TB/s",
+          verdict=NOT_CHECKABLE, why="datasheet figures: nothing here measures an H100 or A100, and lab.hardware "
+                                     "carries the same datasheets' figures, so comparing them would check the lab's "
+                                     "copy, not the article", about="H100 SXM and A100 datasheets", scope="arithmetic"),
+        c(4, "§1.2", "A 70B model on 8 x 80 GB A100s with static KV reservation ran at about 20% GPU utilisation at "
+                     "32K context.", "about 20%", verdict=NOT_CHECKABLE, why=GPU_CLUSTER,
+          about="a 70B model on 8 x A100 80 GB, static KV reservation, 32K context", scope="gpu-speed"),
+        c(5, "§1.2", "Going from 2K to 32K context raised per-token decode latency from 40 ms to 130 ms, the KV read "
+                     "being too large (「单 token 生成延迟从 40ms 涨到了 130ms」).", "40 -> 130 ms",
+          verdict=NOT_CHECKABLE,
+          why=f"{GPU_CLUSTER}; a roofline (lab.roofline) gives only a lower bound on a step's time, which a slower "
+              "step cannot contradict: the deployment's batch, kernels and scheduler would decide it",
+          about="a 70B model on 8 x A100 80 GB, dynamic KV allocation, decode at 2K and 32K context",
+          scope="gpu-speed"),
+    ]
+
+
+def _section_2() -> list[Claim]:
+    return [
+        c(6, "§2.1", "The H100 SXM's ridge point is 989 TFLOP/s / 3.35 TB/s, about 295 FLOPs per byte.",
+          "295 FLOPs/B", link=Link(REPLAY, "H100 ridge point", evidence=ARITHMETIC), rule=Number("295"),
+          about="H100 SXM datasheet, fp16 dense", scope="arithmetic"),
+        c(7, "§2.2", "Recomputing a 64-token window of a 70B model (its formula) costs about 10.7e9 FLOPs.",
+          "107 亿 FLOPs",
+          link=Link(REPLAY, "recompute FLOPs of a 64-token window (its formula)", evidence=ARITHMETIC),
+          rule=Number("10.7e9"),
+          why="80 x 64 x (2 x 8192 x 128 + 64 x 128) = 1.078e10, which rounds to 10.8e9", cause="rounded-down",
+          about=EX70, scope="arithmetic"),
+        c(8, "§2.2", "Those 10.7e9 FLOPs are all the work a 64-token window needs.", "10.7e9 FLOPs",
+          link=Link(REPLAY, "and of all the work a 64-token window needs", evidence=ARITHMETIC),
+          rule=Number("10.7e9", exact=False), cause="recompute-undercounted",
+          about=f"{EX70}, a 64-token window after 32K", scope="behaviour"),
+        c(9, "§2.2", "The KV of a 64-token window is about 2.6 MB.", "2.6 MB",
+          link=Link(REPLAY, "bytes of a 64-token window's KV", evidence=ARITHMETIC), rule=Number("2.6e6"),
+          cause="one-kv-head", about=EX70, scope="arithmetic"),
+        c(33, "§2.2", "Its own product for that window's KV, 80 x 64 x 512 B, is 262 万 bytes (2.6 MB).",
+          "262 万字节",
+          link=Link(MEM, "its 2.6 MB, 80 x 64 x 512 B", evidence=ARITHMETIC), rule=Number("2.62e6"),
+          why="its multiplication is right; its 512 B per token and layer is one KV head's (000-09)",
+          about="its formula's inputs: 80 layers, 2 x 128 x 2 B", scope="arithmetic"),
+        c(10, "§2.2", "Recompute FLOPs per KV byte of the window are about 4,072.", "4072 FLOPs/B",
+          link=Link(REPLAY, "FLOPs per KV byte of the window", evidence=ARITHMETIC), rule=Number("4072"),
+          cause="recompute-undercounted", about=f"{EX70}, a 64-token window after 32K", scope="behaviour"),
+        c(34, "§2.2", "Its own ratio of those figures, 107 亿 / 262 万, is about 4,072 FLOPs per byte.",
+          "≈ 4072 FLOPs/Byte",
+          link=Link(MEM, "its FLOPs per KV byte of the 64-token window, 107", evidence=ARITHMETIC),
+          rule=Number("4072"), cause="ratio-slip", about="its formula's inputs", scope="arithmetic"),
+        c(35, "§2.2", "Since 4,072 FLOPs per KV byte exceed the H100's 295, recomputing the 64-token window in place "
+                      "of its KV does not pay (「4072 远大于 295 的算术强度阈值…反而是不划算的」).",
+          "does not pay",
+          link=Link(MEM, "so recomputing the 64-token window in place of its KV does not pay", evidence=ARITHMETIC),
+          rule=Bound("295"), why="the whole work of the window (every layer's linears, no prefix at all) is the "
+                                 "least a recompute does, and its FLOPs per KV byte are far above the ridge point",
+          about=H100, scope="behaviour"),
+        c(11, "§2.2", "A decode step at 128K context reads about 5.4 GB of KV.", "5.4 GB",
+          link=Link(REPLAY, "KV read per decode step at 128K", evidence=ARITHMETIC), rule=Number("5.4e9"),
+          cause="one-kv-head", about=EX70, scope="arithmetic"),
+        c(36, "§2.2", "Its own product for the 128K read, 80 x 131072 x 512 B, is about 5.4 GB.", "≈ 5.4 GB",
+          link=Link(MEM, "its 128K read, 80 x 131072 x 512 B", evidence=ARITHMETIC), rule=Number("5.4e9"),
+          why="its multiplication is right; its 512 B per token and layer is one KV head's (000-11)",
+          about="its formula's inputs: 80 layers, 2 x 128 x 2 B", scope="arithmetic"),
+        c(12, "§2.2", "Recomputing the last 32 tokens of a 70B model (its formula) costs about 5.38e9 FLOPs.",
+          "53.8 亿 FLOPs",
+          link=Link(MEM, "recompute FLOPs of the last 32 tokens (its formula", evidence=ARITHMETIC),
+          rule=Number("5.38e9"), about=EX70, scope="arithmetic"),
+        c(37, "§2.2", "Recomputing a recent window costs a constant, whatever the context length M (「这个数字跟上下文"
+                      "长度 M 没有关系，它是常数」; §2.3 「重算窗口与历史长度无关」; §3.1 「与总上下文长度弱相关」).",
+          "constant in M", verdict=NOT_YET,
+          why="the window's recompute runs its attention over all M prefix positions (FLOPs and KV read both grow "
+              "with M); notebook 04's measured.csv times the engine's recompute of each window at four prefixes",
+          decider="a notebook 04 claims row: the growth of the measured recompute time with the prefix M "
+                  "(d log t / d log M over measured.csv's prefixes, per model and window) against 0, nearer 0 than "
+                  "the KV read's 1", about="any decoder-only model, a window of W tokens after M", scope="behaviour"),
+        c(13, "§2.2", "Recomputing the last 32 tokens (5.38e9 FLOPs) takes about 0.05 ms on an H100.", "0.05 ms",
+          link=Link(REPLAY, "time to recompute 32 tokens with its 5.38e9 FLOPs", evidence=ARITHMETIC),
+          rule=Number("0.05"), cause="flops-over-peak", about=H100, scope="arithmetic"),
+        c(14, "§2.2", "The full work of recomputing 32 tokens after 128K of context takes about 0.05 ms.", "0.05 ms",
+          link=Link(REPLAY, "with the full work of 32 tokens after 128K", evidence=PHYSICS_BOUND, setting=AT_PEAK),
+          rule=Number("0.05", exact=False), cause="recompute-undercounted", about=f"{H100}, 128K context",
+          scope="gpu-speed"),
+        c(15, "§2.2", "Reading 5.4 GB of KV at 3.35 TB/s takes about 1.6 ms.", "1.6 ms",
+          link=Link(REPLAY, "time to read 128K tokens' KV at 3.35 TB/s", evidence=ARITHMETIC), rule=Number("1.6"),
+          about="its 5.4 GB at the H100's 3.35 TB/s", scope="arithmetic"),
+        c(16, "§2.2", "Reading a real 128K context's KV (8 KV heads, 80 layers) takes about 1.6 ms.", "1.6 ms",
+          link=Link(REPLAY, "the real 128K KV (8 KV heads)", evidence=PHYSICS_BOUND, setting=AT_PEAK),
+          rule=Number("1.6", exact=False), cause="one-kv-head", about=f"{H100}, 128K context", scope="gpu-speed"),
+        c(17, "§2.2", "At 40-60% of peak, recomputing the 32 tokens (its 5.38e9 FLOPs) takes 0.08-0.12 ms.",
+          "0.08-0.12 ms", link=Link(MEM, "its 5.38e9 FLOPs at 40-60%", evidence=ARITHMETIC),
+          rule=Range("0.08", "0.12"), cause="flops-over-peak", about=H100, scope="arithmetic"),
+        c(18, "§2.2", "Replaying a recent window spares reading the prefix's KV, an order-of-magnitude saving at long "
+                      "context.", "1.6 ms vs 0.05 ms",
+          link=Link(REPLAY, "replaying a window spares reading", evidence=ARGUMENT),
+          cause="recompute-undercounted", about=f"{EX70}, 128K context", scope="behaviour"),
+    ]
+
+
+def _section_3() -> list[Claim]:
+    return [
+        c(19, "§3.1", "Recomputing a recent window beats reading its KV on long contexts (「开销1 > 开销2 时触发 "
+                      "Replay」; §2.2 「后者的优势是数量级的」).", "by an order of magnitude",
+          link=Link(REPLAY, "recomputing a recent window beats reading its KV"),
+          why="a time on a GPU: this CPU's engine against a copy within its host memory cannot stand in for an "
+              "H100's compute against its HBM; notebook 04 at its gpu preset (the engine's recompute of W tokens "
+              "after up to 32K against reading the window's KV from device memory, on an H100 or H200) would "
+              "decide it",
+          about=f"{EX70}, decode at 32K-128K context on an H100, KV in HBM", scope="gpu-speed"),
+        c(20, "§3.1", "A replay window smaller than 16 tokens does not work; windows are 16-64 tokens.", "W >= 16",
+          verdict=NOT_CHECKABLE, why=SETTING, about="a replay controller (its §4.2 sketch)", scope="behaviour"),
+        c(38, "§3.2", "In PD disaggregation, a prefill node that has computed 10 requests' KV must move tens of GB "
+                      "(「10 个请求的 KV Cache，要把这几十 GB 的数据传输」).", "几十 GB",
+          link=Link(MEM, "the KV of 10 requests (8 KV heads, fp16)", evidence=ARITHMETIC), rule=Range("10", "99"),
+          cause="kv-volume", about=f"{EX70}, 10 requests at 32K-128K context", scope="arithmetic"),
+        c(21, "§3.2", "In PD disaggregation, pulling a 32K context's KV from the prefill node takes about 2.9 ms.",
+          "2.9 ms", link=Link(REPLAY, "PD: pull the 32K context's KV", evidence=PHYSICS_BOUND,
+                              setting="a 400 Gb/s link at its line rate, a lower bound on the time"),
+          rule=Number("2.9", exact=False), cause="pd-link-rate",
+          about=f"{EX70}, 32K context, prefill and decode nodes over a network link", scope="gpu-speed"),
+        c(22, "§3.2", "Recomputing the last 64 tokens of a 32K context on the decode node takes about 0.4 ms.",
+          "0.4 ms", link=Link(REPLAY, "PD: recompute the last 64 tokens of a 32K context", evidence=PROJECTED,
+                              setting=BY_COST),
+          rule=Number("0.4", exact=False), why=ONE_H100, cause="recompute-undercounted",
+          about=f"{EX70}, 32K context, an H100 decode node", scope="gpu-speed"),
+        c(23, "§3.2", "So the decode node should recompute the last 64 tokens rather than receive their KV.",
+          "recompute",
+          link=Link(REPLAY, "PD: recompute the last 64 tokens rather than receive", evidence=PROJECTED,
+                    setting=f"{BY_COST}; the KV over 400 Gb/s at line rate"),
+          why=ONE_H100, cause="recompute-undercounted",
+          about=f"{EX70}, 32K context, an H100 decode node, a 400 Gb/s link", scope="gpu-speed"),
+        c(24, "§3.3", "Speculative drafts are 4-8 tokens, and verifying them is a short parallel prefill.",
+          "4-8 tokens", verdict=NOT_CHECKABLE,
+          why="a description of speculative decoding, not a claim with a number to check (seeds/003 section 5's "
+              "claims are checked by notebook 05)", about="speculative decoding, any model", scope="behaviour"),
+    ]
+
+
+def _section_4_to_6() -> list[Claim]:
+    return [
+        c(25, "§4.1", "A 32-token window of a 70B model at 32K context costs about 1/1000 of the context's FLOPs.",
+          "1/1000", link=Link(MEM, "a 32-token window's recompute FLOPs over a 32K", evidence=ARITHMETIC),
+          rule=Number("1e-3", exact=False),
+          why="at its printed precision, one significant figure: the window's attention over the prefix makes it "
+              "more than the token counts' 32 / 32768", about=f"{EX70}, 32K context", scope="arithmetic"),
+        c(26, "§4.1", "Trigger replay when free memory is under 20% or bandwidth utilisation over 80%.", "20%, 80%",
+          verdict=NOT_CHECKABLE, why=SETTING, about="a replay controller", scope="behaviour"),
+        c(39, "§4.1", "Bigger models show more of Replay's advantage (its table: 「7B~70B，越大越能体现 Replay 优势」).",
+          "bigger is better",
+          link=Link(MEM, "bigger models show Replay's advantage more", evidence=ARITHMETIC),
+          rule=Bound("1", above=False), cause="bigger-models",
+          about="Llama-3-8B and Llama-3-70B, fp16, a 32-token window at 32K on one GPU", scope="behaviour"),
+        c(27, "§4.1", "Replay pays only from about 32K of context, and the shorter the context the less it pays "
+                      "(its table: 「≥32K，上下文越短，Replay越不划算」).", ">= 32K", verdict=NOT_YET,
+          why="what replay saves is the window's KV read, which does not grow with the context, while the window's "
+              "recompute does (its attention over the prefix); notebook 04's measured.csv has both sides at four "
+              "prefixes",
+          decider="a notebook 04 claims row: the growth of (load the window's KV / recompute it) with the prefix M, "
+                  "over measured.csv's prefixes (d log / d log M), against the claim that it grows (above 0)",
+          about="7B-70B models, a replay window after 32K or more", scope="behaviour"),
+        c(28, "§5.1", "With replay on, TTFT rose from 700 ms to 1.2 s at 33K context.", "0.7 -> 1.2 s",
+          verdict=NOT_CHECKABLE, why=GPU_CLUSTER, about="a 70B deployment with replay on, 33K context",
+          scope="gpu-speed"),
+        c(29, "§5.2", "With 8-way TP on a 70B model and Replay on, all-reduce takes up to 40% of a decode step "
+                      "(「Replay 开启后，每一步生成都伴随大量 AllReduce，通信占比高达 40%」).", "40%",
+          verdict=NOT_YET,
+          why="the 40% is with Replay on; notebook 08 projects the share of a plain TP decode step, which is not "
+              "what the article says",
+          decider="a notebook 08 claims row: the communication share of a TP=8 Llama-3-70B step that decodes one "
+                  "token and replays a 32-token window of one sequence at 32K (the roofline step reading each "
+                  "rank's weights and KV once, computing 33 tokens; tp_comm_seconds for 33 tokens), NVLink to PCIe, "
+                  "against Number('40', exact=False)",
+          about="a 70B model, 8-way tensor parallelism, Replay on, decode", scope="gpu-speed"),
+        c(40, "§5.2", "Under tensor parallelism a recompute needs the complete K/V on the current card, so every "
+                      "recompute moves K/V between cards (「重算需要在当前卡上持有完整的 K/V 矩阵，而张量并行下 K/V "
+                      "可能被拆分到不同卡」).", "cross-card K/V", verdict=BY_ARGUMENT,
+          why="under tensor parallelism each card holds whole attention heads and their KV heads (8 KV heads on 8 "
+              "cards: one each) and computes their attention itself; recomputing a window's K and V on a card needs "
+              "the layer's input, which every card holds after the previous all-reduce, and its own heads' K and V "
+              "projections, so no K/V crosses cards. What a replayed window adds is the forward's usual two "
+              "all-reduces a layer carrying W more tokens' activations; its remedy, 「把 K/V 重新计算限定在本地卡持有"
+              "的头范围内」, is what tensor parallelism already does",
+          cause="tp-kv-split", about="a 70B model, 8-way tensor parallelism (Megatron-style head split)",
+          scope="behaviour"),
+        c(30, "§5.4", "Set the window to 1/8-1/4 of the KV segment size.", "1/8-1/4",
+          verdict=NOT_CHECKABLE, why=SETTING, about="a replay controller", scope="behaviour"),
+        c(31, "§5.5", "Self-diagnosis on its 128K example: replay pays (read > 1.2 x recompute at 50% efficiency).",
+          "yes (1.6 ms vs 0.08-0.12 ms)", link=Link(REPLAY, "self-diagnosis on its 128K example", evidence=ARITHMETIC),
+          cause="recompute-undercounted", about=f"{H100}, 128K context, its rule at 50% efficiency",
+          scope="behaviour"),
+        c(32, "§6 (closing)", "Replay let one card serve 16-32 requests where it served 8.", "8 -> 16-32",
+          link=Link(MEM, "one card's concurrency with replay, from 8", evidence=ARITHMETIC), rule=Range("16", "32"),
+          why="the lab's figure is the most its own settings free (40% of each sequence uncached), its interval "
+              "down to a 64-token window of a 32K context", cause="concurrency-gain",
+          about=f"{EX70}, one card whose concurrency is bound by KV memory, 32K context", scope="behaviour"),
+    ]
+
+
+CLAIMS = [*_section_1(), *_section_2(), *_section_3(), *_section_4_to_6()]
