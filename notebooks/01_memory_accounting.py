@@ -169,7 +169,7 @@ int4_table.round(2)
 # not distinguishable), with by how much or why in the note.
 
 # %%
-claims = pd.concat([study.claims_table(), int4_claims], ignore_index=True)
+claims = pd.concat([study.claims_table(params), int4_claims], ignore_index=True)
 run.save_table("claims", claims)
 claims
 

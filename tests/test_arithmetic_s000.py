@@ -1,4 +1,4 @@
-"""Seed 000's arithmetic recomputed (lab.studies.arithmetic.s000): the rows build, each claim cell is unique and
+"""Seed 000's arithmetic recomputed (lab.arithmetic.s000): the rows build, each claim cell is unique and
 found by exactly one ledger link, each verdict is what the rules give the printed figure, and a wrong input flips
 the verdict it decides."""
 
@@ -9,7 +9,7 @@ from lab.hardware import GPUS
 from lab.ledger.rules import HOLDS, WRONG, Bound, Number, Range, parse_lab, verdict
 from lab.ledger.seed000 import CLAIMS
 from lab.replay.cost import window_cost
-from lab.studies.arithmetic import s000
+from lab.arithmetic import s000
 
 ROWS = s000.rows()
 S = s000.seventy_b()

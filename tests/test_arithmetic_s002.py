@@ -1,4 +1,4 @@
-"""Seed 002's arithmetic (`lab.studies.arithmetic.s002`): its rows build, each claim cell is unique and found by its
+"""Seed 002's arithmetic (`lab.arithmetic.s002`): its rows build, each claim cell is unique and found by its
 ledger link, each verdict is what the ledger's rule gives the printed figure, and another model, prompt or load
 time turns it (the comparisons are not true by construction)."""
 
@@ -6,7 +6,7 @@ import pytest
 
 from lab.ledger.rules import HOLDS, WRONG, parse_lab, verdict
 from lab.ledger.seed002 import CLAIMS, MEM
-from lab.studies.arithmetic import s002
+from lab.arithmetic import s002
 
 LINKED = [c for c in CLAIMS if c.link is not None and c.link.notebook == MEM]
 

@@ -1,4 +1,4 @@
-"""Seed 003's arithmetic recomputed (`lab.studies.arithmetic.s003`): the rows build in the one shape, every claim cell
+"""Seed 003's arithmetic recomputed (`lab.arithmetic.s003`): the rows build in the one shape, every claim cell
 is unique in notebook 01's table (so a ledger link finds one row), each verdict is the rules' on the printed figure,
 and a wrong input moves the figure across the claim, so no row holds by construction."""
 
@@ -13,9 +13,9 @@ from lab import memory as mem
 from lab.ledger import CLAIMS
 from lab.ledger.rules import ARITHMETIC, HOLDS, ROUNDING, WRONG, parse_lab, verdict
 from lab.studies import memory_accounting
-from lab.studies.arithmetic import s003
+from lab.arithmetic import Paging, s003
 
-ROWS = pd.DataFrame(s003.rows())
+ROWS = pd.DataFrame(s003.rows(Paging(600, 2000, 6000, 8192)))  # notebook 01's defaults
 # Each row's rule is its ledger claim's: the row an arithmetic link in notebook 01 finds.
 LINKED = {c.link.match: c for c in CLAIMS if c.seed == "003" and c.link is not None
           and c.link.notebook == "01_memory_accounting" and c.link.evidence == ARITHMETIC}

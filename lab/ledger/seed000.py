@@ -1,7 +1,7 @@
 """Every numeric or testable claim of seeds/000 (KV cache versus local recomputation, "Replay"), by section.
 
 Most are checked by notebook 04 (the replay break-even, `lab.studies.replay_break_even.claims_table`) and
-notebook 01 (memory accounting, with the article's arithmetic recomputed in `lab.studies.arithmetic.s000`). The
+notebook 01 (memory accounting, with the article's arithmetic recomputed in `lab.arithmetic.s000`). The
 article's numbers are written in the unit of the lab's figure and to the article's printed precision (its "2.6 MB"
 is "2.6e6" bytes).
 

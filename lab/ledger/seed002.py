@@ -2,7 +2,7 @@
 
 Notebook 09 (`lab.studies.ttft_claims`) checks its first-token compute, INT8 memory, prefix-cache hit-rate and
 cold-start claims; notebook 06 (`lab.studies.serving_claims`) what prefix caching does under load; notebook 08 its
-memory-per-GPU figures; notebook 01 what its own figures settle against a datasheet (`lab.studies.arithmetic.s002`).
+memory-per-GPU figures; notebook 01 what its own figures settle against a datasheet (`lab.arithmetic.s002`).
 The rest need a cluster or GPUs, are settings, or are not yet checked (with what would check them). Sections follow
 the article's headings: §1.2 is 一.2, §2.3 is 二.3. A claim quotes the article's phrase in 「」, as the article
 prints it with its pinyin glosses dropped ("時(shí)" is "時").

@@ -2,7 +2,7 @@
 here, §4-§7 in `seed003_serving`, which shares `CAUSES` and the helpers below.
 
 Checked by notebook 01 (memory accounting, INT4 decode, and the article's own arithmetic recomputed:
-`lab.studies.arithmetic.s003`), 02 (weight quantization), 03 (KV-cache quantization), 05 (speculative decoding), 07
+`lab.arithmetic.s003`), 02 (weight quantization), 03 (KV-cache quantization), 05 (speculative decoding), 07
 (structured output) and 08 (parallelism). Each claim names the setting it is about and its scope (issue 40): the
 article speaks of 70B models on 80 GB GPUs, so its speed claims need a GPU or a projection to one, and its weight-
 accuracy claims a 16-bit checkpoint; the lab's embedded model is already 4-bit. Where a row quotes the article, the
@@ -67,7 +67,7 @@ def kv(claim: str) -> Link:
 
 
 def arith(match: str) -> Link:
-    """A row of notebook 01's claims table that recomputes the article's arithmetic (`lab.studies.arithmetic`)."""
+    """A row of notebook 01's claims table that recomputes the article's arithmetic (`lab.arithmetic`)."""
     return Link(MEM, match, evidence=ARITHMETIC)
 
 

@@ -22,8 +22,8 @@ from lab.claims import CLAIMS_COLUMNS, Number, Range
 from lab.hardware import GPUS, Hardware, get_gpu
 from lab.models.loader import EMBEDDED_MODELS, preset_names
 from lab.roofline import model_cost
-from lab.studies import arithmetic
-from lab.studies.arithmetic import recomputed as _recomputed
+from lab import arithmetic
+from lab.arithmetic import recomputed as _recomputed
 from lab.runs import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
 
 KV_DTYPES = ["bf16", "fp8", "int8", "int4", "int2"]
@@ -243,10 +243,12 @@ def engine_allocation_check(llm) -> pd.DataFrame:
                          for w, m, p in rows])
 
 
-def claims_table() -> pd.DataFrame:
+def claims_table(p: MemoryParams | None = None) -> pd.DataFrame:
     """The source articles' numbers beside the lab's recomputation, one `claim_row` each (the claim led by its
     seed and section); the verdict is `lab.ledger.rules.verdict` (`lab.claims.judged`): the article's own
-    arithmetic to its printed digit, a range with its ends, an estimate within 2%."""
+    arithmetic to its printed digit, a range with its ends, an estimate within 2%. Seed 003's paging claims are
+    recomputed on `p`'s request lengths (the notebook's; the defaults without it)."""
+    p = p or MemoryParams()
     article = mem.ModelShape("32L-8KV-128", 1, 1, 1, 32, 8, 8, 128)
     mha = mem.ModelShape("32L-32KV-128", 1, 1, 1, 32, 32, 32, 128)
     replay = mem.ModelShape("80L-8KV-128", 1, 1, 1, 80, 64, 8, 128)
@@ -281,4 +283,5 @@ def claims_table() -> pd.DataFrame:
         _recomputed("000 §2.2: KV bytes read per decode step at 128K (its 80 x 131072 x 512)", "5.4 GB", Number("5.4"),
                     kv_128k / 1e9, "GB"),
     ]
-    return pd.DataFrame([*rows, *arithmetic.rows()], columns=CLAIMS_COLUMNS)
+    paging = arithmetic.Paging(p.LENGTH_P50, p.LENGTH_P90, p.LENGTH_P99, p.SEQ_LEN)
+    return pd.DataFrame([*rows, *arithmetic.rows(paging)], columns=CLAIMS_COLUMNS)

@@ -14,7 +14,7 @@ from lab import memory as mem
 from lab.claims import Bound, Number, Range, claim_row, judged, shown
 from lab.hardware import GPUS
 from lab.replay.cost import window_cost
-from lab.studies.arithmetic import recomputed
+from lab.arithmetic import recomputed
 
 FP16 = 2
 

@@ -6,6 +6,8 @@ claims table (`lab.studies.memory_accounting.claims_table`), where the ledger fi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from lab.claims import Bound, Number, Range, claim_row, judged, shown
 
 
@@ -17,8 +19,18 @@ def recomputed(claim: str, says: str, rule: Number | Range | Bound, computed: fl
     return claim_row(claim, says, f"{shown(computed, rule)} {unit}", word, "; ".join(n for n in (off, why) if n))
 
 
-def rows() -> list[dict]:
-    """Every seed's recomputed rows, in seed order."""
-    from lab.studies.arithmetic import s000, s002, s003
+@dataclass(frozen=True)
+class Paging:
+    """The request lengths seed 003's paging claims are recomputed on: notebook 01's log-normal fit (P50, P90,
+    P99) capped at `seq_len`, passed in by its study so both use the same distribution."""
+    p50: int
+    p90: int
+    p99: int
+    seq_len: int
 
-    return [*s000.rows(), *s002.rows(), *s003.rows()]
+
+def rows(paging: Paging) -> list[dict]:
+    """Every seed's recomputed rows, in seed order."""
+    from lab.arithmetic import s000, s002, s003
+
+    return [*s000.rows(), *s002.rows(), *s003.rows(paging)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from lab import memory as mem
 from lab import roofline as rl
 from lab.hardware import get_gpu
-from lab.studies.arithmetic import Bound, recomputed
+from lab.arithmetic import Bound, recomputed
 
 MODEL, GPU = "llama-3-70b", "a100-sxm-80gb"  # the article's 70B and its A100 80GB
 PROMPT = 1024  # §6.1's worked example: "以70B模型、輸入長度1024 token為例"

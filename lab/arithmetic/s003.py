@@ -13,7 +13,7 @@ from lab import memory as mem
 from lab import roofline
 from lab.claims import Bound, Number, Range
 from lab.hardware import GPUS
-from lab.studies.arithmetic import recomputed
+from lab.arithmetic import Paging, recomputed
 
 # The article's example model (§1.1, §6.2): 32 layers, hidden 4096, 8 KV heads of 128, FP16 KV.
 ARTICLE = mem.ModelShape("32L-8KV-128", 1, 1, 1, 32, 8, 8, 128)
@@ -65,16 +65,13 @@ def _section_2() -> list[dict]:
     ]
 
 
-def _section_3() -> list[dict]:
+def _section_3(p: "Paging") -> list[dict]:
     """§3.1: a contiguous reservation's waste, paging's, the concurrency paging holds, and block sizes."""
-    from lab.studies.memory_accounting import MemoryParams  # notebook 01's lengths: the paging table's own
-
-    p = MemoryParams()
-    lengths = mem.lognormal_lengths(p.LENGTH_P50, p.LENGTH_P90, p.LENGTH_P99)
-    waste = {b: mem.paging_waste(lengths, b, p.SEQ_LEN) for b in (8, 16, 32)}
+    lengths = mem.lognormal_lengths(p.p50, p.p90, p.p99)
+    waste = {b: mem.paging_waste(lengths, b, p.seq_len) for b in (8, 16, 32)}
     held = {b: w["mean_length"] + w["paged_waste_slots"] for b, w in waste.items()}  # KV slots a sequence holds
-    dist = (f"log-normal lengths P50/P90/P99 {p.LENGTH_P50}/{p.LENGTH_P90}/{p.LENGTH_P99}, at most "
-            f"{p.SEQ_LEN} tokens")
+    dist = (f"log-normal lengths P50/P90/P99 {p.p50}/{p.p90}/{p.p99}, at most "
+            f"{p.seq_len} tokens")
     return [
         recomputed("003 §3.1: a 4096-token reservation for a 500-token request, the share left empty",
                    "八成 (0.8)", Number("0.8"), mem.paging_waste([500], 4096, 4096)["contiguous_waste_fraction"],
@@ -84,7 +81,7 @@ def _section_3() -> list[dict]:
         recomputed(f"003 §3.1: paged KV waste at block 16 ({dist})", "single digits (「个位数百分比」)",
                    Range(None, "9"), 100 * waste[16]["paged_waste_fraction"], "%"),
         recomputed(f"003 §3.1: sequences the same KV memory holds, paged at block 16 over contiguous ({dist})",
-                   "several times (「多扛好几倍并发」)", Range("3", None), p.SEQ_LEN / held[16], "x"),
+                   "several times (「多扛好几倍并发」)", Range("3", None), p.seq_len / held[16], "x"),
         recomputed(f"003 §3.1: sequences the same KV memory holds, block 8 over block 32 ({dist})",
                    "little difference (「差异不会特别大」)", Bound("1.1", above=False), held[32] / held[8], "x",
                    why="under 1.1x, the notebooks' reading of 'hardly worth it'; the block table and addressing "
@@ -118,6 +115,6 @@ def _section_6() -> list[dict]:
     ]
 
 
-def rows() -> list[dict]:
+def rows(paging: Paging) -> list[dict]:
     """One `recomputed` row per claim of seed 003 that arithmetic on its stated inputs decides."""
-    return [*_section_1(), *_section_2(), *_section_3(), *_section_6()]
+    return [*_section_1(), *_section_2(), *_section_3(paging), *_section_6()]
