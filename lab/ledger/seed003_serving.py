@@ -5,8 +5,8 @@ starting configuration and the troubleshooting notes); §1-§3 and the article's
 from __future__ import annotations
 
 from lab.ledger.record import Link
-from lab.ledger.rules import ARITHMETIC, NOT_CHECKABLE, NOT_YET, PROJECTED, Bound, Number, Range
-from lab.ledger.seed003 import NO_ROW_06, PAR, SETTING, SPEC, STRUCT, arith, c
+from lab.ledger.rules import ARITHMETIC, NOT_CHECKABLE, NOT_YET, NUMBER, PROJECTED, Bound, Number, Range
+from lab.ledger.seed003 import PAR, SERVE, SETTING, SPEC, STRUCT, arith, c
 
 SPEC_GPU = "speculative decoding on a GPU serving a large target at small batch"
 DRAFT = "a small draft model (「小模型」) against its target on a GPU"
@@ -123,10 +123,11 @@ BENCHMARKING = [
                   "lightweight local ones cannot carry online traffic (the article's table).", "compiled: high / low",
       verdict=NOT_CHECKABLE, why="needs the engines themselves on the same GPU and load",
       about="serving frameworks (general, compiled, lightweight local) on one GPU", scope="gpu-speed"),
-    c(57, "§6.2", "Fixed-length load tests seriously overestimate performance.", "overestimate", verdict=NOT_YET,
-      why=f"{NO_ROW_06}: fixed lengths at the P50 report 1.46x the log-normal's goodput",
-      decider="notebook 06's goodput with fixed against log-normal request lengths, as a claims row",
-      about="load tests of a continuous-batching engine, fixed against long-tailed lengths", scope="behaviour"),
+    c(57, "§6.2", "Fixed-length load tests seriously overestimate performance (「用固定长度压测会严重高估性能」).",
+      "seriously overestimate", link=Link(SERVE, "fixed-length load tests seriously overestimate",
+                                          lab_pattern=rf"x: (?P<v>{NUMBER}) \[(?P<lo>{NUMBER}), (?P<hi>{NUMBER})\] over"),
+      rule=Bound("1.2"), about="load tests of a continuous-batching engine, fixed against long-tailed lengths",
+      scope="behaviour"),
     c(78, "§6.2", "Raising concurrency, throughput rises to a knee where it flattens or falls while TPOT worsens fast "
                   "(「吞吐…开始走平甚至下降同时 TPOT 快速恶化」).", "a knee", verdict=NOT_YET,
       why="notebook 06 ramps the concurrency (ramp.csv) and marks its knee but writes no claims table",
