@@ -151,7 +151,7 @@ def test_the_growth_with_the_prefix_decides_the_articles_claims_and_can_come_out
     assert growth.tolist() == pytest.approx([0.7] * 4)
     rows = {r["claim"][:4]: r for r in measured_rows(df)}
     assert rows["§2.2"]["verdict"] == "wrong" and "0.7" in rows["§2.2"]["measured here"]
-    assert rows["§4.1"]["verdict"] == "wrong" and "-0.7" in rows["§4.1"]["measured here"]
+    assert rows["§4.1"]["verdict"] == "wrong" and "0.7" in rows["§4.1"]["measured here"]
     flat = df.assign(recompute_s=1e-3 * df["window"])  # a recompute that did not grow with M
     rows = {r["claim"][:4]: r for r in measured_rows(flat)}
     assert rows["§2.2"]["verdict"] == "holds"

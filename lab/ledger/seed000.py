@@ -17,8 +17,8 @@ and a recompute cost that leaves out the window's forward pass through the model
 from __future__ import annotations
 
 from lab.ledger.record import Cause, Claim, Link
-from lab.ledger.rules import ARGUMENT, ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, PHYSICS_BOUND, PROJECTED, \
-    Bound, Number, Range
+from lab.ledger.rules import (ARGUMENT, ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, PHYSICS_BOUND, PROJECTED,
+                              Bound, Number, Range)
 
 MEM, REPLAY, PAR = "01_memory_accounting", "04_replay_break_even", "08_parallelism"
 GPU_CLUSTER = "an anecdote from a 70B deployment on 8 GPUs: needs that cluster"
@@ -33,8 +33,8 @@ H100 = f"{EX70}, on one H100 SXM"
 ANY = "any"
 # How a notebook-04 or notebook-01 row's figure was obtained, where it is not a measurement here.
 AT_PEAK = "an H100's 989 TFLOP/s and 3.35 TB/s at 100%, lower bounds on the time"
-BY_COST = "projected to an H100 by lab.replay.cost: the larger of the FLOPs at 50% of peak and the weights + prefix " \
-          "KV read at 3.35 TB/s"
+BY_COST = ("projected to an H100 by lab.replay.cost: the larger of the FLOPs at 50% of peak and the weights + prefix "
+           "KV read at 3.35 TB/s")
 
 # The article's mistakes behind its wrong verdicts (a claim's `cause`), in the order they first appear.
 CAUSES = (
@@ -238,8 +238,10 @@ def _section_4_to_6() -> list[Claim]:
           about="Llama-3-8B and Llama-3-70B, fp16, a 32-token window at 32K on one GPU", scope="behaviour"),
         c(27, "§4.1", "Replay pays only from about 32K of context, and the shorter the context the less it pays "
                       "(its table: 「≥32K，上下文越短，Replay越不划算」).", ">= 32K",
-          link=Link(REPLAY, "replay pays more the longer the context"), rule=Bound("0"), cause="recompute-undercounted",
-          why="measured: how (load the window's KV / recompute it) grows with the prefix, d log / d log M; what replay "
+          link=Link(REPLAY, "replay pays more the longer the context"), rule=Bound("0", above=False),
+          cause="recompute-undercounted",
+          why="measured: how (recompute / load the window's KV) grows with the prefix, d log / d log M, below 0 if "
+              "replay paid more the longer the context; what replay "
               "saves is the window's KV read, which does not grow with the context, while the recompute does (its "
               "attention over the prefix); the article's frame, against the whole context's read, counts a read "
               "replay does not save (000-18)",
