@@ -114,21 +114,31 @@ table
 # ## 4. Measured on this machine: recompute on the engine against loading from each tier
 # For each model, prefix M and window W: the engine's forward of the W tokens over the cached M-token prefix on
 # DEVICE in DTYPE, against reading the window's KV from host memory and from a file on disk (page cache
-# dropped), and on a GPU from its memory and over PCIe from host memory. Two predictions of the recompute time:
-# the article's compute-only rule (FLOPs at EFFICIENCY x the measured peak) and a roofline with this machine's
-# ceilings measured in the same dtype on the same device (`lab.hardware.model_ceilings`: the
-# read rate of a GEMV shaped like the model's LM head, a square matmul's FLOP/s) that also reads the weights
-# and the prefix's KV, plus a fixed per-forward overhead measured once on a one-token forward. HCache's restore
-# (the K/V projections alone, from the layer inputs the engine kept) is timed beside them.
+# dropped), and on a GPU from its memory and over PCIe from host memory. HCache's restore (the K/V projections
+# alone, from the layer inputs the engine kept) is timed beside them.
+#
+# Three predictions of the recompute time. The article's compute-only rule (FLOPs at EFFICIENCY x the probed
+# peak); the roofline with this machine's probed ceilings (`lab.hardware.model_ceilings`: a GEMV's read rate, a
+# square matmul's FLOP/s), plus a per-forward overhead measured once; and the engine's cost model
+# (`lab.replay.engine_cost`), the sum of what the step does, each term's ceiling measured by its own
+# microbenchmark in this run (`lab.replay.microbench`), none fitted to the times it predicts:
+#
+# t(M, W) = fixed + forward(W) + L x gather(M + W) + L x attention(W, M + W)
+#
+# - fixed: a step's metadata and per-layer calls (the engine's step of two tokens after one block, less the rest);
+# - forward(W): the model's forward over W tokens with attention left out (its linears at its own shapes);
+# - gather: the paged store's copy of the blocks holding the M + W positions' K and V, per layer (bytes over the
+#   gather rate measured on the largest prefix, caches flushed);
+# - attention: W queries over M + W keys, every score computed (4 H d W (M + W) FLOPs over the FLOP/s
+#   `causal_attention` reaches at W queries over a reference context).
 
 # %%
 print(f"timed in {params.torch_dtype} on {params.device}")
 measured = study.measure(params)
 run.save_table("measured", measured)
 run.save_figure("crossover", study.plot_crossover(measured))
-measured[["model", "prefix", "window", "probe_GBps", "probe_TFLOPs", "recompute_s", "predicted_roofline_s",
-          "predicted_article_s", "hcache_restore_s", *[c for c in measured if c.startswith("load ")],
-          "measured_crossover_GBps", "predicted_crossover_GBps", "roofline_error"]].round(6)
+run.save_figure("predicted_vs_measured", study.plot_predicted(measured))
+study.terms_table(measured).round(6)
 
 # %%
 summary = study.summarize(measured)
@@ -136,11 +146,11 @@ run.save_table("measured_summary", summary)
 summary.T
 
 # %% [markdown]
-# The roofline prediction is a lower bound that the engine does not reach (its achieved FLOP/s is a fraction of
-# the probe's square-matmul peak: masked attention over a gathered prefix, small matrices, and on a GPU kernel
-# launches for small windows), so the times need not come within 20% of it. The verdict (load or recompute, per tier) can still be right when the
-# crossover bandwidth is far from every tier's: `verdict_agrees_*` counts the points where prediction and
-# measurement pick the same side.
+# `model_within_20pct` counts the points the cost model predicts within 20%; `terms_table` shows, per point, each
+# term, the largest, and where the sum misses by more than 20% what it leaves unexplained. The break-even
+# verdicts, measured and from the cost model, stand side by side in `measured.csv` (`measured: recompute beats
+# <tier>`, `model: recompute beats <tier>`) and are counted in the summary (`recompute_beats_*`,
+# `model_recompute_beats_*`, `verdict_agrees_*`); the roofline's are kept as `roofline_verdict_agrees_*`.
 #
 # ## 5. The PD-disaggregation scenario
 # A decode node either receives the last PD_WINDOW tokens' KV over a link or recomputes them locally
@@ -186,6 +196,7 @@ if INTERACTIVE:
 
 # %%
 run.save_metrics(lossless=bool(lossless["greedy outputs unchanged"].all()),
+                 model_points_within_20pct=int(summary["model_within_20pct"].sum()),
                  roofline_points_within_20pct=int(summary["roofline_within_20pct"].sum()),
                  measured_points=int(summary["points"].sum()),
                  verdicts_agree=int(summary["verdict_agrees_host memory"].sum() + summary["verdict_agrees_disk file"].sum()),

@@ -17,8 +17,8 @@ and a recompute cost that leaves out the window's forward pass through the model
 from __future__ import annotations
 
 from lab.ledger.record import Cause, Claim, Link
-from lab.ledger.rules import ARGUMENT, ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, PHYSICS_BOUND, PROJECTED, \
-    Bound, Number, Range
+from lab.ledger.rules import (ARGUMENT, ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, PHYSICS_BOUND, PROJECTED,
+                              Bound, Number, Range)
 
 MEM, REPLAY, PAR = "01_memory_accounting", "04_replay_break_even", "08_parallelism"
 GPU_CLUSTER = "an anecdote from a 70B deployment on 8 GPUs: needs that cluster"
@@ -33,8 +33,8 @@ H100 = f"{EX70}, on one H100 SXM"
 ANY = "any"
 # How a notebook-04 or notebook-01 row's figure was obtained, where it is not a measurement here.
 AT_PEAK = "an H100's 989 TFLOP/s and 3.35 TB/s at 100%, lower bounds on the time"
-BY_COST = "projected to an H100 by lab.replay.cost: the larger of the FLOPs at 50% of peak and the weights + prefix " \
-          "KV read at 3.35 TB/s"
+BY_COST = ("projected to an H100 by lab.replay.cost: the larger of the FLOPs at 50% of peak and the weights + prefix "
+           "KV read at 3.35 TB/s")
 
 # The article's mistakes behind its wrong verdicts (a claim's `cause`), in the order they first appear.
 CAUSES = (
@@ -154,12 +154,12 @@ def _section_2() -> list[Claim]:
           rule=Number("5.38e9"), about=EX70, scope="arithmetic"),
         c(37, "§2.2", "Recomputing a recent window costs a constant, whatever the context length M (「这个数字跟上下文"
                       "长度 M 没有关系，它是常数」; §2.3 「重算窗口与历史长度无关」; §3.1 「与总上下文长度弱相关」).",
-          "constant in M", verdict=NOT_YET,
-          why="the window's recompute runs its attention over all M prefix positions (FLOPs and KV read both grow "
-              "with M); notebook 04's measured.csv times the engine's recompute of each window at four prefixes",
-          decider="a notebook 04 claims row: the growth of the measured recompute time with the prefix M "
-                  "(d log t / d log M over measured.csv's prefixes, per model and window) against 0, nearer 0 than "
-                  "the KV read's 1", about="any decoder-only model, a window of W tokens after M", scope="behaviour"),
+          "constant in M", link=Link(REPLAY, "a recent window's recompute costs the same whatever the context"),
+          rule=Bound("0.5", above=False), cause="recompute-undercounted",
+          why="the growth of the engine's measured recompute time with the prefix, d log t / d log M, over the "
+              "measured (model, window) cells: nearer 0 (constant) than 1 (the KV read of the whole context) would "
+              "hold; the window's attention reads and scores every prefix position",
+          about="any decoder-only model, a window of W tokens after M", scope="behaviour"),
         c(13, "§2.2", "Recomputing the last 32 tokens (5.38e9 FLOPs) takes about 0.05 ms on an H100.", "0.05 ms",
           link=Link(REPLAY, "time to recompute 32 tokens with its 5.38e9 FLOPs", evidence=ARITHMETIC),
           rule=Number("0.05"), cause="flops-over-peak", about=H100, scope="arithmetic"),
@@ -237,12 +237,14 @@ def _section_4_to_6() -> list[Claim]:
           rule=Bound("1", above=False), cause="bigger-models",
           about="Llama-3-8B and Llama-3-70B, fp16, a 32-token window at 32K on one GPU", scope="behaviour"),
         c(27, "§4.1", "Replay pays only from about 32K of context, and the shorter the context the less it pays "
-                      "(its table: 「≥32K，上下文越短，Replay越不划算」).", ">= 32K", verdict=NOT_YET,
-          why="what replay saves is the window's KV read, which does not grow with the context, while the window's "
-              "recompute does (its attention over the prefix); notebook 04's measured.csv has both sides at four "
-              "prefixes",
-          decider="a notebook 04 claims row: the growth of (load the window's KV / recompute it) with the prefix M, "
-                  "over measured.csv's prefixes (d log / d log M), against the claim that it grows (above 0)",
+                      "(its table: 「≥32K，上下文越短，Replay越不划算」).", ">= 32K",
+          link=Link(REPLAY, "replay pays more the longer the context"), rule=Bound("0", above=False),
+          cause="recompute-undercounted",
+          why="measured: how (recompute / load the window's KV) grows with the prefix, d log / d log M, below 0 if "
+              "replay paid more the longer the context; what replay "
+              "saves is the window's KV read, which does not grow with the context, while the recompute does (its "
+              "attention over the prefix); the article's frame, against the whole context's read, counts a read "
+              "replay does not save (000-18)",
           about="7B-70B models, a replay window after 32K or more", scope="behaviour"),
         c(28, "§5.1", "With replay on, TTFT rose from 700 ms to 1.2 s at 33K context.", "0.7 -> 1.2 s",
           verdict=NOT_CHECKABLE, why=GPU_CLUSTER, about="a 70B deployment with replay on, 33K context",

@@ -17,12 +17,12 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from lab.claims import BY_ARGUMENT, CLAIMS_COLUMNS, Bound, Number, claim_row, judged, shown
 from lab.hardware import GPUS, Hardware
 from lab.memory import ModelShape
 from lab.models.loader import default_dtype, parse_dtype
 from lab.replay.cost import LINKS, break_even_table, recompute_seconds, window_cost
 from lab.runs import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
+from lab.studies.replay_break_even_claims import claims_table  # noqa: F401  (the notebook's section 6)
 
 COST_MODELS = ["smollm2-135m", "llama-2-7b", "llama-3-8b", "llama-3-70b", "qwen2.5-72b", "deepseek-v3"]
 ATTENTION = {"llama-2-7b": "MHA", "deepseek-v3": "MLA"}  # the rest are GQA
@@ -119,12 +119,15 @@ def pd_scenario(p: ReplayParams) -> pd.DataFrame:
 
 def measure(p: ReplayParams) -> pd.DataFrame:
     """For each model, prefix and window: the engine's recompute time on DEVICE in DTYPE, the tiers' load times
-    for the window's KV, and the two predictions of the recompute time, from ceilings probed in that dtype on
-    that device (`model_ceilings`, kept in the columns probe_GBps and probe_TFLOPs)."""
+    for the window's KV, and three predictions of the recompute time: the article's compute-only rule, the
+    roofline with the machine's probed ceilings (`model_ceilings`, columns probe_GBps and probe_TFLOPs), and the
+    engine's cost model (`lab.replay.engine_cost`: fixed + forward + gather + attention, each term's ceiling from
+    its own microbenchmark in this run, `lab.replay.microbench`), term by term."""
     from lab.engine import LLM
     from lab.models import load_model
     from lab.replay import ReplayConfig
     from lab.replay.measure import RecomputeBench, tier_loads
+    from lab.replay.microbench import measure_ceilings
     from lab.hardware import model_ceilings
 
     rows = []
@@ -146,54 +149,105 @@ def measure(p: ReplayParams) -> pd.DataFrame:
         bench = RecomputeBench(llm, ids)
         loads = {w: tier_loads(bench.kv_bytes(w), max(p.REPEATS, 5), p.device) for w in p.WINDOWS}
         hcache = {w: bench.hidden_restore_seconds(w, p.REPEATS) for w in p.WINDOWS}
+        ceilings = measure_ceilings(bench, p.WINDOWS, p.PREFIXES, p.REPEATS)
 
         def roofline(m, w):
             cost = window_cost(shape, w, m, dtype_bytes=dtype_bytes)
             return cost, max(cost.recompute_flops / machine.peak_flops,
                              (weight_bytes + cost.prefix_read_bytes + cost.kv_bytes) / machine.mem_bandwidth)
 
-        # What a forward costs beyond its roofline (Python, launches, small-matrix inefficiency), measured once
-        # on a one-token forward and added to every prediction.
+        # The roofline's fixed per-forward overhead, measured once on a one-token forward (the model before the
+        # engine's terms: kept to show what they add).
         overhead = max(0.0, bench.seconds(min(p.PREFIXES), 1, p.REPEATS) - roofline(min(p.PREFIXES), 1)[1])
         for m, w in tqdm([(m, w) for m in p.PREFIXES for w in p.WINDOWS], desc=f"{name}: prefix x window"):
             cost, bound = roofline(m, w)
             seconds = bench.seconds(m, w, p.REPEATS)
             kv = bench.kv_bytes(w)
-            predicted = bound + overhead
+            terms = ceilings.predict(m, w)
             row = {"model": name, "prefix": m, "window": w, "kv_bytes": kv, "recompute_s": seconds,
                    "probe_GBps": machine.mem_bandwidth / 1e9, "probe_TFLOPs": machine.peak_flops / 1e12,
                    "achieved_GFLOPs": cost.recompute_flops / seconds / 1e9,
-                   "roofline_bound_s": bound, "overhead_s": overhead, "predicted_roofline_s": predicted,
+                   "roofline_bound_s": bound, "overhead_s": overhead, "predicted_roofline_s": bound + overhead,
                    "predicted_article_s": cost.recompute_flops / (p.EFFICIENCY * machine.peak_flops),
-                   "measured_crossover_GBps": kv / seconds / 1e9,
-                   "predicted_crossover_GBps": kv / predicted / 1e9}
+                   **{f"{n}_s": getattr(terms, n) for n in terms.NAMES}, "predicted_s": terms.total,
+                   "largest_term": terms.largest(), "gather_GBps": ceilings.gather_Bps / 1e9,
+                   "attention_GFLOPs": ceilings.attention_Fps[w] / 1e9, "attention_keys": ceilings.attention_keys,
+                   "measured_crossover_GBps": kv / seconds / 1e9, "predicted_crossover_GBps": kv / terms.total / 1e9}
             row["hcache_restore_s"] = hcache[w]
             for t in loads[w]:
                 row[f"load {t.what} s"] = t.seconds
             rows.append(row)
         del llm, bench, model
-    df = pd.DataFrame(rows)
+    return judge_predictions(pd.DataFrame(rows))
+
+
+def judge_predictions(df: pd.DataFrame) -> pd.DataFrame:
+    """`df` with each prediction's error, and per tier the break-even verdict measured and predicted by the
+    engine's cost model side by side (recompute beats loading from the tier: True or False)."""
     df["roofline_error"] = df["predicted_roofline_s"] / df["recompute_s"] - 1
+    df["model_error"] = df["predicted_s"] / df["recompute_s"] - 1
+    # what the sum leaves out, where it misses by more than 20%: the measured time less the prediction
+    df["unexplained_s"] = (df["recompute_s"] - df["predicted_s"]).where(df["model_error"].abs() > 0.2, 0.0)
+    for tier in _tiers(df):
+        load = df[f"load {tier} s"]
+        df[f"measured: recompute beats {tier}"] = df["recompute_s"] < load
+        df[f"model: recompute beats {tier}"] = df["predicted_s"] < load
     return df
 
 
 def summarize(measured: pd.DataFrame) -> pd.DataFrame:
-    """Per model: how close the predictions came, and who won against each tier, measured and predicted."""
+    """Per model: how close the predictions came (the engine's cost model and the roofline before it), and who
+    won against each tier, measured and as the cost model predicts it, side by side."""
     rows = []
     for name, d in measured.groupby("model", sort=False):
         row = {"model": name, "points": len(d),
+               "model_within_20pct": int((d["model_error"].abs() <= 0.2).sum()),
+               "model_median_error": float(d["model_error"].median()),
+               "model_worst_error": float(d["model_error"].abs().max()),
                "roofline_within_20pct": int((d["roofline_error"].abs() <= 0.2).sum()),
                "roofline_median_error": float(d["roofline_error"].median()),
                "article_rule_median_ratio": float((d["predicted_article_s"] / d["recompute_s"]).median()),
                "achieved_GFLOPs_median": float(d["achieved_GFLOPs"].median())}
         for tier in _tiers(d):
-            load = d[f"load {tier} s"]
-            row[f"recompute_beats_{tier}"] = int((d["recompute_s"] < load).sum())
-            row[f"hcache_beats_{tier}"] = int((d["hcache_restore_s"] < load).sum())
-            row[f"verdict_agrees_{tier}"] = int(((d["predicted_roofline_s"] < load) == (d["recompute_s"] < load)).sum())
+            measured_wins, model_wins = d[f"measured: recompute beats {tier}"], d[f"model: recompute beats {tier}"]
+            row[f"recompute_beats_{tier}"] = int(measured_wins.sum())
+            row[f"model_recompute_beats_{tier}"] = int(model_wins.sum())
+            row[f"verdict_agrees_{tier}"] = int((measured_wins == model_wins).sum())
+            row[f"roofline_verdict_agrees_{tier}"] = int(((d["predicted_roofline_s"] < d[f"load {tier} s"])
+                                                          == measured_wins).sum())
+            row[f"hcache_beats_{tier}"] = int((d["hcache_restore_s"] < d[f"load {tier} s"]).sum())
         row["hcache_speedup_over_recompute_median"] = float((d["recompute_s"] / d["hcache_restore_s"]).median())
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def terms_table(measured: pd.DataFrame) -> pd.DataFrame:
+    """Per point: measured, the cost model's terms and their sum, its error, and where it misses by more than 20%
+    what it leaves unexplained against its largest term (which term is short, or a term it lacks)."""
+    cols = ["model", "prefix", "window", "recompute_s", "predicted_s", "model_error", "fixed_s", "forward_s",
+            "gather_s", "attention_s", "largest_term", "unexplained_s"]
+    return measured[cols]
+
+
+def plot_predicted(df: pd.DataFrame):
+    """Predicted against measured recompute time, the cost model's points and the roofline's, with the identity
+    line and the +-20% band the model is held to."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 5))
+    lo, hi = df["recompute_s"].min() / 2, df["recompute_s"].max() * 2
+    grid = [lo, hi]
+    ax.fill_between(grid, [0.8 * x for x in grid], [1.2 * x for x in grid], color="0.9", label="within 20%")
+    ax.plot(grid, grid, "k-", lw=1)
+    for i, (name, d) in enumerate(df.groupby("model", sort=False)):
+        ax.scatter(d["recompute_s"], d["predicted_s"], color=f"C{i}", label=f"{name}: cost model")
+        ax.scatter(d["recompute_s"], d["predicted_roofline_s"], color=f"C{i}", marker="x", alpha=0.6,
+                   label=f"{name}: roofline")
+    ax.set(xscale="log", yscale="log", xlabel="measured recompute (s)", ylabel="predicted (s)",
+           title="does the cost model predict the engine's recompute?")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    return fig
 
 
 def _tiers(measured: pd.DataFrame) -> list[str]:
@@ -216,108 +270,7 @@ def plot_crossover(df: pd.DataFrame):
             bw = (d["kv_bytes"] / d[f"load {tier} s"]).median() / 1e9
             ax.axhline(bw, color="k", ls=style, lw=1, label=f"{tier}: {bw:.3g} GB/s (median)")
         ax.set(xscale="log", yscale="log", xlabel="prefix M (tokens)", ylabel="crossover bandwidth B* (GB/s)",
-               title=f"{name}: tiers below B* lose to recompute\n(x--: roofline prediction)")
+               title=f"{name}: tiers below B* lose to recompute\n(x--: the cost model's prediction)")
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
-
-
-# ---- the article's numbers -------------------------------------------------------------------------------
-
-def claims_table(p: ReplayParams, measured: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The replay article's numbers (its 70B example: 80 layers, 8 KV heads of 128, d_model 8192, fp16, H100)
-    beside the lab's recomputation, one `claim_row` each (the claim led by its section of seeds/000). Every
-    verdict is `lab.ledger.rules.verdict` on the lab's number: its own arithmetic (`Number(text)`) to its printed
-    digit, an estimate (`Number(text, exact=False)`) within 2%, a comparison (`Bound`) strictly; the one claim
-    no number decides is wrong by argument, the argument in its note."""
-    s = ModelShape.preset("llama-3-70b")
-    h100 = GPUS["h100-sxm"]
-    per_layer = 2 * s.num_kv_heads * s.head_dim * 2
-    kv_128k = s.num_layers * 131072 * per_layer
-    article_w64 = 80 * 64 * (2 * 8192 * 128 + 64 * 128)
-    article_w32 = 80 * 32 * (2 * 8192 * 128 + 32 * 128)
-    full_w32 = window_cost(s, 32, 131072 - 32)
-    # Its PD example: a 32K context; pulling the KV takes 2.9 ms, recomputing the last 64 tokens 0.4 ms.
-    pd_cost = window_cost(s, 64, 32768 - 64)
-    pd_recompute = max(recompute_seconds(s, pd_cost, h100, p.EFFICIENCY))
-    # Each: the claim, what the article says, its number in the unit of the lab's as a rule (its own arithmetic,
-    # or an estimate), the lab's number, the unit.
-    rows = [
-        _recomputed("§2.1: H100 ridge point (989 TFLOP/s / 3.35 TB/s)", "295 FLOPs/B", Number("295"),
-                    h100.peak_flops / h100.mem_bandwidth, "FLOPs/B"),
-        _recomputed("§1.1: KV per token per layer (8 KV heads x 128, fp16)", "8 KB", Number("8192"), per_layer, "B"),
-        _recomputed("§2.2: recompute FLOPs of a 64-token window (its formula)", "10.7e9", Number("10.7e9"),
-                    article_w64, "FLOPs", why=f"the last printed digit is off: {article_w64:.4g} prints as "
-                                              f"{article_w64 / 1e9:.1f}e9"),
-        _recomputed("§2.2: ... and of all the work a 64-token window needs (every layer's linears + attention, "
-                    "M=32K)", "10.7e9", _estimate("10.7e9"), window_cost(s, 64, 32768).recompute_flops, "FLOPs"),
-        _recomputed("§2.2: bytes of a 64-token window's KV (its 2.6 MB counts one KV head)", "2.6 MB", Number("2.6e6"),
-                    window_cost(s, 64, 0).kv_bytes, "B"),
-        _recomputed("§2.2: FLOPs per KV byte of the window (its 4,072)", "4072", Number("4072"),
-                    window_cost(s, 64, 32768).flops_per_kv_byte, "FLOPs/B"),
-        _recomputed("§2.2: KV read per decode step at 128K (its 5.4 GB counts one KV head)", "5.4 GB",
-                    Number("5.4e9"), kv_128k, "B"),
-        _recomputed("§2.2: time to recompute 32 tokens with its 5.38e9 FLOPs on an H100", "0.05 ms", Number("0.05"),
-                    1e3 * article_w32 / h100.peak_flops, "ms"),
-        _recomputed("§2.2: ... with the full work of 32 tokens after 128K (attention over the prefix included)",
-                    "0.05 ms", _estimate("0.05"), 1e3 * full_w32.recompute_flops / h100.peak_flops, "ms"),
-        _recomputed("§2.2: time to read 128K tokens' KV at 3.35 TB/s (its 5.4 GB)", "1.6 ms", Number("1.6"),
-                    1e3 * 5.37e9 / h100.mem_bandwidth, "ms"),
-        _recomputed("§2.2: ... the real 128K KV (8 KV heads)", "1.6 ms", _estimate("1.6"),
-                    1e3 * kv_128k / h100.mem_bandwidth, "ms"),
-        _recomputed("§3.2: PD: recompute the last 64 tokens of a 32K context on the decode node (H100, 50%, weights "
-                    "and prefix read)", "0.4 ms", _estimate("0.4"), 1e3 * pd_recompute, "ms"),
-        _recomputed("§3.2: PD: pull the 32K context's KV from the prefill node over a 400 Gb/s link", "2.9 ms",
-                    _estimate("2.9"), 1e3 * window_cost(s, 32768, 0).kv_bytes / LINKS["net-400g"].bandwidth, "ms"),
-    ]
-    receive_ms = 1e3 * pd_cost.kv_bytes / LINKS["net-400g"].bandwidth
-    gain = receive_ms / (1e3 * pd_recompute)  # recomputing beats receiving when this exceeds 1
-    rows.append(_compared("§3.2: PD: recompute the last 64 tokens rather than receive their KV", "recompute (0.4 ms)",
-                          f"receive {receive_ms:.3g} ms over 400 Gb/s vs recompute {1e3 * pd_recompute:.3g} ms: "
-                          f"receive / recompute {gain:.3g}", Bound("1"), gain, "receiving wins"))
-    # Its self-diagnosis rule (§5.5): replay when the estimated KV read exceeds 1.2 x the estimated recompute of
-    # W tokens at 50% efficiency. On its own 128K example, with the real KV and the full work of W = 32:
-    read_s = kv_128k / h100.mem_bandwidth
-    recompute_s = full_w32.recompute_flops / (0.5 * h100.peak_flops)
-    rows.append(_compared("§5.5: self-diagnosis on its 128K example: replay pays (read > 1.2 x recompute at 50%)",
-                          "yes (1.6 ms vs 0.08-0.12 ms)",
-                          f"read {1e3 * read_s:.3g} ms vs recompute {1e3 * recompute_s:.3g} ms: read / recompute "
-                          f"{read_s / recompute_s:.3g}", Bound("1.2"), read_s / recompute_s,
-                          "the rule says do not replay"))
-    # No number decides it: the window's attention reads every prefix position's K and V, whatever it recomputes.
-    rows.append(claim_row("§2.2: replaying a window spares reading the prefix's KV",
-                          "1.6 ms read vs 0.05 ms recompute",
-                          f"the window's attention reads all {kv_128k / 1e9:.3g} GB of the prefix anyway", BY_ARGUMENT,
-                          "the read is not avoided: each recomputed token attends to every prefix position, so the "
-                          "window's attention reads the prefix's K and V whether or not its own KV is kept"))
-    if measured is not None and len(measured):
-        n = len(measured)
-        wins = {tier: int((measured[f"load {tier} s"] > measured["recompute_s"]).sum())
-                for tier in ("host memory", "disk file")}
-        # the notebook's criterion: recomputing beats host memory at most measured points
-        word, _ = judged(Bound("0.5"), wins["host memory"] / n)
-        rows.append(claim_row("§3.1: recomputing a recent window beats reading its KV on long contexts",
-                              "yes, by an order of magnitude",
-                              f"recompute faster than host memory in {wins['host memory']} of {n} measured points, "
-                              f"than the disk file in {wins['disk file']} of {n}", word,
-                              "on this machine: its engine against its host memory and disk"))
-    return pd.DataFrame(rows, columns=CLAIMS_COLUMNS)
-
-
-def _estimate(text: str) -> Number:
-    """An article's figure about a real model or device (modelling choices it does not state move it): 2%."""
-    return Number(text, exact=False)
-
-
-def _recomputed(claim: str, says: str, rule: Number, computed: float, unit: str, why: str = "") -> dict:
-    """A `claim_row` for an article's number recomputed here, judged by `rule` (`lab.claims.judged`) and printed to
-    at least the claim's precision, so the ledger reads back the verdict; by how much (and `why`, where the figure
-    has a point worth stating) in the note."""
-    word, off = judged(rule, computed)
-    return claim_row(claim, says, f"{shown(computed, rule)} {unit}", word, "; ".join(n for n in (off, why) if n))
-
-
-def _compared(claim: str, says: str, measured: str, rule: Bound, value: float, why_not: str) -> dict:
-    """A `claim_row` for a comparison the article draws: `rule` on the ratio `value`; `why_not` when it fails."""
-    word, off = judged(rule, value)
-    return claim_row(claim, says, measured, word, "; ".join((off, why_not)) if off else "")
