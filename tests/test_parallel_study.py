@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from lab import memory as mem
+from lab.ledger.rules import Number, verdict
 from lab.studies import parallelism as study
 from lab.studies.parallelism_claims import claims_table
 
@@ -58,7 +59,7 @@ def test_claims_have_one_shape_and_keep_the_rows_the_ledger_links():
     claims = claims_table(p, tp, study.projection(p), bubble, per_rank)
     assert_one_shape(claims)
     assert_links_find_one_row(claims, "08_parallelism")
-    for match in ("all-reduce takes up to 40%", "TP without fast links", "communication eats most of the compute",
+    for match in ("with Replay on", "TP without fast links", "communication eats most of the compute",
                   "PP: micro-batches at least 4x",
                   "TP inside a node of at most 8 cards", "a 70B model in FP16 takes 140 GB",
                   "over 8 A100s with TP: 17.5 GB", "8-card TP across nodes"):
@@ -70,9 +71,25 @@ def test_claims_have_one_shape_and_keep_the_rows_the_ledger_links():
     assert re.search(r"(?P<v>\d+(?:\.\d+)?) GB \(", card["measured here"]).group("v") == "17.64"
     assert card["verdict"] == "holds" and "weights only" in card["note"]
     assert by.loc["8-card TP across nodes adds 10-15% to TTFT", "verdict"] == "not checkable here"
-    assert re.search(r"(?P<lo>(?P<v>\d+))% on NVLink.*?(?P<hi>\d+)% on PCIe",
-                     by.loc["all-reduce takes up to 40% of a decode step with 8-way TP on a 70B model",
-                            "measured here"])
+    replay = claims[claims["claim"].str.contains("with Replay on")].iloc[0]
+    # the ledger reads "v [lo, hi]": the share on NVLink and the span to PCIe
+    assert re.match(r"[\d.]+% \[[\d.]+, [\d.]+\], NVLink to PCIe", replay["measured here"])
+    assert replay["verdict"] == verdict(Number("40", exact=False), *_span(replay["measured here"]))
+
+
+def _span(cell):
+    v, lo, hi = re.match(r"([\d.]+)% \[([\d.]+), ([\d.]+)\]", cell).groups()
+    return v, (lo, hi)
+
+
+def test_the_replay_share_grows_with_the_window_it_carries():
+    """More replayed tokens put more bytes in each all-reduce while the weight-bound compute stays: the share
+    with Replay on rises with the window, and exceeds the plain decode step's (window 0)."""
+    from lab.studies.parallelism_claims import replay_step_shares
+
+    p = study.ParallelParams()
+    shares = [replay_step_shares(p, w)["pcie5-h100x8"] for w in (0, 16, 64, 256)]
+    assert shares == sorted(shares) and shares[0] < shares[-1]
 
 
 def test_tp_over_a_slow_link_is_judged_on_the_projection_and_comes_out_either_way():

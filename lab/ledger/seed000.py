@@ -251,13 +251,11 @@ def _section_4_to_6() -> list[Claim]:
           scope="gpu-speed"),
         c(29, "§5.2", "With 8-way TP on a 70B model and Replay on, all-reduce takes up to 40% of a decode step "
                       "(「Replay 开启后，每一步生成都伴随大量 AllReduce，通信占比高达 40%」).", "40%",
-          verdict=NOT_YET,
-          why="the 40% is with Replay on; notebook 08 projects the share of a plain TP decode step, which is not "
-              "what the article says",
-          decider="a notebook 08 claims row: the communication share of a TP=8 Llama-3-70B step that decodes one "
-                  "token and replays a 32-token window of one sequence at 32K (the roofline step reading each "
-                  "rank's weights and KV once, computing 33 tokens; tp_comm_seconds for 33 tokens), NVLink to PCIe, "
-                  "against Number('40', exact=False)",
+          link=Link(PAR, "with Replay on", evidence=PROJECTED,
+                    setting="projected to 8x H100 (NVLink to PCIe) by the roofline step and alpha-beta collectives"),
+          rule=Number("40", exact=False),
+          why="the 40% is with Replay on: notebook 08 projects a step that decodes one token and replays a 64-token "
+              "window of the same sequence (§2.2's window), not a plain TP decode step",
           about="a 70B model, 8-way tensor parallelism, Replay on, decode", scope="gpu-speed"),
         c(40, "§5.2", "Under tensor parallelism a recompute needs the complete K/V on the current card, so every "
                       "recompute moves K/V between cards (「重算需要在当前卡上持有完整的 K/V 矩阵，而张量并行下 K/V "
