@@ -175,3 +175,17 @@ def test_a_link_to_no_such_row_is_missing_not_dropped():
     ghost = Claim("002-99", "002", "§9", "a claim no table has", "1", link=Link("08_parallelism", "no such row"))
     [entry] = gather([ghost], results_root())
     assert entry.verdict == MISSING and "08_parallelism" in entry.why
+
+
+def test_the_coverage_table_in_docs_counts_the_registry_rows_per_section():
+    """docs/claims.md's "Coverage, section by section" gives each section's rows; they must be the registry's."""
+    import re
+    from collections import Counter
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "claims.md").read_text()
+    table = text.split("## Coverage, section by section", 1)[1].split("\n## ", 1)[0]
+    stated = {(seed, section): int(rows) for seed, section, rows in
+              re.findall(r"^\| (\d{3}) \| (§[^|]+?) \| (\d+) \|", table, re.M)}
+    counted = Counter((c.seed, c.section) for c in CLAIMS)
+    assert {k: v for k, v in stated.items() if v} == dict(counted)
