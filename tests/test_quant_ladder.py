@@ -152,3 +152,20 @@ def test_claims_are_not_checkable_on_an_already_quantized_baseline():
     assert "already 4-bit" in out["note"] and "MODEL parameter" in out["note"]
     assert out["note"].endswith("in this setting: wrong")
     assert in_scope(row, None)["verdict"] == "not checkable here"  # weights not examined: not evidence about 16 bits
+
+
+def test_the_ladder_scores_each_rung_and_reuses_only_identical_weights(smollm):
+    """On the Q4_1 model the first two rungs are the reference itself (KL exactly 0) and RTN w4g32 lands on the
+    integer-zero rung's weights (scores reused); the reused scores are what scoring RTN afresh gives."""
+    from lab.eval.scores import score_sequences
+
+    model, tok = smollm
+    texts = {"code": [tok.encode("def add(a, b):\n    return a + b\n")]}
+    rungs, scores = study.run_ladder(model, texts, groups=(), bits=(), layers=(0,), log=lambda _: None)
+    assert list(rungs["rung"]) == ["q4_1", "float-offset w4g32", "int-zero w4g32", "rtn w4g32"]
+    by = scores.set_index("model")
+    assert by.loc["q4_1", "kl"] == by.loc["float-offset w4g32", "kl"] == 0
+    assert by.loc["int-zero w4g32", "kl"] > 0 and by.loc["rtn w4g32", "nll"] == by.loc["int-zero w4g32", "nll"]
+    fresh = copy.deepcopy(model)
+    apply_rung(fresh, ladder(bits=())[3], layers=(0,))
+    assert score_sequences(model, fresh, texts["code"]).nll[0] == by.loc["rtn w4g32", "nll"]

@@ -94,13 +94,18 @@ def _linears(model: nn.Module, layers: tuple[int, ...] | None) -> list[tuple[int
 
 @torch.no_grad()
 def apply_rung(model: nn.Module, rung: Rung, layers: tuple[int, ...] | None = None,
-               source: nn.Module | None = None) -> None:
+               source: nn.Module | None = None) -> bool:
     """Write `rung`'s fake quantization of the decoder linears of `layers` (None: all) into `model`, from `source`'s
     weights (a model of the same shape, e.g. the unquantized one the copy was made from; None: `model`'s own), so
-    one working copy serves every rung."""
+    one working copy serves every rung. Returns whether any weight changed (a rung that lands on the weights the
+    model already holds, e.g. RTN's widening where every group straddles 0, changes none)."""
+    changed = False
     pairs = zip(_linears(model, layers), _linears(source if source is not None else model, layers))
     for (_, lin), (_, src) in pairs:
-        lin.weight.data.copy_(rung.quantize(src.weight).to(lin.weight.dtype))
+        new = rung.quantize(src.weight).to(lin.weight.dtype)
+        changed = changed or not torch.equal(new, lin.weight)
+        lin.weight.data.copy_(new)
+    return changed
 
 
 def same_except_linears(reference: nn.Module, model: nn.Module) -> bool:

@@ -98,9 +98,11 @@ class QuantAccuracyParams:
     LADDER_GROUPS: tuple = (64, 128)  # the loss decomposition's rungs after RTN w4g32 (`lab.quant.ladder`)
     LADDER_BITS: tuple = (3, 2)  # then fewer bits, at the last of LADDER_GROUPS
     SEED: int = 0
-    # quick: every method at w4g64 on fewer tokens, no long context and no calibration mismatch (84 s at quick
-    # size, and 2 documents could not distinguish its claim: 1.03 [0.98, 1.07]); smoke: the tests' seconds.
-    _FEWER = {"CONFIGS": ("w4g64",), "LONG_CONTEXT_CONFIGS": (), "LONG_CONTEXT_ITEMS": 0, "MISMATCH_CONFIG": "w4g64",
+    # quick: RTN, GPTQ and AWQ at w4g64 and the Q4_1 control, on fewer tokens, no long context and no calibration
+    # mismatch (84 s at quick size, and 2 documents could not distinguish its claim: 1.03 [0.98, 1.07]); smoke: the
+    # tests' seconds.
+    _FEWER = {"CONFIGS": ("w4g64",), "METHODS": ("rtn", "gptq", "awq", "gguf-q4_1"), "LONG_CONTEXT_CONFIGS": (),
+              "LONG_CONTEXT_ITEMS": 0, "MISMATCH_CONFIG": "w4g64",
               "MISMATCH_SAMPLES": 8, "N_PROMPTS": 2}
     PRESETS: ClassVar[dict] = {
         "quick": _FEWER | {"GPTQ_CALIB": (8, 256), "AWQ_CALIB": (2, 256), "HELDOUT_SEQUENCES": 6,

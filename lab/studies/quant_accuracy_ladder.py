@@ -74,16 +74,21 @@ def run_ladder(reference, texts: dict[str, list[list[int]]], groups: tuple[int, 
                layers: tuple[int, ...] | None = None, log=print) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every rung of `lab.quant.ladder.ladder(groups, bits)` applied to a copy of `reference` (the decoder linears of
     `layers`, None: all): (one row per rung with its weight error, per-sequence scores per domain)."""
-    rows, score_rows = [], []
+    rows, score_rows, scores = [], [], {}
     model = copy.deepcopy(reference)  # one working copy: each rung rewrites its linears from the reference's
     for rung in tqdm(ladder(groups, bits), desc="ladder"):
-        apply_rung(model, rung, layers, source=reference)
+        changed = apply_rung(model, rung, layers, source=reference)
         err = weight_error(reference, model, layers)
         rows.append({"rung": rung.name, "change": rung.change, "bits": rung.bits, "group_size": rung.group,
                      **err.columns("weight_error_%")})
-        for domain, seqs in texts.items():
-            score_rows += score_sequences(reference, model, seqs).rows(model=rung.name, domain=domain)
-        log(f"{rung.name:20s} weight error {err.value:6.2f}%  ({rung.change})")
+        # The same weights score the same: a rung equal to the reference runs one forward, one equal to the rung
+        # before reuses its scores (exactly what scoring it again would give).
+        if changed or not scores:
+            scores = {d: score_sequences(reference, reference if err.value == 0 else model, seqs)
+                      for d, seqs in texts.items()}
+        for domain, s in scores.items():
+            score_rows += s.rows(model=rung.name, domain=domain)
+        log(f"{rung.name:20s} weight error {err.value:6.2f}%  ({rung.change}{'' if changed else '; same weights'})")
     return pd.DataFrame(rows), pd.DataFrame(score_rows)
 
 

@@ -29,8 +29,8 @@ def _dodged(ax, labels: list[str], series: dict[str, tuple], ylabel: str, linthr
     ax.axhline(0, color="k", lw=0.8)
     ax.set_yscale("symlog", linthresh=linthresh)
     ax.set_ylabel(ylabel)
-    if floor is not None:
-        ax.set_ylim(bottom=floor)
+    lowest = min(float(np.nanmin(np.asarray(lo, dtype=float), initial=0.0)) for _, lo, _ in series.values())
+    ax.set_ylim(bottom=floor if floor is not None else 2 * lowest if lowest < 0 else -linthresh / 2)
 
 
 def _columns(df: pd.DataFrame, col: str) -> tuple:
