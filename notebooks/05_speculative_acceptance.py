@@ -29,7 +29,8 @@
 # chi-square test); in bfloat16 a (k + 1)-row verification forward rounds differently from a one-row step, so a
 # near-tie between two tokens can flip and the greedy paths part from there. `identical_outputs` (share of
 # requests) and `agreeing_tokens` (mean share of each output before it parts) measure how much. The logic lives
-# in `lab.studies.spec_acceptance`.
+# in `lab.studies.spec_acceptance`. The embedded target is itself a dequantized Q4_1 GGUF (notebook 02), so its 4-bit
+# copy re-rounds a 4-bit model onto another grid: its acceptance is not what a 4-bit copy of a 16-bit target keeps.
 #
 # The `gpu` preset runs where a CPU cannot: a Llama-3-8B-shaped target with random weights, in bfloat16 on a GPU,
 # where a decode step reads 16 GB of weights and a (k + 1)-token verification should cost what one step costs.

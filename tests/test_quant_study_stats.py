@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 
 from lab.eval.scores import SequenceScores
+from lab.quant.gguf_grids import QuantizedBaseline
 from lab.studies import quant_accuracy_stats as stats
 
 N = 16
@@ -60,7 +61,8 @@ def test_claims_hold_fail_or_cannot_tell(study):
     grid, scores, outputs = study
     sens = stats.sensitive_vs_perplexity(grid, scores, outputs)
     rec = stats.recovery_table(grid, scores, outputs)
-    claims = stats.claims_table(sens, rec, grid, scores, outputs, "w4g64").set_index("claim")
+    weights16 = QuantizedBaseline(False, None, 120, 32, 31.9)  # continuous weights: the intervals decide
+    claims = stats.claims_table(sens, rec, grid, scores, outputs, "w4g64", baseline=weights16).set_index("claim")
     verdict = {c.split(" (")[0].split(":")[0] + (" prose" if "prose" in c else ""): v
                for c, v in claims["verdict"].items() if "task metrics" not in c}
     assert verdict["perplexity barely moves under 4-bit weight quantization"] == "wrong"  # +12.5%
@@ -71,6 +73,23 @@ def test_claims_hold_fail_or_cannot_tell(study):
     assert drops["task metrics drop under quantization: sensitive pass rate, gptq w4g64"] == "not distinguishable"
     assert drops["task metrics drop under quantization: sensitive pass rate, awq w4g64"] == "wrong"  # identical
     assert set(claims["holds"].map(repr)) <= {"True", "False", "None"}
+    already = QuantizedBaseline(True, 4, 120, 16, 12.5)
+    four_bit = stats.claims_table(sens, rec, grid, scores, outputs, "w4g64", baseline=already)
+    assert list(four_bit["claim"]) == list(claims.index)  # the claim cells stay as they were: the ledger links by them
+    assert set(four_bit["verdict"]) == {"not checkable here"} and four_bit["holds"].isna().all()
+    in_setting = four_bit.set_index("claim")["note"].str.rsplit("in this setting: ", n=1).str[1]
+    assert in_setting.to_dict() == claims["verdict"].to_dict()  # each keeps the verdict the intervals gave
+
+
+def test_preservation_names_the_closest_method_per_configuration(study):
+    grid, scores, outputs = study
+    sens = stats.sensitive_vs_perplexity(grid, scores, outputs)
+    grid = grid.assign(code_kl_mean=[0.0, 0.2, 0.1, 0.05], prose_kl_mean=[0.0, 0.2, 0.1, 0.05])
+    for col in ("code_kl_mean", "prose_kl_mean"):
+        grid = grid.assign(**{f"{col}_low": grid[col] * 0.9, f"{col}_high": grid[col] * 1.1})
+    line, = stats.preservation_lines(grid, sens, scores)
+    assert line.startswith("w4g64: awq w4g64 preserves it best (code KL 0.0500 (0.0450-0.0550), perplexity +12.5%")
+    assert "KL minus gptq w4g64's: code" in line and "distinguishable" in line
 
 
 def test_calibration_composition_counts_the_tokens_calibrated_on(smollm):

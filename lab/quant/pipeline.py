@@ -2,6 +2,11 @@
 a Hugging Face-style checkpoint (GPTQ format for RTN/GPTQ, AWQ GEMM format for AWQ) that
 `lab.quant.formats.load_quantized` reads back into the engine.
 
+llama.cpp's block grids are methods too (`GGUF_METHODS`: "gguf-q4_0", "gguf-q4_1", "gguf-q8_0",
+`lab.quant.gguf_grids`), at the bits of their grid and blocks of 32 columns (`gguf_spec`); like RTN they need no
+calibration. They are studied in memory: a GPTQ or AWQ checkpoint cannot store Q4_1's float minimum per block,
+so `checkpoint_format` refuses them (llama.cpp's own tools write GGUF files).
+
 The embedding and LM head stay unquantized, as GPTQ and AWQ checkpoints leave them. Codes are
 exported from each algorithm's own scales and zeros (GPTQ's per column block, AWQ's of the scaled
 and clipped weight), never re-derived from quantized weights, which could land on another grid.
@@ -16,11 +21,20 @@ from pathlib import Path
 import torch
 
 from .formats import save_quantized
+from .gguf_grids import BLOCK, GRIDS, dequantize_gguf, quantize_gguf
 from .gptq import GPTQConfig, gptq_quantize_model
 from .layerwise import LINEAR_STEPS
 from .rtn import QuantSpec, dequantize, quantize
 
-METHODS = ("rtn", "gptq", "awq")
+GGUF_METHODS = tuple(f"gguf-{g}" for g in GRIDS)
+METHODS = ("rtn", "gptq", "awq", *GGUF_METHODS)
+
+
+def gguf_spec(method: str) -> QuantSpec | None:
+    """The bits and group size of a GGUF method ("gguf-q4_1": 4 bits, blocks of 32), else None."""
+    if method not in GGUF_METHODS:
+        return None
+    return QuantSpec(GRIDS[method.removeprefix("gguf-")].bits, BLOCK)
 
 
 @dataclass
@@ -51,6 +65,10 @@ class QuantJob:
                 raise ValueError(f"layers={self.layers!r} must be None (all) or non-negative layer indices")
         if self.method == "awq" and self.act_order:
             raise ValueError("act_order is a GPTQ option; AWQ has no column order")
+        own = gguf_spec(self.method)
+        if own is not None and (self.bits, self.group_size) != (own.bits, own.group_size):
+            raise ValueError(f"{self.method} stores {own.bits} bits in blocks of {own.group_size} columns: set bits="
+                             f"{own.bits}, group_size={own.group_size} (got {self.bits}, {self.group_size})")
         self.spec()  # bits and group size checked here, before any model is loaded
 
     def spec(self) -> QuantSpec:
@@ -77,6 +95,18 @@ def _rtn_codes(model, spec: QuantSpec, layers: tuple[int, ...] | None = None) ->
         q, scales, zeros = quantize(lin.weight.detach().float(), spec)
         lin.weight.data.copy_(dequantize(q, scales, zeros, group_size=spec.group_size).to(lin.weight.dtype))
         codes[name] = (q, scales, zeros, None)
+    return codes
+
+
+def _gguf_codes(model, method: str, layers: tuple[int, ...] | None = None) -> dict:
+    """(codes, d, m) of every decoder linear on GGUF grid `method` (`quantize_gguf`), writing the weights as GGUF
+    reads them back into the model."""
+    grid = method.removeprefix("gguf-")
+    codes = {}
+    for name, lin in decoder_linears(model, layers).items():
+        q, d, m = quantize_gguf(lin.weight, grid)
+        lin.weight.data.copy_(dequantize_gguf(q, d, m, grid).to(lin.weight.dtype))
+        codes[name] = (q, d, m)
     return codes
 
 
@@ -109,12 +139,15 @@ def quantize_model(job: QuantJob, model, tokenizer, progress: bool = True) -> tu
     """Quantize `model` in place as `job` says (its `model` field is not read): returns the codes of
     every decoder linear, for `save_quantized`, and a summary (time, calibration size, tokens per task)."""
     decoder_linears(model, job.layers)  # a layer past the model's last is refused before calibration
-    calib, tasks = ([], {}) if job.method == "rtn" else _calibration(tokenizer, job)
+    calibrated = job.method in ("gptq", "awq")
+    calib, tasks = _calibration(tokenizer, job) if calibrated else ([], {})
     spec = job.spec()
     layers = None if job.layers is None else list(job.layers)
     t = time.perf_counter()
     if job.method == "rtn":
         codes = _rtn_codes(model, spec, job.layers)
+    elif job.method in GGUF_METHODS:
+        codes = _gguf_codes(model, job.method, job.layers)
     elif job.method == "gptq":
         codes: dict = {}
         gptq_quantize_model(model, calib, spec, GPTQConfig(act_order=job.act_order), layers=layers,
@@ -132,7 +165,10 @@ def quantize_model(job: QuantJob, model, tokenizer, progress: bool = True) -> tu
 
 
 def checkpoint_format(job: QuantJob) -> str:
-    """AWQ results are saved in the AWQ GEMM format; RTN and GPTQ in the GPTQ format."""
+    """AWQ results are saved in the AWQ GEMM format; RTN and GPTQ in the GPTQ format; GGUF grids in neither."""
+    if job.method in GGUF_METHODS:
+        raise ValueError(f"{job.method}: a GPTQ or AWQ checkpoint cannot store a GGUF grid (Q4_1's float minimum, "
+                         f"Q4_0's offset codes); the GGUF methods are studied in memory")
     return "awq" if job.method == "awq" else "gptq"
 
 
@@ -143,8 +179,9 @@ def run_quant_job(job: QuantJob, out_dir: str | Path, progress: bool = True, dev
     from lab.runs import check_device, resolve_device
 
     check_device("device", device)
+    fmt = checkpoint_format(job)  # a GGUF grid is refused before the model loads
     # float32 on every device: the algorithms' statistics (Hessians, scale searches) want its precision.
     model, tok = load_model(job.model, dtype=torch.float32, device=resolve_device(device))
     codes, summary = quantize_model(job, model, tok, progress)
-    path = save_quantized(model, codes, job.spec(), checkpoint_format(job), out_dir, tokenizer=tok)
+    path = save_quantized(model, codes, job.spec(), fmt, out_dir, tokenizer=tok)
     return {"out_dir": str(path), "device": str(model.embed_tokens.weight.device), **summary}

