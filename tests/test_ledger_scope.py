@@ -102,3 +102,21 @@ def test_a_gathered_row_measured_on_a_gpu_stands(tmp_path):
     entry = resolve(claim, runs)
     assert (entry.verdict, entry.in_setting, entry.evidence) == (WRONG, "", ON_GPU)
     assert "NVIDIA H200" in entry.lab_setting
+
+
+def test_a_row_its_notebook_scoped_is_rescoped_by_the_ledger_not_taken_as_undecided(tmp_path):
+    """Notebook 02 on an already-4-bit model writes "not checkable here" and its measured verdict as "in this
+    setting: wrong" in the note; the ledger reads the measured verdict back and applies its own scope rule, so
+    the row agrees with its notebook and keeps "wrong" as the verdict in this setting."""
+    run = tmp_path / "02_quantization_accuracy" / "20260101T000000.000000Z-abcdef"
+    run.mkdir(parents=True)
+    (run / "params.json").write_text(json.dumps({"gpu": None, "parameters": {"MODEL": "smollm2-135m"}}))
+    (run / "claims.csv").write_text("claim,article,measured here,verdict,holds,note\n"
+                                    "ppl barely moves,+0.x,+14.5%,not checkable here,,"
+                                    "the model is already 4-bit; in this setting: wrong\n")
+    claim = Claim("003-98", "003", "§2.1", "perplexity barely moves", "+0.x",
+                  link=Link("02_quantization_accuracy", "ppl barely moves"), rule=Range(None, "1"),
+                  about="a 16-bit 70B quantized to 4 bits", scope="weight-accuracy")
+    entry = resolve(claim, {"02_quantization_accuracy": run})
+    assert (entry.verdict, entry.in_setting, entry.notebook_in_setting) == (NOT_CHECKABLE, WRONG, WRONG)
+    assert not entry.disagrees and "the notebook says" not in entry.why

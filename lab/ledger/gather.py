@@ -21,11 +21,12 @@ into the row's why.
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from lab.ledger.record import Claim
-from lab.ledger.rules import (ARGUMENT, BY_ARGUMENT, MISSING, NO_EVIDENCE, PHYSICS_BOUND, WRONG, Evidence, beyond,
+from lab.ledger.rules import (ARGUMENT, BY_ARGUMENT, MEASURED, MISSING, NO_EVIDENCE, PHYSICS_BOUND, WRONG, Evidence, beyond,
                               from_notebook, judge, parse_lab, scoped)
 from lab.ledger.setting import describe, run_evidence
 from lab.results_index import list_runs
@@ -49,11 +50,18 @@ class Entry:
     lab_setting: str = ""
     in_setting: str = ""  # the measured verdict where the claim's scope does not let this evidence decide
 
+    notebook_in_setting: str = ""  # the notebook's own verdict in its setting, where it scoped the row itself
+
     @property
     def disagrees(self) -> bool:
-        """The rules give the row's printed figure another verdict than its notebook wrote."""
-        measured = self.in_setting or self.verdict  # before the scope rule moved it
-        return self.claim.rule is not None and measured != MISSING and measured != self.notebook_verdict
+        """The rules give the row's printed figure another verdict than its notebook wrote (each before the scope
+        rule moved it: a notebook that scoped its row says its measured verdict as "in this setting: ...")."""
+        measured = self.in_setting or self.verdict
+        said = self.notebook_in_setting or self.notebook_verdict
+        return self.claim.rule is not None and measured != MISSING and measured != said
+
+
+_IN_SETTING = re.compile(r"in this setting: (" + "|".join(sorted(MEASURED, key=len, reverse=True)) + ")")
 
 
 def latest_reference_runs(root: Path) -> dict[str, Path]:
@@ -97,7 +105,11 @@ def resolve(claim: Claim, runs: dict[str, Path]) -> Entry:
     index, row, (_, lab_col, verdict_col, holds_col) = rows[0]
     said = from_notebook(row.get(verdict_col) if verdict_col else None, row.get(holds_col) if holds_col else None)
     lab = row[lab_col]
-    verdict = said
+    # a notebook that scoped its own row (notebook 02 on an already-4-bit model) writes "not checkable here" and
+    # its measured verdict as "in this setting: ..." in the note: the ledger scopes that verdict by its own rule
+    noted = _IN_SETTING.search(row.get("note", ""))
+    noted = noted.group(1) if noted else ""
+    verdict = noted or said
     # the notebook's note (its caveat, or the argument of a verdict by argument) travels with the row
     why = "; ".join(x for x in (row.get("note", ""), claim.why) if x)
     if claim.rule is not None:
@@ -106,9 +118,10 @@ def resolve(claim: Claim, runs: dict[str, Path]) -> Entry:
             return Entry(claim, lab, MISSING, f"no number in {link.notebook}'s row {index} (notebook {link.notebook})",
                          run, link.table, index, said)
         verdict = judge(claim.rule, number)
-    if verdict != said:
-        why = f"the notebook says {said!r}; the rules give {verdict!r} from its figure" + (f": {why}" if why else "")
-    return _scoped(Entry(claim, lab, verdict, why, run, link.table, index, said))
+    if verdict != (noted or said):
+        why = (f"the notebook says {noted or said!r}; the rules give {verdict!r} from its figure"
+               + (f": {why}" if why else ""))
+    return _scoped(Entry(claim, lab, verdict, why, run, link.table, index, said, notebook_in_setting=noted))
 
 
 def _scoped(entry: Entry) -> Entry:
@@ -130,7 +143,7 @@ def _scoped(entry: Entry) -> Entry:
             why = "; ".join(x for x in (f"the physics bound allows {bound.text}; measured in this setting: "
                                         f"{in_setting}", why) if x)
     return Entry(claim, entry.lab, verdict, why, entry.run_dir, entry.table, entry.row, entry.notebook_verdict,
-                 evidence.kind, setting, in_setting)
+                 evidence.kind, setting, in_setting, entry.notebook_in_setting)
 
 
 def gather(claims: list[Claim], root: Path) -> list[Entry]:
