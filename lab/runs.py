@@ -146,8 +146,15 @@ class Run:
         return path
 
     def save_figure(self, name: str, fig, dpi: int = 110) -> Path:
+        """Save `fig` as `name`.png in the run directory; a figure pyplot does not manage (built as a bare
+        `Figure`) is also shown inline, which the notebook backend does for pyplot's own at the cell's end, so
+        every saved figure is in the executed notebook too (issue 35)."""
         path = self.dir / f"{name}.png"
         fig.savefig(path, dpi=dpi, bbox_inches="tight")
+        import matplotlib.pyplot as plt
+
+        if getattr(fig, "number", None) not in plt.get_fignums():
+            _show_inline(fig)
         return path
 
     def save_metrics(self, **metrics) -> dict:
@@ -165,6 +172,17 @@ class Run:
 
         write_index(self.dir.parents[1])
         return self.dir
+
+
+def _show_inline(fig) -> None:
+    """Display `fig` where an IPython kernel runs this code (papermill, Jupyter); nothing elsewhere."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        return
+    if get_ipython() is not None:
+        display(fig)
 
 
 def start_run(notebook: str, params) -> Run:
