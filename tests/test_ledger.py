@@ -14,7 +14,7 @@ from lab.ledger import CLAIMS, gather, missing
 from lab.ledger.gather import latest_reference_runs
 from lab.ledger.record import SEEDS, Claim, Link
 from lab.ledger.rules import (BY_ARGUMENT, HOLDS, MISSING, NOT_CHECKABLE, NOT_DISTINGUISHABLE, NOT_YET, ROUNDING, VERDICTS,
-                              WRONG, LabNumber, Number, Range, from_notebook, judge, parse_lab)
+                              PROJECTED, WRONG, LabNumber, Number, Range, from_notebook, judge, parse_lab)
 from lab.runs import results_root
 
 BY_ID = {c.id: c for c in CLAIMS}
@@ -122,7 +122,8 @@ def test_the_rules_decide_the_rows_the_notebooks_once_judged_by_their_own(entrie
     # c = 0.001 against 0.03-0.1 (notebook 05 checks the range too), a time ratio on this CPU: wrong in this setting
     assert entries["003-36"].in_setting == WRONG and entries["003-36"].verdict == NOT_CHECKABLE
     # the article's 40% is with Replay on: plain TP decode's share does not test it (issue 34 item 3)
-    assert entries["000-29"].verdict == NOT_YET and "08" in BY_ID["000-29"].decider
+    assert entries["000-29"].verdict == NOT_DISTINGUISHABLE and entries["000-29"].evidence == PROJECTED
+    assert "Replay on" in entries["000-29"].lab or "Replay" in BY_ID["000-29"].claim
     assert "one H100" in entries["000-22"].why and entries["000-22"].verdict == WRONG
 
 

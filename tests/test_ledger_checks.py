@@ -59,8 +59,9 @@ def test_every_measured_row_flips_when_its_number_crosses_the_claims_band(claim,
         assert verdict(claim.rule, str(x)) == WRONG, (claim.id, x)
     if lab.interval is not None:  # the interval moves with its number: wholly outside is wrong, across is not
         width = lab.interval[1] - lab.interval[0]
-        far = max(outside) + 10 * width
-        assert verdict(claim.rule, str(far), (far, far + width)) == WRONG, claim.id
+        for x in outside:  # moved further out on each side the band has, by ten widths
+            far = x + 10 * width if x > inside else x - 11 * width
+            assert verdict(claim.rule, str(far), (far, far + width)) == WRONG, (claim.id, far)
 
 
 def test_a_bound_is_strict_and_an_interval_across_its_threshold_is_not_distinguishable():
