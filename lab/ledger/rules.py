@@ -252,6 +252,13 @@ def parse_lab(cell: str, pattern: str | None = None) -> LabNumber | None:
     return LabNumber(m.group(0), *(ci.groups() if ci else (None, None)))
 
 
+def run_cell(before: str) -> str:
+    """A `Link.lab_pattern` for the figure after `before` in a run-level cell (`lab.run_level.text` writes "v [lo, hi]
+    over n runs"). A cell from fewer than three runs has no interval and gives the ledger no number (its notebook
+    gave no verdict)."""
+    return rf"{before}(?P<v>{NUMBER}) \[(?P<lo>{NUMBER}), (?P<hi>{NUMBER})\] over"
+
+
 def from_notebook(verdict_text: str | None, holds: str | None) -> str:
     """A notebook's own verdict (its "verdict" text and/or "holds" column) in the ledger's words."""
     text = (verdict_text or "").strip().lower()

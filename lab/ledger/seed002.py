@@ -19,7 +19,8 @@ KV cache saves, the rest one row each.
 from __future__ import annotations
 
 from lab.ledger.record import Cause, Claim, Link
-from lab.ledger.rules import ARGUMENT, ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, NUMBER, Bound, Number, Range
+from lab.ledger.rules import (ARGUMENT, ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, Bound, Number, Range,
+                              run_cell)
 
 MEM, NB06, PAR, NB09 = "01_memory_accounting", "06_serving_ttft", "08_parallelism", "09_ttft_claims"
 CLUSTER = "needs a Kubernetes cluster with GPU nodes"
@@ -28,12 +29,6 @@ SETTING = "a recommended setting or procedure, not a statement with a truth valu
 GPU, ARITH, BEHAVIOUR = "gpu-speed", "arithmetic", "behaviour"
 # notebook 09's INT8 rows judge the 70B's weights, embeddings in bf16; "about" is within 5 points
 INT8_70B = r"llama-3-70b (?P<v>[\d.]+)%"
-
-
-def runs(before: str) -> str:
-    """The lab's figure after `before` in a run-level cell (`lab.run_level.text`): "v [lo, hi] over n runs".
-    A cell from fewer than three runs has no interval and gives the ledger no number (its notebook gave no verdict)."""
-    return rf"{before}(?P<v>{NUMBER}) \[(?P<lo>{NUMBER}), (?P<hi>{NUMBER})\] over"
 
 
 # The article's mistakes behind its wrong verdicts (a claim's `cause`), in the order they first appear.
@@ -118,7 +113,7 @@ CLAIMS = [
       about="70B, fp16 weights, TP=8 over 8 A100s", scope=ARITH),
     c(9, "§2.2", "Sharded parallel loading at TP=8 cuts a 70B cold start from 15 s to about 4 s "
                  "(「TP=8時70B模型冷啟動加載時間從15秒降至4秒左右」).", "15 -> 4 s",
-      link=Link(NB09, "sharded parallel loading at TP=8", lab_pattern=runs("x faster: ")), rule=Bound("3.75"),
+      link=Link(NB09, "sharded parallel loading at TP=8", lab_pattern=run_cell("x faster: ")), rule=Bound("3.75"),
       about="70B, bf16 checkpoint, a cold start, TP=8 over 8 A100s on one node", scope=GPU),
     c(10, "§2.2", "Request 1.2x the model's peak memory per pod (「模型峰值值的1.2倍」).", "1.2x", verdict=NOT_CHECKABLE,
       why=SETTING, about="a GPU pod's memory request, KV buffer included", scope=BEHAVIOUR),
@@ -157,11 +152,11 @@ CLAIMS = [
       scope=GPU),
     c(17, "§3.2", "Caching weights in /dev/shm or tmpfs brings disk I/O from seconds to milliseconds "
                   "(「使磁盤 I/O 從秒級降至毫秒級」).", "seconds -> milliseconds",
-      link=Link(NB09, "/dev/shm or tmpfs", lab_pattern=runs("from memory ")), rule=Bound("1", above=False),
+      link=Link(NB09, "/dev/shm or tmpfs", lab_pattern=run_cell("from memory ")), rule=Bound("1", above=False),
       about="70B, bf16 weights read on a GPU server from disk and from /dev/shm (tmpfs)", scope=GPU),
     c(18, "§3.2", "An 8-token warm-up request at start lowers real requests' TTFT by 30-50% "
                   "(「將后續真實請求的首字延遲降低 30%–50%」).", "30-50%",
-      link=Link(NB09, "8-token warm-up request", lab_pattern=runs("% lower: ")), rule=Range("30", "50"),
+      link=Link(NB09, "8-token warm-up request", lab_pattern=run_cell("% lower: ")), rule=Range("30", "50"),
       about="a GPU serving engine (vLLM-class, CUDA graphs); the first requests after start", scope=GPU),
     c(41, "§3.2", "The warm-up request triggers weight loading and KV-cache initialisation and completes the CUDA "
                   "graph compilation (「觸發模型權重加載和 KV Cache 初始化，同時完成 CUDA Graph 的編譯」).",
@@ -185,7 +180,7 @@ CLAIMS = [
       scope=BEHAVIOUR),
     c(21, "§4", "KV cache reuse lowers TTFT by 30-50% under high concurrency, more for prompts over 1024 tokens "
                 "(「KV Cache復用能將TTFT降低30%–50%」).", "30-50%",
-      link=Link(NB09, "KV cache reuse lowers TTFT by 30-50%", lab_pattern=runs("% lower: ")), rule=Range("30", "50"),
+      link=Link(NB09, "KV cache reuse lowers TTFT by 30-50%", lab_pattern=run_cell("% lower: ")), rule=Range("30", "50"),
       about="GPU serving under high concurrency, prompts of 1024+ tokens, prefix-cache reuse against none",
       scope=GPU),
     c(22, "§4.1", "The KV cache cuts the first token's compute from O(L^2) to O(L) in the input length L "
@@ -265,7 +260,7 @@ CLAIMS = [
       about="INT8/FP8 quantization in a serving framework, inputs past the calibration length", scope=BEHAVIOUR),
     c(31, "§5.3", "With a KV-cache hit rate under 60%, TTFT is 40-70% higher than at a high hit rate "
                   "(「首字延遲通常會比高命中率場景高40%-70%」).", "40-70%",
-      link=Link(NB09, "hit rate under 60% raises TTFT", lab_pattern=runs("% higher: ")), rule=Range("40", "70"),
+      link=Link(NB09, "hit rate under 60% raises TTFT", lab_pattern=run_cell("% higher: ")), rule=Range("40", "70"),
       about="GPU serving; a prefix-cache hit rate under 60% against a high one", scope=GPU),
     c(32, "§5.3", "Alert at P99 TTFT > 500 ms for 1 min (scale out) and > 1 s (page an operator) "
                   "(「P99 TTFT>500ms且持續1分鐘」).", "500 ms, 1 s", verdict=NOT_CHECKABLE, why=SETTING,
@@ -276,7 +271,7 @@ CLAIMS = [
       scope=BEHAVIOUR),
     c(33, "§6.1", "TP=8 with preloaded weights and parallel initialisation brings cold-start loading from 10+ s to "
                   "3-4 s (「從行業常見的10秒以上壓縮至3-4秒」).", "10+ -> 3-4 s",
-      link=Link(NB09, "TP=8 with preloaded weights", lab_pattern=runs("x faster: ")), rule=Bound("2.5"),
+      link=Link(NB09, "TP=8 with preloaded weights", lab_pattern=run_cell("x faster: ")), rule=Bound("2.5"),
       about="70B, bf16, weights preloaded on the node, TP=8 over 8 A100/H100s", scope=GPU),
     c(34, "§6.2", "Scheduling alone lowers P99 TTFT fluctuation by 40-60% under high concurrency "
                   "(「高并發下首字延遲的P99波動可降低約40%-60%」).", "40-60%", verdict=NOT_CHECKABLE, why=CLUSTER,
@@ -287,15 +282,15 @@ CLAIMS = [
       scope=BEHAVIOUR),
     c(36, "§6.2", "Preloading plus INT8 cuts model load time by about 60% and TTFT by 30-45% "
                   "(「模型加載時間縮短約60%，首字延遲的整體下降幅度在30%-45%之間」).", "60%, 30-45%",
-      link=Link(NB09, "preloading plus INT8 cuts model load time", lab_pattern=runs("in %: ")),
+      link=Link(NB09, "preloading plus INT8 cuts model load time", lab_pattern=run_cell("in %: ")),
       rule=Number("60", False, 5 / 60), why="the load-time part; the TTFT part needs a GPU",
       about="70B, INT8 against FP16 weights, preloaded on a GPU server", scope=GPU),
     c(37, "§6.2", "KV reuse with a fixed system prompt lowers TTFT a further 30-50% (「首字延遲進一步降低30%-50%」).",
-      "30-50%", link=Link(NB06, "KV reuse with a fixed system prompt", lab_pattern=runs("% lower: ")),
+      "30-50%", link=Link(NB06, "KV reuse with a fixed system prompt", lab_pattern=run_cell("% lower: ")),
       rule=Range("30", "50"), about="GPU serving, a fixed system prompt, prefix caching on against off", scope=GPU),
     c(44, "§6.2", "With random inputs, paging still lowers TTFT about 10-20% "
                   "(「仍能通過Page管理減少顯存碎片，延遲降低約10%-20%」).", "10-20%",
-      link=Link(NB06, "with random inputs, enabling KV reuse", lab_pattern=runs("% lower: ")),
+      link=Link(NB06, "with random inputs, enabling KV reuse", lab_pattern=run_cell("% lower: ")),
       rule=Range("10", "20"), about="GPU serving, random prompts, KV reuse on against off", scope=GPU),
     c(50, "§6.2", "Close the loop: scale out when latency stays over 500 ms with low bandwidth use, and reset "
                   "max-model-len hourly to the P90 input length x 1.2 (「當延遲持續超過500ms」, "

@@ -16,7 +16,7 @@ over slow links.
 from __future__ import annotations
 
 from lab.ledger.record import Cause, Claim, Link
-from lab.ledger.rules import ARITHMETIC, NOT_CHECKABLE, NOT_YET, NUMBER, Bound, Number, Range
+from lab.ledger.rules import ARITHMETIC, NOT_CHECKABLE, NOT_YET, Bound, Number, Range, run_cell
 
 MEM, QUANT, KV, SPEC, STRUCT, PAR = ("01_memory_accounting", "02_quantization_accuracy", "03_kv_quantization",
                                      "05_speculative_acceptance", "07_structured_output", "08_parallelism")
@@ -237,7 +237,7 @@ PAGING = [
       about="a continuous-batching engine with long prompts among running decodes, any device", scope="behaviour"),
     c(30, "§3.3", "Prefix caching cuts TTFT by a big chunk with a long fixed system prompt (「首包时间能降一大截」).",
       "a big chunk", link=Link(SERVE, "prefix caching cuts TTFT by a big chunk",
-                               lab_pattern=rf"% lower: (?P<v>{NUMBER}) \[(?P<lo>{NUMBER}), (?P<hi>{NUMBER})\] over"),
+                               lab_pattern=run_cell("% lower: ")),
       rule=Bound("25"), about="a GPU serving engine with prefix caching under load, a long shared system prompt",
       scope="gpu-speed"),
     c(73, "§3.3", "Dynamic content such as a timestamp inserted into the prompt defeats the prefix cache entirely "

@@ -5,7 +5,7 @@ starting configuration and the troubleshooting notes); §1-§3 and the article's
 from __future__ import annotations
 
 from lab.ledger.record import Link
-from lab.ledger.rules import ARITHMETIC, NOT_CHECKABLE, NOT_YET, NUMBER, PROJECTED, Bound, Number, Range
+from lab.ledger.rules import ARITHMETIC, NOT_CHECKABLE, NOT_YET, PROJECTED, Bound, Number, Range, run_cell
 from lab.ledger.seed003 import PAR, SERVE, SETTING, SPEC, STRUCT, arith, c
 
 SPEC_GPU = "speculative decoding on a GPU serving a large target at small batch"
@@ -125,7 +125,7 @@ BENCHMARKING = [
       about="serving frameworks (general, compiled, lightweight local) on one GPU", scope="gpu-speed"),
     c(57, "§6.2", "Fixed-length load tests seriously overestimate performance (「用固定长度压测会严重高估性能」).",
       "seriously overestimate", link=Link(SERVE, "fixed-length load tests seriously overestimate",
-                                          lab_pattern=rf"x: (?P<v>{NUMBER}) \[(?P<lo>{NUMBER}), (?P<hi>{NUMBER})\] over"),
+                                          lab_pattern=run_cell("x: ")),
       rule=Bound("1.2"), about="load tests of a continuous-batching engine, fixed against long-tailed lengths",
       scope="behaviour"),
     c(78, "§6.2", "Raising concurrency, throughput rises to a knee where it flattens or falls while TPOT worsens fast "
