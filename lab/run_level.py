@@ -18,8 +18,8 @@ __all__ = ["MIN_RUNS", "Spread", "judged_runs", "spread", "text"]
 
 
 def text(s: Spread, rule: Rule) -> str:
-    """"v [lo, hi] over n runs" (what `lab.ledger.rules.run_cell` reads back), each printed to the digits its verdict needs (`lab.claims.shown`), or "v (n runs:
-    no interval)" below `MIN_RUNS`."""
+    """"v [lo, hi] over n runs" (what `lab.ledger.rules.run_cell` reads back), each printed to the digits its
+    verdict needs (`lab.claims.shown`), or "v (n runs: no interval)" below `MIN_RUNS`."""
     if s.n >= MIN_RUNS:
         return f"{shown(s.median, rule)} [{shown(s.lo, rule)}, {shown(s.hi, rule)}] over {s.n} runs"
     return f"{shown(s.median, rule)} ({s.n} run{'' if s.n == 1 else 's'}: no interval)"
