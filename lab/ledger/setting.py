@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lab.ledger.rules import ARITHMETIC, ON_CPU, ON_GPU, PHYSICS_BOUND, PROJECTED, Evidence
+from lab.ledger.rules import ON_CPU, ON_GPU, Evidence
 
 MODEL_PARAMS = ("MODEL", "ENGINE_MODEL", "LOSSLESS_MODEL")
 
@@ -60,8 +60,6 @@ def describe(run_dir: Path | None, evidence: Evidence, extra: str = "") -> str:
         model = _model(meta.get("parameters", {}))
         weights = {False: " (weights already 4-bit)", True: " (16-bit weights)", None: ""}[evidence.weights16]
         text = f"{evidence.kind}: {device}" + (f"; {model}{weights}" if model else "")
-    elif evidence.kind in (PROJECTED, PHYSICS_BOUND, ARITHMETIC):
-        text = evidence.kind
-    else:
+    else:  # a projection, bound or arithmetic: the link's `extra` says which GPU or formula
         text = evidence.kind
     return f"{text}; {extra}" if extra else text
