@@ -109,3 +109,18 @@ def test_calibration_composition_counts_the_tokens_calibrated_on(smollm):
     assert sum(tasks.values()) == sum(map(len, ids)) and "code" not in tasks
     shares = calibration_domains(tasks)
     assert shares["code"] == 0 and shares["chat"] == pytest.approx(1.0)  # short Q&A: chat and docs questions
+
+
+def test_verdicts_say_there_is_nothing_to_recover_where_rtn_loses_nothing(study):
+    # An 8-bit grid: RTN's perplexity equals the unquantized model's, so the share recovered is a ratio over
+    # zero; the text says so instead of printing "nan%" with an interval of thousands of percent.
+    grid, scores, outputs = study
+    same = scores[scores["model"] == "unquantized"].assign(model="rtn w4g64")
+    scores = pd.concat([scores[scores["model"] != "rtn w4g64"], same], ignore_index=True)
+    rec = stats.recovery_table(grid, scores, outputs)
+    sens = stats.sensitive_vs_perplexity(grid, scores, outputs)
+    lines = stats.verdict_lines(rec, sens, None)
+    assert not any("nan" in line for line in lines)
+    assert all("RTN's perplexity loss is not distinguishable from zero" in line for line in lines[:len(rec)])
+    lost = stats.verdict_lines(stats.recovery_table(*study), sens, None)
+    assert all("of RTN's perplexity loss" in line and "recovers" in line for line in lost[:len(rec)])

@@ -304,7 +304,8 @@ def evaluate(model, tokenizer, suite: str = "all", reference=None, *, heldout: l
 
 def sensitive_metrics(df, ref_sensitive) -> dict:
     """Per category and "all" (long context left out): pass rate with its Wilson interval (pass_<c>_low and
-    _high), items lost and share of outputs unchanged against `ref_sensitive` (a superset of the items)."""
+    _high), items lost and share of outputs unchanged against `ref_sensitive` (a superset of the items), also
+    with its Wilson interval (same_output_<c>_low and _high)."""
     ref = ref_sensitive[ref_sensitive["id"].isin(df["id"])]
     rates, moved = pass_rates(df), flips(ref, df)
     # "all" leaves long context out: not every model runs it, and totals must compare across rows.
@@ -320,6 +321,9 @@ def sensitive_metrics(df, ref_sensitive) -> dict:
             metrics.update(proportion(rates[category]["passed"], rates[category]["total"]).columns(f"pass_{category}"))
         metrics[f"lost_{category}"] = moved[category]["lost"] if category in moved else float("nan")
         metrics[f"same_output_{category}"] = moved[category]["same_output"] if category in moved else float("nan")
+        if category in moved and moved[category]["total"]:
+            same = round(moved[category]["same_output"] * moved[category]["total"])
+            metrics.update(proportion(same, moved[category]["total"]).columns(f"same_output_{category}"))
     return metrics
 
 

@@ -55,10 +55,16 @@ def plot_grid(grid: pd.DataFrame, sens: pd.DataFrame, domains: tuple[str, ...]):
     axes[1].set_title("KL against the unquantized model, per domain")
     width = 0.8 / max(len(cats), 1)
     for i, c in enumerate(cats):
-        axes[2].bar([x + i * width for x in range(len(quant))], 100 * (1 - quant[f"same_output_{c}"]), width, label=c,
-                    color=PALETTE[i])
+        changed = 100 * (1 - quant[f"same_output_{c}"])
+        # The share changed is 1 - the share unchanged, so its interval is the unchanged one's, mirrored.
+        yerr = (None if f"same_output_{c}_low" not in quant else
+                np.abs(np.vstack([changed - 100 * (1 - quant[f"same_output_{c}_high"]),
+                                  100 * (1 - quant[f"same_output_{c}_low"]) - changed])))
+        axes[2].bar([x + i * width for x in range(len(quant))], changed, width, label=c, yerr=yerr,
+                    color=PALETTE[i], capsize=2, error_kw={"lw": 0.8})
     axes[2].set_xticks([x + 0.4 - width / 2 for x in range(len(quant))], labels, rotation=45, ha="right", fontsize=7)
-    axes[2].set(ylabel="% of greedy outputs changed", title="Sensitive items: outputs changed vs unquantized")
+    axes[2].set(ylabel="% of greedy outputs changed (Wilson 95%)",
+                title="Sensitive items: outputs changed vs unquantized")
     for ax in axes:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()

@@ -21,12 +21,13 @@ With 16 sequences per domain, two perplexities within about 2% of each other are
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from lab.claims import NOT_CHECKABLE, Bound, all_of, claim_row, verdict
 from lab.eval.scores import SequenceScores, paired, recovered
 from lab.eval.sensitive import CATEGORIES
-from lab.intervals import Interval, bootstrap, ratio_interval, significance
+from lab.intervals import NOT_DISTINGUISHABLE, Interval, bootstrap, ratio_interval, significance
 from lab.ledger.rules import ON_CPU, ON_GPU, SCOPES, Evidence, scoped
 from lab.quant.gguf_grids import QuantizedBaseline
 
@@ -68,6 +69,8 @@ def recovery_table(grid: pd.DataFrame, scores: pd.DataFrame, outputs: dict) -> p
                 m, r, u = (scores_of(scores, k, domain) for k in (model, rtn, "unquantized"))
                 ratio, kl = paired(m, r, "perplexity"), paired(m, r, "kl_mean")
                 rows.append({"config": config, "method": method, "domain": domain,
+                             "rtn_perplexity_loss": significance(paired(r, u, "perplexity"), 1.0),
+                             "rtn_kl_loss": significance(paired(r, u, "kl_mean")),
                              **ratio.columns("perplexity_over_rtn"), "perplexity_vs_rtn": significance(ratio, 1.0),
                              **kl.columns("kl_minus_rtn"), "kl_vs_rtn": significance(kl),
                              **recovered(m, r, u, "perplexity").columns("perplexity_recovered"),
@@ -203,16 +206,23 @@ def preservation_lines(grid: pd.DataFrame, sens: pd.DataFrame, scores: pd.DataFr
     return lines
 
 
+def _recovery_text(r, metric: str, loss: str) -> str:
+    """The share of RTN's `loss` a method recovers, in words; where RTN's loss is not distinguishable from zero
+    (the 8-bit grids) there is nothing to recover and the share, a ratio over a loss near zero, is not printed."""
+    column = "perplexity_recovered" if metric == "perplexity" else "kl_mean_recovered"
+    if r.get(f"rtn_{metric}_loss") == NOT_DISTINGUISHABLE or not np.isfinite(r[column]):
+        return f"RTN's {loss} is not distinguishable from zero, so there is none to recover"
+    return (f"recovers {100 * r[column]:.0f}% ({100 * r[f'{column}_low']:.0f} to "
+            f"{100 * r[f'{column}_high']:.0f}%) of RTN's {loss}")
+
+
 def verdict_lines(recovery: pd.DataFrame, sens: pd.DataFrame, mismatch_ratio: Interval | None) -> list[str]:
     """The study's findings in words, each with its interval and significance word."""
     lines = []
     for _, r in recovery.iterrows():
         lines.append(f"{r['method']} {r['config']} ({r['domain']}): perplexity {r['perplexity_over_rtn']:.3f}x RTN's "
                      f"({r['perplexity_over_rtn_low']:.3f}-{r['perplexity_over_rtn_high']:.3f}, {r['perplexity_vs_rtn']}),"
-                     f" recovers {100 * r['perplexity_recovered']:.0f}% ({100 * r['perplexity_recovered_low']:.0f} to "
-                     f"{100 * r['perplexity_recovered_high']:.0f}%) of RTN's perplexity loss and "
-                     f"{100 * r['kl_mean_recovered']:.0f}% ({100 * r['kl_mean_recovered_low']:.0f} to "
-                     f"{100 * r['kl_mean_recovered_high']:.0f}%) of its KL")
+                     f" {_recovery_text(r, 'perplexity', 'perplexity loss')} and {_recovery_text(r, 'kl', 'KL')}")
     doms = [c[:-len("_ppl_rise_%")] for c in sens.columns if c.endswith("_ppl_rise_%")]
     for _, r in sens.iterrows():
         rises = ", ".join(f"{d} {r[f'{d}_ppl_rise_%']:+.1f}% ({r[f'{d}_ppl_rise_%_low']:+.1f} to "
