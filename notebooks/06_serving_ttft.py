@@ -63,7 +63,7 @@ from lab.bench.serve import plot_dashboard
 from lab.models import load_model
 from lab.runs import params_from_namespace, resolve_device, start_run
 from lab.studies import serving as study
-from lab.studies import serving_claims
+from lab.studies import serving_claims, serving_plots
 
 params = params_from_namespace(study.ServingParams, globals())  # validates every value before heavy work
 run = start_run("06_serving_ttft", params)
@@ -75,19 +75,21 @@ cols = ["ok", "cancelled", "failed", "output_throughput", "goodput_tokens", "goo
 
 # %% [markdown]
 # ## 1. Concurrency ramp: the knee, and 70% of it
-# Closed loop: c requests in flight, log-normal lengths. The knee is the last level before throughput grows
-# by less than KNEE_GAIN while TPOT P99 still rises.
+# Closed loop: c requests in flight, log-normal lengths, REPEATS passes over the levels. The knee is the last
+# level before throughput grows by less than KNEE_GAIN while TPOT P99 still rises, on the passes' medians.
 
 # %%
 ramp, ramp_reports = study.ramp(params, model, tok)
-knee = study.find_knee(ramp, params.KNEE_GAIN)
+levels = study.ramp_levels(ramp)
+knee = study.find_knee(levels, params.KNEE_GAIN)
 op, op_report = study.operating_point(params, model, tok, knee)
 ramp_table = pd.concat([ramp, pd.DataFrame([{"concurrency": op, "operating point": True, **op_report.summary()}])])
 run.save_table("ramp", ramp_table)
-run.save_figure("ramp", study.plot_ramp(ramp, knee, op))
+run.save_table("ramp_levels", levels)
+run.save_figure("ramp", serving_plots.plot_ramp(levels, knee, op))
 run.save_figure("dashboard_knee", plot_dashboard(ramp_reports[knee], f"concurrency {knee} (knee)"))
 print(f"knee: concurrency {knee}; operating point: {op}")
-ramp_table[["concurrency"] + cols].round(3)
+levels.round(3)
 
 # %% [markdown]
 # ## 2. Batch size: the 20% / 10% rule
@@ -107,6 +109,7 @@ batch[["max_num_seqs", "ttft_p50", "ttft_p99", "tpot_p50", "output_throughput", 
 # ## 3. Chunked prefill with long prompts mixed in
 # One request in 1/LONG_SHARE has a LONG_PROMPT-token prompt. Without chunking, a step that admits one runs its
 # whole prefill, and every decoding request waits for it: the largest inter-token gap (`max_gap`) shows it.
+# REPEATS runs, on and off back to back in each.
 
 # %%
 chunked, chunked_reports = study.chunked_prefill(params, model, tok, op)
@@ -114,7 +117,7 @@ run.save_table("chunked_prefill", chunked)
 for on, rep in chunked_reports.items():
     run.save_figure(f"dashboard_chunked_{'on' if on else 'off'}",
                     plot_dashboard(rep, f"chunked prefill {'on' if on else 'off'}"))
-chunked[["chunked_prefill", "max_num_batched_tokens"] + cols].round(3)
+chunked[["repeat", "chunked_prefill", "max_num_batched_tokens"] + cols].round(3)
 
 # %% [markdown]
 # ## 4. Prefix caching with a shared system prompt, and with random prompts
@@ -125,6 +128,15 @@ chunked[["chunked_prefill", "max_num_batched_tokens"] + cols].round(3)
 prefix, _ = study.prefix_caching(params, model, tok, op)
 run.save_table("prefix_caching", prefix)
 prefix[["prompts", "repeat", "prefix_caching", "system_prompt_tokens", "hit_rate"] + cols].round(3)
+
+# %% [markdown]
+# A timestamp inserted into the shared system prompt (at its start, halfway, at its end): the prompt tokens the
+# prefix cache still serves, on an engine that has served the plain prompt. Counts, not timings.
+
+# %%
+dynamic = study.dynamic_prefix(params, model, tok)
+run.save_table("dynamic_prefix", dynamic)
+dynamic
 
 # %% [markdown]
 # ## 5. Cold start
@@ -151,14 +163,19 @@ shapes[["lengths", "repeat", "input_p50", "output_p50", "goodput_requests", "out
 
 # %% [markdown]
 # ## 7. The articles' claims
-# Prefix caching's cut of TTFT P50 (seeds/002 section 6.2, seeds/003 section 3.3) and what fixed lengths overstate
-# (seeds/003 section 6.2), each judged by the ledger's rules on its run-level median and min-max over REPEATS runs
+# Prefix caching's cut of TTFT P50 (seeds/002 section 6.2, seeds/003 section 3.3), what a timestamp in the prompt
+# leaves of the cache (seeds/003 section 3.3, exact counts), what fixed lengths overstate
+# (seeds/003 section 6.2), the stall chunked prefill removes (seeds/003 section 3.2) and the ramp's knee (seeds/003
+# section 6.2), each judged by the ledger's rules on its run-level median and min-max over REPEATS runs
 # (`lab.studies.serving_claims`; fewer than three runs give no interval and no verdict). They measure the lab's
 # engine on this device: GPU serving claims are decided only where the device is a GPU.
 
 # %%
 where = f"{params.MODEL} on {device}, {op} in flight"
-claims = serving_claims.claims_table(prefix, shapes, params.SYSTEM_PROMPT, where)
+stall_and_knee = serving_claims.serving_rows(chunked, ramp, params.KNEE_GAIN, f"{params.MODEL} on {device}", op,
+                                             (params.CHUNK_TOKENS, params.MAX_MODEL_LEN))
+claims = serving_claims.claims_table(prefix, shapes, params.SYSTEM_PROMPT, where,
+                                     [serving_claims.timestamp_row(dynamic)] + stall_and_knee)
 run.save_table("claims", claims)
 with pd.option_context("display.max_colwidth", 200):
     display(claims)  # noqa: F821
@@ -190,11 +207,11 @@ if INTERACTIVE:
 
 # %%
 run.save_metrics(knee_concurrency=knee, operating_concurrency=op,
-                 knee_output_throughput=float(ramp.loc[ramp["concurrency"] == knee, "output_throughput"].iloc[0]),
+                 knee_output_throughput=float(levels.loc[levels["concurrency"] == knee, "output_throughput"].iloc[0]),
                  operating_goodput_tokens=float(op_report.summary()["goodput_tokens"]),
                  batch_rule_choice=chosen,
-                 chunked_max_gap_p99=float(chunked.loc[chunked["chunked_prefill"], "max_gap_p99"].iloc[0]),
-                 unchunked_max_gap_p99=float(chunked.loc[~chunked["chunked_prefill"], "max_gap_p99"].iloc[0]),
+                 chunked_max_gap_p99=float(chunked.loc[chunked["chunked_prefill"], "max_gap_p99"].median()),
+                 unchunked_max_gap_p99=float(chunked.loc[~chunked["chunked_prefill"], "max_gap_p99"].median()),
                  prefix_ttft_p50_cut=float(serving_claims.prefix_cuts(prefix, "shared system prompt").median()),
                  random_prompts_ttft_p50_cut=float(serving_claims.prefix_cuts(prefix, "random prompts").median()),
                  fixed_p50_goodput_overstatement=float(

@@ -18,7 +18,7 @@ from lab.ledger.seed002 import CLAIMS, NB06, NB09
 from lab.studies import ttft_claims as study
 from lab.run_level import MIN_RUNS, judged_runs, spread, text
 from lab.studies.serving_claims import claims_table as serving_table
-from lab.studies.serving_claims import prefix_cuts
+from lab.studies.serving_claims import prefix_cuts, serving_rows, timestamp_row
 
 
 def test_a_spread_is_the_median_and_extremes_of_the_runs_and_fewer_than_three_decide_nothing():
@@ -61,7 +61,8 @@ def _shapes(fixed=(1.46, 1.41, 1.5)) -> pd.DataFrame:
 
 
 def test_notebook_06s_claims_have_one_shape_and_the_rules_verdicts_on_their_printed_figures():
-    table = serving_table(_prefix(), _shapes(), 512, "smollm2-135m on cpu, 6 in flight")
+    table = serving_table(_prefix(), _shapes(), 512, "smollm2-135m on cpu, 6 in flight",
+                          [timestamp_row(_dynamic())] + serving_rows(_chunked(), _ramp(), 0.10, "here", 6, (256, 2048)))
     assert_one_shape(table)
     assert_links_find_one_row(table, NB06)
     back = _read_back(table, NB06)
@@ -85,6 +86,58 @@ def test_notebook_06s_verdicts_move_with_the_runs():
         "30-50% (seeds/002 §6.2)", "verdict"] == NOT_DISTINGUISHABLE
     one = serving_table(_prefix(drift=(1.0,)), _shapes(fixed=(1.46,)), 512, "here")
     assert set(one["verdict"]) == {NOT_DISTINGUISHABLE}  # one run: no interval, no verdict
+
+
+def _dynamic() -> pd.DataFrame:
+    """A 512-token system prompt with a timestamp at its start, halfway and at its end: the cache keeps the blocks
+    before the change."""
+    return pd.DataFrame({"timestamp": ["no change", "at the start", "halfway", "at the end"],
+                         "system_prompt_tokens": 512, "cached_tokens": [512, 0, 256, 512],
+                         "cached_share_of_system_prompt_%": [100.0, 0.0, 50.0, 100.0]})
+
+
+def _chunked(gaps_off=(2.1, 1.9, 2.3), gap_on=1.2) -> pd.DataFrame:
+    return pd.DataFrame([{"repeat": r, "chunked_prefill": on, "max_gap_p99": off if not on else gap_on}
+                         for r, off in enumerate(gaps_off) for on in (True, False)])
+
+
+def _ramp(top=(1.05, 1.02, 1.08)) -> pd.DataFrame:
+    """Passes of a ramp over 8, 16 and 32 in flight whose last doubling gains `top` (per pass) in throughput
+    while TPOT P50 doubles."""
+    return pd.DataFrame([{"repeat": r, "concurrency": c, "output_throughput": t, "tpot_p50": 0.05 * c / 8}
+                         for r, g in enumerate(top) for c, t in ((8, 90.0), (16, 118.0), (32, 118.0 * g))])
+
+
+def _stall_and_knee(chunked, ramp) -> dict:
+    rows = serving_rows(chunked, ramp, 0.10, "smollm2-135m on cpu", 11, (256, 2048))
+    return {r["article"]: r["verdict"] for r in rows}
+
+
+def test_notebook_06s_stall_and_knee_rows_are_judged_on_the_runs_and_read_back_by_the_ledger():
+    from lab.ledger import seed003, seed003_serving
+
+    rows = serving_rows(_chunked(), _ramp(), 0.10, "smollm2-135m on cpu", 11, (256, 2048))
+    dynamic = _dynamic()
+    table = serving_table(_prefix(), _shapes(), 512, "smollm2-135m on cpu, 11 in flight",
+                          [timestamp_row(dynamic)] + rows)
+    assert table.set_index("article").loc["entirely (seeds/003 §3.3)", "verdict"] == WRONG  # half the prompt hits
+    dynamic["cached_share_of_system_prompt_%"] = [100.0, 0.0, 0.0, 100.0]
+    assert timestamp_row(dynamic)["verdict"] == HOLDS
+    assert_one_shape(table)
+    linked = [c for c in seed003.CLAIMS + seed003_serving.CLAIMS if c.link is not None and c.link.notebook == NB06 and c.rule is not None]
+    assert {c.id for c in linked} >= {"003-72", "003-73", "003-78"}
+    for c in linked:
+        [row] = table[table["claim"].str.contains(c.link.match, regex=False)].to_dict("records")
+        lab = parse_lab(row["measured here"], c.link.lab_pattern)
+        assert row["verdict"] == verdict(c.rule, lab.text, lab.interval), c.id
+    assert _stall_and_knee(_chunked(), _ramp()) == {"stall (seeds/003 §3.2)": HOLDS, "a knee (seeds/003 §6.2)": HOLDS}
+    # chunking that leaves the gap as it was, and a ramp still gaining 40% at its top, turn both
+    flat = _stall_and_knee(_chunked(gaps_off=(1.0, 0.9, 0.95)), _ramp(top=(1.4, 1.45, 1.38)))
+    assert flat == {"stall (seeds/003 §3.2)": WRONG, "a knee (seeds/003 §6.2)": WRONG}
+    mixed = _stall_and_knee(_chunked(gaps_off=(2.0, 1.0, 1.9)), _ramp(top=(1.05, 1.3, 1.02)))
+    assert set(mixed.values()) == {NOT_DISTINGUISHABLE}
+    one = _stall_and_knee(_chunked(gaps_off=(2.0,)), _ramp(top=(1.05,)))
+    assert set(one.values()) == {NOT_DISTINGUISHABLE}  # one run: no interval, no verdict
 
 
 def _ttft(sweep=None, cold=None) -> pd.DataFrame:

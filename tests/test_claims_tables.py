@@ -16,7 +16,8 @@ def memory_claims(run_dir):
     from lab.studies import int4_decode, memory_accounting
 
     int4 = int4_decode.claim_rows(pd.read_csv(run_dir / "int4_speedup.csv"))
-    return pd.concat([memory_accounting.claims_table(), int4], ignore_index=True)
+    batching = int4_decode.batching_rows(pd.read_csv(run_dir / "int4_decode.csv"))
+    return pd.concat([memory_accounting.claims_table(), int4, batching], ignore_index=True)
 
 
 def replay_claims(run_dir):

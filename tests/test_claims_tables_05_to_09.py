@@ -73,8 +73,13 @@ def serving_claims(run_dir, monkeypatch):
     p = _params(ServingParams, run_dir)
     op = json.loads((run_dir / "metrics.json").read_text())["operating_concurrency"]
     device = json.loads((run_dir / "params.json").read_text())["gpu"] or "cpu"
+    from lab.studies.serving_claims import serving_rows, timestamp_row
+
+    chunked, ramp = _table(run_dir, "chunked_prefill"), _table(run_dir, "ramp")
+    rows = serving_rows(chunked, ramp[ramp["repeat"].notna()], p.KNEE_GAIN, f"{p.MODEL} on {device}", op,
+                        (p.CHUNK_TOKENS, p.MAX_MODEL_LEN))
     return claims_table(_table(run_dir, "prefix_caching"), _table(run_dir, "length_shapes"), p.SYSTEM_PROMPT,
-                        f"{p.MODEL} on {device}, {op} in flight")
+                        f"{p.MODEL} on {device}, {op} in flight", [timestamp_row(_table(run_dir, "dynamic_prefix"))] + rows)
 
 
 @pytest.mark.parametrize("notebook, build", [("05_speculative_acceptance", spec_claims),

@@ -85,3 +85,32 @@ def test_decode_step_timer_runs_every_step_and_drains_the_engine(smollm):
     times = decode_step_seconds(llm, 2, 20, 3)
     assert len(times) == 3 and all(t > 0 for t in times)
     assert not llm.has_unfinished() and llm.block_manager.num_used_blocks == 0
+
+
+def _batched(step_ms_per_round):
+    """Rounds of one build at batch 1 and 32: `step_ms_per_round` holds each round's (batch 1, batch 32) step."""
+    return pd.DataFrame([{"round": r, "build": "bfloat16", "batch": b, "step_ms": ms}
+                         for r, pair in enumerate(step_ms_per_round) for b, ms in zip((1, 32), pair)])
+
+
+@pytest.mark.parametrize("rounds, said", [([(30, 130), (32, 140), (31, 120)], "holds"),  # about 7.4x
+                                          ([(30, 700), (30, 650), (30, 800)], "wrong"),  # the step grew with b
+                                          ([(30, 400), (30, 600), (30, 500)], "not distinguishable"),  # 1.6-2.4x
+                                          ([(30, 130)], "not distinguishable")])  # one run: no interval
+def test_batching_amortizes_only_when_every_run_clears_twice_the_tokens(rounds, said):
+    rows = int4_decode.batching_rows(_batched(rounds))
+    assert_one_shape(rows)
+    assert rows["verdict"].iloc[0] == said
+    assert "bfloat16, batch 32 over batch 1" in rows["claim"].iloc[0]
+
+
+def test_the_ledger_reads_the_batching_row_back_to_the_verdict_it_wrote():
+    from lab.ledger.rules import parse_lab, verdict
+    from lab.ledger.seed003 import CLAIMS
+
+    [claim] = [c for c in CLAIMS if c.id == "003-64"]
+    for rounds in ([(30, 130), (32, 140), (31, 120)], [(30, 400), (30, 600), (30, 500)]):
+        rows = int4_decode.batching_rows(_batched(rounds))
+        [row] = rows[rows["claim"].str.contains(claim.link.match, regex=False)].to_dict("records")
+        lab = parse_lab(row["measured here"], claim.link.lab_pattern)
+        assert verdict(claim.rule, lab.text, lab.interval) == row["verdict"]

@@ -40,6 +40,10 @@ CAUSES = (
     Cause("rounded-down", "§3.1", "Its prose rounds its own arithmetic down a digit: 1 - 500/4096 = 0.88 as eight "
                                   "tenths (八成, §3.1), 70e9 x 0.55 B = 35.86 GiB as 35.8 where its own code prints "
                                   "35.9 (§6.2)."),
+    Cause("prefix-cache-all-or-nothing", "§3.3", "It treats the prefix cache as all or nothing for a prompt, when "
+                                                 "a block-hashed cache (vLLM's) keeps every full block before the "
+                                                 "first changed token: a timestamp halfway through the system prompt "
+                                                 "costs the half after it, not all of it."),
     Cause("tp-slow-link", "§4.3", "It expects tensor parallelism over a link without NVLink to fall behind one card, "
                                   "when each card then reads only its share of the weights: projected over PCIe Gen5, "
                                   "8 cards stay well ahead of one even where the collectives take most of the step; "
@@ -123,10 +127,10 @@ MEMORY = [
       about="5.73e14 FLOPs on a 300+ TFLOP/s GPU (an A100) at 40% utilisation", scope="arithmetic"),
     c(64, "§1.2", "Batching is the way to raise throughput: one read of the weights serves tens of requests "
                   "(「一次读权重同时算几十个请求把带宽成本摊薄」).", "amortized",
-      verdict=NOT_YET, why="notebook 01 times decode steps at batch 1 to 32 (roofline_vs_engine.csv) but writes no "
-                           "claims row on them",
-      decider="notebook 01's roofline_vs_engine.csv as a claims row: tokens per second at batch 32 over batch 1 "
-              "(batch / measured_ms), against a gain of well over 1 while the step stays memory-bound",
+      link=Link(MEM, "batching amortizes the weight read over tens of requests (bfloat16", lab_pattern=run_cell(", x: ")),
+      rule=Bound("2"),
+      why="'amortized' read as tokens per second at batch 32 at least twice batch 1's, in every run: a step whose "
+          "time grew in proportion to the batch would give 1x",
       about="decode while bandwidth-bound, any device, batch 1 to tens", scope="behaviour"),
     c(12, "§1.3", "A 50 ms TPOT is 20 tokens/s per request; 32 concurrent requests make 640 tokens/s.", "640 tokens/s",
       link=arith("32 requests at a TPOT of 50 ms"), rule=Number("640"), about="any: 32 requests at 50 ms TPOT",
@@ -229,11 +233,11 @@ PAGING = [
     c(29, "§3.2", "Set max_num_seqs to about 80% of what memory allows; max batched tokens 2048-8192.", "80%",
       verdict=NOT_CHECKABLE, why=SETTING, about="a vLLM-style engine on one GPU", scope="behaviour"),
     c(72, "§3.2", "Too many batched tokens let one long prefill stall the running decodes (「打字突然停顿」); chunked "
-                  "prefill slots it into their gaps.", "stall", verdict=NOT_YET,
-      why="notebook 06 serves a mixed load with chunked prefill on and off (chunked_prefill.csv) but writes no claims "
-          "table",
-      decider="notebook 06's chunked_prefill.csv as a claims row: the running requests' largest inter-token gap "
-              "(max_gap_p99) with chunked prefill off at 2048 batched tokens against on at 256",
+                  "prefill slots it into their gaps.", "stall",
+      link=Link(SERVE, "let one long prefill stall the running decodes", lab_pattern=run_cell("over on \\(\\d+\\), x: ")),
+      rule=Bound("1"),
+      why="the running requests' largest inter-token gap with chunking off over on, in every run above 1 for a stall "
+          "that chunking removes",
       about="a continuous-batching engine with long prompts among running decodes, any device", scope="behaviour"),
     c(30, "§3.3", "Prefix caching cuts TTFT by a big chunk with a long fixed system prompt (「首包时间能降一大截」).",
       "a big chunk", link=Link(SERVE, "prefix caching cuts TTFT by a big chunk",
@@ -241,11 +245,12 @@ PAGING = [
       rule=Bound("25"), about="a GPU serving engine with prefix caching under load, a long shared system prompt",
       scope="gpu-speed"),
     c(73, "§3.3", "Dynamic content such as a timestamp inserted into the prompt defeats the prefix cache entirely "
-                  "(「中间插入了动态内容比如时间戳就完全失效」).", "entirely", verdict=NOT_YET,
-      why="a prefix cache that hashes each block with its parent's (vLLM's, the lab engine's) still hits the blocks "
-          "before the change, which 'entirely' denies; no notebook measures it",
-      decider="the lab engine's prefix cache: the cached tokens of a request whose shared system prompt has a "
-              "timestamp inserted halfway, against none",
+                  "(「中间插入了动态内容比如时间戳就完全失效」).", "entirely",
+      link=Link(SERVE, "a timestamp inserted into the prompt defeats the prefix cache"), rule=Number("0"),
+      cause="prefix-cache-all-or-nothing",
+      why="'entirely' is none of the system prompt served from the cache; a cache that hashes each block with its "
+          "parent's (vLLM's, the lab engine's) keeps the full blocks before the change, so only a change at the "
+          "very start loses all of it",
       about="a block-hashed prefix cache (vLLM-style), a shared system prompt with a changing field",
       scope="behaviour"),
 ]

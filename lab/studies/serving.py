@@ -6,17 +6,18 @@ stops it. The experiments are the procedures of the TTFT article (seeds/002) and
 (seeds/003 sections 1.3, 3 and 6):
 
 - a concurrency ramp to the knee (the first level where output throughput grows by less than
-  KNEE_GAIN while TPOT P99 keeps rising), and the article's operating point at 70% of it, measured;
+  KNEE_GAIN while TPOT P99 keeps rising, on the medians of REPEATS passes), and the article's operating point at
+  70% of it, measured;
 - a `max_num_seqs` sweep under the same open-loop load with the article's rule applied in order: stop at the
   first batch size whose TTFT P50 rises by more than 20% while throughput gains less than 10%;
-- chunked prefill on and off with long prompts mixed in: TPOT P99 and the largest inter-token gap;
+- chunked prefill on and off with long prompts mixed in, REPEATS times: TPOT P99 and the largest inter-token gap;
 - prefix caching on and off with a shared system prompt and with random prompts: TTFT and the hit rate;
 - cold start: model load (GGUF conversion, cached safetensors) and the first request's TTFT with and without
   a warm-up request, each in a fresh process;
 - fixed against log-normal lengths at the same load: what fixed lengths overstate.
 
-The prefix-caching and length experiments, which the claims table (`lab.studies.serving_claims`) judges, run
-REPEATS times, the compared settings back to back in each run, so a claim's interval is the spread of run-level
+The ramp and the chunked-prefill, prefix-caching and length experiments, which the claims table
+(`lab.studies.serving_claims`) judges, run REPEATS times, the compared settings back to back in each run, so a claim's interval is the spread of run-level
 ratios (`lab.run_level`).
 """
 
@@ -36,7 +37,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from lab.bench.serve import LengthDist, LoadConfig, LoadReport, run_load_sync
-from lab.engine import LLM
+from lab.engine import LLM, SamplingParams
 from lab.models.loader import preset_config
 from lab.runs import as_tuple, check_device, check_dtype, check_range
 from lab.serve import ServerThread
@@ -67,7 +68,7 @@ class ServingParams:
     SEED: int = 0
     DTYPE: str = "auto"  # the served model's: the serving dtype
     COLD_START_TOKENS: int = 128  # the cold-start request's output
-    REPEATS: int = 3  # runs of the claims' experiments (prefix caching, length shapes): their run-level spread
+    REPEATS: int = 3  # runs of the claims' experiments (ramp, chunked prefill, prefix caching, length shapes)
     # quick: a ramp to 16 in flight with fewer requests a level and outputs half as long, three batch sizes, 1K-token
     # long prompts, the claims' experiments run once (two minutes, within `make run`'s budget); smoke: seconds;
     # gpu: Llama-3-8B's shapes (random weights: timing needs no trained ones) in bf16 on one GPU, prompts of
@@ -145,19 +146,37 @@ def _row(label: dict, report: LoadReport) -> dict:
     return label | report.summary()
 
 
-def closed_loop(p: ServingParams, model, tokenizer, concurrency: int) -> LoadReport:
-    """`concurrency` requests in flight (at least twice that many in all) on the default engine."""
-    cfg = load_config(p, num_requests=max(p.REQUESTS_PER_LEVEL, 2 * concurrency), max_concurrency=concurrency)
+def closed_loop(p: ServingParams, model, tokenizer, concurrency: int, repeat: int = 0) -> LoadReport:
+    """`concurrency` requests in flight (at least twice that many in all) on the default engine; each `repeat`
+    draws its own requests."""
+    cfg = load_config(p, num_requests=max(p.REQUESTS_PER_LEVEL, 2 * concurrency), max_concurrency=concurrency,
+                      seed=p.SEED + repeat)
     return serve_and_load(model, tokenizer, _engine(p), cfg)
 
 
 def ramp(p: ServingParams, model, tokenizer, log=print) -> tuple[pd.DataFrame, dict[int, LoadReport]]:
+    """REPEATS passes of the concurrency ramp, one row per pass and level ("repeat"), and the last pass's reports:
+    the knee, and the claim on it, rest on the levels' spread over passes (`ramp_levels`)."""
     rows, reports = [], {}
-    for c in tqdm(p.CONCURRENCY, desc="concurrency ramp"):
-        reports[c] = closed_loop(p, model, tokenizer, c)
-        rows.append(_row({"concurrency": c}, reports[c]))
-        log(f"concurrency {c}: {rows[-1]['output_throughput']:.1f} tok/s, TPOT p99 {rows[-1]['tpot_p99']:.3f} s")
+    for r, c in tqdm([(r, c) for r in range(p.REPEATS) for c in p.CONCURRENCY], desc="concurrency ramp"):
+        reports[c] = closed_loop(p, model, tokenizer, c, r)
+        rows.append(_row({"repeat": r, "concurrency": c}, reports[c]))
+        log(f"pass {r}, concurrency {c}: {rows[-1]['output_throughput']:.1f} tok/s, "
+            f"TPOT p99 {rows[-1]['tpot_p99']:.3f} s")
     return pd.DataFrame(rows), reports
+
+
+RAMP_METRICS = ("output_throughput", "goodput_tokens", "tpot_p50", "tpot_p99", "ttft_p99")
+
+
+def ramp_levels(t: pd.DataFrame) -> pd.DataFrame:
+    """Per concurrency level, in order: the median over the ramp's passes of each of `RAMP_METRICS`, with the
+    passes' min and max (`<metric>_low`, `_high`) and their number ("passes")."""
+    g = t.groupby("concurrency", sort=True)
+    out = pd.DataFrame({"passes": g.size()})
+    for m in RAMP_METRICS:
+        out[m], out[f"{m}_low"], out[f"{m}_high"] = g[m].median(), g[m].min(), g[m].max()
+    return out.reset_index()
 
 
 def find_knee(ramp_table: pd.DataFrame, gain: float) -> int:
@@ -202,19 +221,49 @@ def batch_rule(t: pd.DataFrame, ttft_rise: float = 0.2, min_gain: float = 0.1) -
 
 def chunked_prefill(p: ServingParams, model, tokenizer, concurrency: int) -> tuple[pd.DataFrame, dict]:
     """A share of long prompts among the usual ones; the chunked engine takes CHUNK_TOKENS a step, the other
-    must take a whole prompt in one (its budget is max_model_len)."""
+    must take a whole prompt in one (its budget is max_model_len). REPEATS runs, on and off back to back in
+    each ("repeat"); the reports are the last run's."""
     n = max(p.REQUESTS_PER_LEVEL, 2 * concurrency)
     long_every = max(1, round(1 / p.LONG_SHARE)) if p.LONG_SHARE else 0
     rows, reports = [], {}
-    for chunked in tqdm((True, False), desc="chunked prefill on/off"):
+    for r, chunked in tqdm([(r, c) for r in range(p.REPEATS) for c in (True, False)], desc="chunked prefill on/off"):
         engine = _engine(p, enable_chunked_prefill=chunked,
                          max_num_batched_tokens=p.CHUNK_TOKENS if chunked else p.MAX_MODEL_LEN)
         cfg = load_config(p, num_requests=n, max_concurrency=concurrency, long_prompt_every=long_every,
-                          long_prompt_tokens=p.LONG_PROMPT)
+                          long_prompt_tokens=p.LONG_PROMPT, seed=p.SEED + r)
         reports[chunked] = serve_and_load(model, tokenizer, engine, cfg)
-        rows.append(_row({"chunked_prefill": chunked, "max_num_batched_tokens": engine["max_num_batched_tokens"]},
-                         reports[chunked]))
+        rows.append(_row({"repeat": r, "chunked_prefill": chunked,
+                          "max_num_batched_tokens": engine["max_num_batched_tokens"]}, reports[chunked]))
     return pd.DataFrame(rows), reports
+
+
+def dynamic_prefix(p: ServingParams, model, tokenizer, stamp: str = "Current time: 2026-12-02 22:41:07 UTC.") -> pd.DataFrame:
+    """What a prefix cache keeps when a timestamp is inserted into a shared SYSTEM_PROMPT-token system prompt: the
+    prompt served once, then again with `stamp`'s tokens inserted at its start, halfway and at its end, each on an
+    engine that has served the plain prompt; per case the prompt tokens served from the cache. Counts, not timings:
+    a block-hashed cache (each block's hash chains its parent's, vLLM's scheme and the engine's) keeps every full
+    block before the change, so only a change at the very start loses all of it."""
+    import random
+
+    rng = random.Random(p.SEED)
+    system = [rng.randrange(model.config.vocab_size) for _ in range(p.SYSTEM_PROMPT)]
+    stamped = tokenizer.encode(stamp, add_special_tokens=False)
+    question = [rng.randrange(model.config.vocab_size) for _ in range(32)]
+    one = SamplingParams(temperature=0.0, max_tokens=1)
+    rows = []
+    for case, at in (("no change", None), ("at the start", 0), ("halfway", p.SYSTEM_PROMPT // 2),
+                     ("at the end", p.SYSTEM_PROMPT)):
+        llm = LLM(model, tokenizer=tokenizer, **_engine(p, enable_prefix_caching=True))
+        llm.generate(system + question, one)  # the plain prompt fills the cache
+        prompt = system + question if at is None else system[:at] + stamped + system[at:] + question
+        out = llm.generate(prompt, one)[0]
+        rows.append({"timestamp": case, "inserted_at_token": at, "system_prompt_tokens": p.SYSTEM_PROMPT,
+                     "prompt_tokens": len(prompt), "cached_tokens": out.metrics.num_cached_tokens,
+                     "cached_share_of_system_prompt_%": 100 * min(out.metrics.num_cached_tokens, p.SYSTEM_PROMPT)
+                     / p.SYSTEM_PROMPT})
+        del llm
+        gc.collect()
+    return pd.DataFrame(rows)
 
 
 PROMPTS = {"shared system prompt": True, "random prompts": False}  # prefix caching's two loads: a shared prefix or none
@@ -301,24 +350,3 @@ def cold_start(prompt_tokens: int = 128, dtype: str = "auto", device: str = "cpu
     t = pd.DataFrame(rows)
     t["first_over_second_ttft"] = t["first_ttft_s"] / t["second_ttft_s"]
     return t
-
-
-def plot_ramp(t: pd.DataFrame, knee: int, op: int):
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
-    a.plot(t["concurrency"], t["output_throughput"], marker="o", label="output tokens/s")
-    a.plot(t["concurrency"], t["goodput_tokens"], marker="s", label="goodput tokens/s (within SLO)")
-    b.plot(t["concurrency"], t["tpot_p50"], marker="o", label="TPOT P50")
-    b.plot(t["concurrency"], t["tpot_p99"], marker="o", label="TPOT P99")
-    b.plot(t["concurrency"], t["ttft_p99"], marker="^", label="TTFT P99")
-    for ax in (a, b):
-        ax.axvline(knee, color="red", ls="--", lw=0.8, label=f"knee ({knee})")
-        ax.axvline(op, color="green", ls=":", lw=0.8, label=f"70% point ({op})")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrency (requests in flight)")
-        ax.legend(fontsize=7)
-    b.set_yscale("log")
-    b.set_ylabel("seconds")
-    fig.tight_layout()
-    return fig
