@@ -117,11 +117,11 @@ def test_a_verdict_is_not_distinguishable_when_its_interval_holds_the_boundary()
 
 def _synthetic_blocks() -> pd.DataFrame:
     """Blocks of every format the claims compare, at levels that decide each claim: per-tensor 10x per-token,
-    scale 1.0 as good as calibrated, keys 10x values, per-channel keys 10x better; every error doubling per
-    doubling of position."""
+    scale 1.0 as good as calibrated, keys 10x values, per-channel keys 10x better, FP8 10x INT8 per token and half
+    of it per tensor; every error doubling per doubling of position."""
     rng = np.random.default_rng(0)
     levels = {"fp8_e4m3/per-tensor": 1.0, "fp8_e4m3/per-tensor/unit-scale": 1.0, "fp8_e4m3/per-token": 0.1,
-              "int8/per-tensor": 1.0, "int8/per-token": 0.1, "int4/per-tensor": 10.0, "int4/per-token": 1.0,
+              "int8/per-tensor": 2.0, "int8/per-token": 0.01, "int4/per-tensor": 10.0, "int4/per-token": 1.0,
               "int4/per-token/k-only": 1.0, "int4/per-token/v-only": 0.1, "int4/per-channel/group16/k-only": 0.1}
     rows = []
     for name, level in levels.items():
@@ -164,6 +164,8 @@ def test_the_claims_table_has_the_one_shape_and_every_ledger_link_reads_one_row(
     assert verdicts["vLLM's default scale of 1.0 hurts FP8 quality"] == WRONG
     assert verdicts["the error grows with context, so short prompts hide it"] == HOLDS
     assert all(verdicts[c] == HOLDS for c in claims["claim"] if c.startswith(("keys", "per-token")))
+    finer = "for the KV cache FP8 is a finer format than INT8"
+    assert verdicts[f"{finer} (per-token scales)"] == WRONG and verdicts[f"{finer} (per-tensor scales)"] == HOLDS
     for (_, row), (_, iv) in zip(claims.iterrows(), intervals.iterrows()):
         got = parse_lab(row["measured here"])
         assert (float(got.text), float(got.lo), float(got.hi)) == pytest.approx(

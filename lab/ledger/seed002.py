@@ -241,10 +241,11 @@ CLAIMS = [
           "(notebook 03 measures int8 KV error by position up to 8K); decided by int8 per-token KV error past 8K "
           "tokens on a long-context model", about="an INT8 KV cache past 8K tokens of context", scope=BEHAVIOUR),
     c(51, "§5.2", "For the KV cache FP8 is a finer format than INT8 (「對KV Cache則保留FP16或采用更精細的FP8」).",
-      "FP8 finer", verdict=NOT_YET, why="notebook 03 measures both at the same scale granularity (its "
-                                        "error_by_position table) but has no row for this claim",
-      decider="notebook 03's error_by_position.csv as a claims row: mean KL of fp8_e4m3 over int8 at the same "
-              "granularity (per-token, and per-tensor), below 1 for the claim to hold",
+      "FP8 finer", verdict=NOT_YET, why="notebook 03's claims table has the row (mean KL of fp8_e4m3 over int8 at "
+                                        "the same scale granularity, paired over blocks), but its reference run "
+                                        "predates it",
+      decider="notebook 03's claims row 'for the KV cache FP8 is a finer format than INT8 (per-token scales)' in a "
+              "reference run made since: below 1 for the claim to hold",
       about="a KV cache in fp8 (e4m3) against int8 at the same scale granularity", scope=BEHAVIOUR),
     c(30, "§5.2", "vLLM introduced an FP8 KV cache mode in version 2.5 (「vLLM在2.5版本中引入的“FP8 KV Cache”模式」).",
       "vLLM 2.5", verdict=BY_ARGUMENT, cause="vllm-version",

@@ -260,6 +260,14 @@ def _ratio_rows(blocks: pd.DataFrame, roles: pd.DataFrame, add) -> None:
         add("keys want per-channel scales (KIVI): int4 keys per-channel beat per-token",
             f"K gets finer scales (per-channel or per-head), V per-token ({SECTION}; KIVI, arXiv:2402.02750)", iv,
             1.0, f"{_bracketed(iv)}x KL keys-only per-channel / per-token", verdict, _why(verdict, 1.0, False))
+    for gran in ("per-token", "per-tensor"):  # seeds/002 §5.2: FP8 the finer KV format, at equal scale granularity
+        iv = block_interval(blocks, "next_token_kl", [f"fp8_e4m3/{gran}", f"int8/{gran}"], _ratio_over_buckets)
+        if not math.isnan(iv.value):
+            verdict = decide(iv, 1.0, False)
+            add(f"for the KV cache FP8 is a finer format than INT8 ({gran} scales)",
+                "FP8 finer than INT8 for the KV cache (「對KV Cache則保留FP16或采用更精細的FP8」, seeds/002 §5.2)", iv,
+                1.0, f"{_bracketed(iv)}x mean KL fp8_e4m3 / int8, both {gran}, paired over blocks", verdict,
+                _why(verdict, 1.0, False))
     last = blocks["position_end"].max()
     for dyn, static in (("int8/per-token", "int8/per-tensor"), ("int4/per-token", "int4/per-tensor"),
                         ("fp8_e4m3/per-token", "fp8_e4m3/per-tensor")):
