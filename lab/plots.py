@@ -4,6 +4,10 @@
   points and their interval ends, checked: a residue of rounding is clamped to 0, an interval that misses its
   point is refused by name, a NaN end (no interval) is no bar.
 - `frame_extents(df, col)`: the same from a table's `col`, `col_low` and `col_high` columns.
+- `PALETTE`: Okabe and Ito's colour-blind-safe colours, one per series (black and greys are left for reference
+  lines); `legend_outside(ax)`: the legend to the right of the panel, off its data.
+
+The standard every figure keeps is docs/plotting.md; `lab.figure_check` checks what a machine can of it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,28 @@ import numpy as np
 # A point outside its interval by at most this much (relative to the point, absolute below 1) is rounding:
 # a Wilson bound of 2.8e-17 at 0 of n, or a pooled ratio summed in another order than its bootstrap's.
 ROUNDING = 1e-9
+
+# Okabe and Ito (2008), "Color Universal Design": distinguishable under the common colour-vision deficiencies.
+# Their black is left out for claim and reference lines, and a brown added: eight colours, as many as a panel may
+# hold series.
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#8C564B")
+
+
+def use_style() -> None:
+    """Make `PALETTE` matplotlib's colour cycle (so "C0".."C7" and unstyled series take it) and keep legends
+    small; `lab.runs.start_run` calls it, so every notebook's figures start from the standard."""
+    import matplotlib as mpl
+    from cycler import cycler
+
+    mpl.rcParams["axes.prop_cycle"] = cycler(color=list(PALETTE))
+    mpl.rcParams["legend.fontsize"] = 7
+    mpl.rcParams["axes.titlesize"] = 10
+
+
+def legend_outside(ax, **kw):
+    """The panel's legend to its right, top-aligned, off the data (the figure grows to hold it when saved with
+    bbox_inches="tight", as `Run.save_figure` does)."""
+    return ax.legend(**({"fontsize": 7, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0)} | kw))
 
 
 def error_extents(value, low, high, labels=None, scale: float = 1.0) -> np.ndarray:

@@ -35,6 +35,7 @@ from matplotlib.figure import Figure
 
 from lab import memory as mem
 from lab.hardware import Hardware
+from lab.plots import PALETTE, legend_outside
 
 Bound = Literal["memory", "compute"]
 
@@ -213,7 +214,7 @@ def plot_roofline(hw: Hardware, points: Sequence[RooflinePoint] = (), *, compute
     peak, bandwidth = _ceilings(hw, compute_efficiency, memory_efficiency)
     ridge = peak / bandwidth
     if ax is None:
-        fig = Figure(figsize=(7.5, 4.8), layout="constrained")
+        fig = Figure(figsize=(9.5, 4.8), layout="constrained")
         ax = fig.subplots()
     else:
         fig = ax.figure
@@ -228,16 +229,17 @@ def plot_roofline(hw: Hardware, points: Sequence[RooflinePoint] = (), *, compute
     ax.annotate(f"ridge {ridge:.0f} FLOP/B", (ridge, peak), xytext=(4, -14), textcoords="offset points",
                 color="gray", fontsize=8)
 
-    for point in points:
+    # Each point its own colour, named in the legend: points close in intensity (decode at batch 64 and 256) would
+    # make their annotations collide. A measured point is hollow, one placed on the roof filled.
+    for point, colour in zip(points, PALETTE * (1 + len(points) // len(PALETTE))):
         on_roof = point.flops_per_s is None
         y = min(peak, point.intensity * bandwidth) if on_roof else point.flops_per_s
-        ax.plot(point.intensity, y, "o", mfc="C0" if on_roof else "none", mec="C0")
-        ax.annotate(point.label, (point.intensity, y), xytext=(5, 5 if on_roof else -12),
-                    textcoords="offset points", fontsize=8)
+        ax.plot(point.intensity, y, "o", mfc=colour if on_roof else "none", mec=colour, ms=7,
+                label=f"{point.label} ({point.intensity:.3g} FLOP/B)")
 
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
-    ax.set_ylabel("FLOP/s")
-    ax.set_title(f"Roofline: {hw.name}", fontsize=10)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_ylabel("attainable FLOP/s (log scale)")
+    ax.set_title(f"Roofline of {hw.name}: where prefill and decode steps sit", fontsize=10)
+    legend_outside(ax)
     ax.grid(True, which="both", alpha=0.2)
     return fig

@@ -151,11 +151,23 @@ class Run:
         every saved figure is in the executed notebook too (issue 35)."""
         path = self.dir / f"{name}.png"
         fig.savefig(path, dpi=dpi, bbox_inches="tight")
+        self._check_figure(name, fig)
         import matplotlib.pyplot as plt
 
         if getattr(fig, "number", None) not in plt.get_fignums():
             _show_inline(fig)
         return path
+
+    def _check_figure(self, name: str, fig) -> None:
+        """Record in figure_checks.json what `fig` breaks of the plot standard (`lab.figure_check`), and say it."""
+        from .figure_check import problems
+
+        path = self.dir / "figure_checks.json"
+        checks = json.loads(path.read_text()) if path.exists() else {}
+        checks[name] = problems(fig)
+        path.write_text(json.dumps(checks, indent=2) + "\n")
+        for line in checks[name]:
+            print(f"figure {name}: {line}")
 
     def save_metrics(self, **metrics) -> dict:
         """Merge key numbers into metrics.json (the index shows them)."""
@@ -188,6 +200,9 @@ def _show_inline(fig) -> None:
 def start_run(notebook: str, params) -> Run:
     """Create the run directory (or use `$LAB_RUN_DIR`, set by `lab run`) and write params.json."""
     values = dataclasses.asdict(params) if dataclasses.is_dataclass(params) else dict(params)
+    from .plots import use_style
+
+    use_style()
     run_dir = Path(os.environ.get("LAB_RUN_DIR") or results_root() / notebook / new_run_id())
     run_dir.mkdir(parents=True, exist_ok=True)
     if (run_dir / "params.json").exists():

@@ -169,7 +169,11 @@ def test_plot_roofline_puts_labelled_points_on_the_roof(tmp_path):
     fig.savefig(path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (ax,) = fig.axes
-    assert {p.label for p in points} <= {t.get_text() for t in ax.texts}
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert all(any(t.startswith(p.label + " (") for t in legend) for p in points)  # each point named once
+    from lab.figure_check import problems
+
+    assert problems(fig) == []
     markers = [line for line in ax.lines if line.get_marker() == "o"]
     for point, marker in zip(points, markers):
         expected = point.flops_per_s or attainable_flops(H100, point.intensity)

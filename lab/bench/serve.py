@@ -315,7 +315,9 @@ def plot_dashboard(report: LoadReport, title: str):
     import pandas as pd
 
     ok = sorted((r for r in report.requests if r.status == "ok"), key=lambda r: r.finish_time)
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.4))
+    from lab.plots import legend_outside
+
+    fig, axes = plt.subplots(1, 3, figsize=(17, 3.6))
     if ok:
         done = np.array([r.finish_time for r in ok])
         for name in ("ttft", "tpot"):
@@ -331,15 +333,19 @@ def plot_dashboard(report: LoadReport, title: str):
             grid = np.linspace(start, r.finish_time, max(r.output_tokens, 1))
             tokens += np.histogram(grid, edges)[0]
         axes[1].step(edges[:-1], tokens, where="post")
-    axes[0].set(title=f"{title}: latency", xlabel="s", ylabel="seconds")
-    axes[0].legend(fontsize=7)
-    axes[1].set(title="output tokens per second", xlabel="s")
+    axes[0].set(title=f"{title}: latency over the run", xlabel="time since the load started (s)",
+                ylabel="latency, s (log scale)")
+    axes[1].set(title=f"{title}: output tokens per second", xlabel="time since the load started (s)",
+                ylabel="output tokens per second (1-s bins)")
     if report.scrapes:
         s = pd.DataFrame(report.scrapes)
         for col in ("lab_kv_blocks_used", "lab_num_requests_running", "lab_num_requests_waiting"):
             if col in s:
                 axes[2].plot(s["t"], s[col], label=col.removeprefix("lab_"))
-    axes[2].set(title="engine state (from /metrics)", xlabel="s")
-    axes[2].legend(fontsize=7)
+    axes[2].set(title=f"{title}: engine state (from /metrics)", xlabel="time since the load started (s)",
+                ylabel="count (KV blocks, requests)")
+    for ax in (axes[0], axes[2]):
+        if ax.lines:
+            legend_outside(ax)
     fig.tight_layout()
     return fig

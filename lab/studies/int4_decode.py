@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from lab.claims import CLAIMS_COLUMNS, Bound, Range, claim_row, judged
 from lab.intervals import spread as run_spread
-from lab.plots import error_extents
+from lab.plots import PALETTE, error_extents
 from lab.run_level import judged_runs
 from lab.run_level import text as runs_text
 from lab.timing import decode_engine, decode_step_seconds, ratio_interval
@@ -152,13 +152,16 @@ def plot(table: pd.DataFrame):
         x = [j + 0.2 * (i - 0.5) for j in range(len(d))]
         yerr = error_extents(d["measured_speedup"], d["ci95_low"], d["ci95_high"],  # the span of the runs
                              [f"int4 / {base}, batch {b}" for b in d["batch"]])
+        # measured in blue and orange, each bound in a lighter kin of its colour (sky blue, vermillion)
         ax.errorbar(x, d["measured_speedup"], yerr=yerr, fmt="o", capsize=4,
                     label=f"measured, int4 / {base} (median, span of {d['runs'].iloc[0]} runs)",
-                    color=f"C{i}")
-        ax.scatter(x, d["bytes_read_ratio"], marker="_", s=300, color=f"C{i}", label=f"bytes-read bound / {base}")
+                    color=PALETTE[i])
+        ax.scatter(x, d["bytes_read_ratio"], marker="_", s=300, color=PALETTE[4 + i],
+                   label=f"bytes-read bound / {base}")
     ax.axhspan(float(CLAIM.lo), float(CLAIM.hi), color="0.85", label="article: 2-2.5x over FP16")
     batches = list(dict.fromkeys(table["batch"]))
     ax.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
+    ax.set_xlabel("decode batch (sequences a step)")
     ax.set_ylabel("decode step speedup of int4, x (step time ratio)")
     ax.set_title("INT4 decode speedup on this CPU (lab engine)", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))

@@ -25,6 +25,7 @@ from lab.roofline import model_cost
 from lab import arithmetic
 from lab.arithmetic import recomputed as _recomputed
 from lab.runs import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
+from lab.plots import PALETTE, legend_outside
 
 KV_DTYPES = ["bf16", "fp8", "int8", "int4", "int2"]
 MODEL_NAMES = ["smollm2-135m", "llama-2-7b", "llama-3-8b", "llama-3-70b", "qwen2.5-7b", "qwen2.5-72b", "mistral-7b",
@@ -122,14 +123,15 @@ def plot_memory_vs_context(df: pd.DataFrame, p: MemoryParams):
 
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.stackplot(df["context"], df["weights_GiB"], df["kv_GiB"], labels=[f"weights ({p.WEIGHTS})",
-                                                                         f"KV cache ({p.KV_DTYPE})"], alpha=0.8)
+                                                                         f"KV cache ({p.KV_DTYPE})"],
+                 colors=PALETTE[:2], alpha=0.8)
     gpu = get_gpu(p.GPU)
-    ax.axhline(gpu.memory_bytes / mem.GIB, color="k", ls="--", lw=1, label=gpu.name)
+    ax.axhline(gpu.memory_bytes / mem.GIB, color="k", ls="--", lw=1, label=f"{gpu.name} memory")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("GiB")
-    ax.set_title(f"{p.MODEL}, {p.CONCURRENCY} concurrent sequences")
-    ax.legend(loc="upper left")
+    ax.set_ylabel("memory (GiB)")
+    ax.set_title(f"{p.MODEL}: weights and KV cache of {p.CONCURRENCY} sequences against one GPU's memory")
+    legend_outside(ax)
     return fig
 
 
@@ -149,14 +151,18 @@ def plot_concurrency(df: pd.DataFrame, p: MemoryParams):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for kv, g in df.groupby("kv_dtype", sort=False):
-        ax.plot(g["context"], g["max_concurrency"], marker="o", ms=3, label=kv)
+    # fp8 and int8 store one byte a value and fit the same sequences: int8 is drawn dashed over fp8's markers.
+    styles = {"int8": dict(ls="--", marker="x", ms=6)}
+    for i, (kv, g) in enumerate(df.groupby("kv_dtype", sort=False)):
+        ax.plot(g["context"], g["max_concurrency"], **({"marker": "o", "ms": 3} | styles.get(kv, {})),
+                color=PALETTE[i], label=kv)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("max_model_len (tokens)")
-    ax.set_ylabel("sequences that fit")
-    ax.set_title(f"{p.MODEL} ({p.WEIGHTS}) on {p.GPU}: concurrency by KV dtype\n(fp8: one static scale, vLLM's default; int: per-token scales)", fontsize=10)
-    ax.legend(title="KV dtype")
+    ax.set_ylabel("sequences that fit (log scale)")
+    ax.set_title(f"{p.MODEL} ({p.WEIGHTS}) on {p.GPU}: sequences that fit, by KV dtype\n(fp8: one static scale, "
+                 f"vLLM's default; int: per-token scales; fp8 and int8 coincide)", fontsize=10)
+    legend_outside(ax, title="KV dtype")
     return fig
 
 
@@ -169,14 +175,16 @@ def plot_paging(df: pd.DataFrame, p: MemoryParams):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(df["block_size"], 100 * df["paged_waste_fraction"], marker="o", label="paged: last block's tail")
-    ax.axhline(100 * df["contiguous_waste_fraction"].iloc[0], color="tab:red", ls="--",
+    ax.plot(df["block_size"], 100 * df["paged_waste_fraction"], marker="o", color=PALETTE[0],
+            label="paged: the last block's tail")
+    ax.axhline(100 * df["contiguous_waste_fraction"].iloc[0], color="black", ls="--",
                label=f"contiguous preallocation to {p.SEQ_LEN}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("block size (tokens)")
     ax.set_ylabel("wasted KV slots (%)")
-    ax.set_title(f"log-normal lengths P50/P90/P99 = {p.LENGTH_P50}/{p.LENGTH_P90}/{p.LENGTH_P99}")
-    ax.legend()
+    ax.set_title(f"KV slots wasted: paged blocks against contiguous preallocation\n(log-normal request lengths, "
+                 f"P50/P90/P99 = {p.LENGTH_P50}/{p.LENGTH_P90}/{p.LENGTH_P99})")
+    legend_outside(ax)
     return fig
 
 
