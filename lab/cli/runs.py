@@ -149,3 +149,44 @@ def add_results(sub) -> None:
     res = sub.add_parser("results", help="list study runs with their key metrics and refresh results/README.md")
     res.add_argument("--results-dir", default=None)
     res.set_defaults(func=_results)
+
+
+def _docs(args) -> int:
+    """`lab docs [--check]`: the README's studies table and each study doc's opening, from the reference runs."""
+    from lab.study_docs import sync
+
+    stale = sync(check=args.check)
+    for path in stale:
+        print(f"{'stale' if args.check else 'rewrote'}: {path}")
+    if args.check and stale:
+        print("run `lab docs` to regenerate them from the latest reference runs")
+        return 1
+    return 0
+
+
+def add_docs(sub) -> None:
+    """`lab docs [--check]`"""
+    docs = sub.add_parser("docs", help="regenerate the README's studies table and each study doc's opening from the "
+                                       "latest reference runs (--check: fail if they differ)")
+    docs.add_argument("--check", action="store_true")
+    docs.set_defaults(func=_docs)
+
+
+def _report(args) -> int:
+    """`lab report [--quick]`: the static HTML site of the findings."""
+    from lab.report import build
+    from lab.runs import results_root
+
+    root = Path(args.results_dir) if args.results_dir else results_root()
+    index = build(root, Path(args.out) if args.out else None, quick=args.quick)
+    print(f"report: {index} (open it in a browser; no server needed)")
+    return 0
+
+
+def add_report(sub) -> None:
+    """`lab report [--quick] [--out DIR]`"""
+    rep = sub.add_parser("report", help="build the static HTML site of the findings (results/report/index.html)")
+    rep.add_argument("--quick", action="store_true", help="show each notebook's latest quick run beside its reference")
+    rep.add_argument("--out", default=None, help="where the site goes (default: results/report)")
+    rep.add_argument("--results-dir", default=None)
+    rep.set_defaults(func=_report)

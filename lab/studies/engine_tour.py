@@ -13,6 +13,7 @@ import pandas as pd
 
 from lab.engine import LLM, SamplingParams
 from lab.engine.trace import traced_generate
+from lab.plots import PALETTE, legend_outside
 from lab.runs import as_tuple, check_device, check_range, resolve_device
 
 SYSTEM_PROMPT = ("You are a concise assistant for an inference-optimization lab. Answer in at most three "
@@ -127,20 +128,21 @@ def plot_kv_over_time(steps: pd.DataFrame, num_blocks: int, title: str = ""):
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 5), sharex=True, height_ratios=[2, 1])
-    ax1.step(steps["step"], steps["kv_blocks_used"], where="post", label="KV blocks in use")
+    ax1.step(steps["step"], steps["kv_blocks_used"], where="post", color=PALETTE[0], label="KV blocks in use")
     ax1.axhline(num_blocks, color="grey", ls="--", lw=1, label=f"pool ({num_blocks} blocks)")
     preempted = steps[steps["preempted"] > 0]
     if len(preempted):
-        ax1.plot(preempted["step"], preempted["kv_blocks_used"], "rx", label="preemption")
-    ax1.set_ylabel("blocks")
-    ax1.legend(loc="upper right")
+        ax1.plot(preempted["step"], preempted["kv_blocks_used"], "x", color=PALETTE[5], ms=8, label="preemption")
+    ax1.set_ylabel("KV blocks (count)")
+    legend_outside(ax1)
     ax1.set_title(title or "KV blocks in use, step by step")
-    ax2.bar(steps["step"], steps["prefill_tokens"], label="prefill tokens", color="tab:orange")
+    ax2.bar(steps["step"], steps["prefill_tokens"], label="prefill tokens", color=PALETTE[1])
     ax2.bar(steps["step"], steps["decode_tokens"], bottom=steps["prefill_tokens"], label="decode tokens",
-            color="tab:blue")
+            color=PALETTE[0])
+    ax2.set_title("Tokens each step ran: prefill and decode")
     ax2.set_xlabel("engine step")
     ax2.set_ylabel("tokens")
-    ax2.legend(loc="upper right")
+    legend_outside(ax2)
     fig.tight_layout()
     return fig
 

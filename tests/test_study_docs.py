@@ -1,0 +1,51 @@
+"""The README's studies table and each study doc's opening are generated from the latest reference runs
+(`lab.study_docs`, `lab.headlines`): a number there that no longer matches its run fails here."""
+
+import shutil
+
+import pytest
+
+from lab.headlines import STUDIES, headline
+from lab.ledger.gather import latest_reference_runs
+from lab.study_docs import BEGIN, END, ROOT, doc_path, sync
+
+
+def test_the_committed_readme_and_docs_match_the_latest_reference_runs():
+    assert sync(check=True) == [], "run `lab docs` to regenerate them from the latest reference runs"
+
+
+def test_every_study_doc_opens_with_its_question_answer_and_plot_and_names_no_file_hash():
+    runs = latest_reference_runs(ROOT / "results")
+    for nb in STUDIES:
+        text = doc_path(nb).read_text()
+        head, _, rest = text.partition("\n")
+        assert head.startswith("# ") and rest.lstrip().startswith(BEGIN), nb  # the answer comes first
+        block = rest.split(END)[0]
+        assert "**Question.**" in block and "**Answer**" in block and runs[nb].name in block, nb
+        assert "![" in block, f"{nb}: no key plot in the opening"
+        assert not any(h in text for h in ("6360c6a068e5cdc2", "2e53536036edbb4f", "1a250c76ca76c1c9")), nb
+
+
+def test_a_stale_number_fails_the_check(tmp_path):
+    """Copy the README and docs, change one number in a generated block: the check names that file."""
+    (tmp_path / "docs" / "studies").mkdir(parents=True)
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    for nb in STUDIES:
+        shutil.copy(doc_path(nb), doc_path(nb, tmp_path))
+    assert sync(tmp_path, ROOT / "results", check=True) == []
+    doc = doc_path("04_replay_break_even", tmp_path)
+    text = doc.read_text()
+    h = headline("04_replay_break_even", latest_reference_runs(ROOT / "results")["04_replay_break_even"])
+    first = h.answer[0]
+    doc.write_text(text.replace(first, first.replace(" of ", " of 1", 1)))
+    assert sync(tmp_path, ROOT / "results", check=True) == [doc]
+
+
+def test_a_key_claim_missing_from_its_run_is_named(tmp_path):
+    run = latest_reference_runs(ROOT / "results")["08_parallelism"]
+    copy = tmp_path / run.name
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("*.ipynb", "*.png"))
+    claims = (copy / "claims.csv").read_text().splitlines()
+    (copy / "claims.csv").write_text("\n".join(line for line in claims if "TP without fast links" not in line))
+    with pytest.raises(ValueError, match="TP without fast links"):
+        headline("08_parallelism", copy)
