@@ -33,7 +33,8 @@ setup: $(STAMP)
 # The main job: every study notebook at its quick preset (each answers its question on fewer points, on the
 # real model, in minutes) into results/, then the engine benchmark in the serving dtype (its three workloads),
 # without what costs minutes and answers nothing new here (the compiled variant's compile, the float32 variant
-# and peer: `make bench` runs them all). The benchmark runs even when a notebook failed (`lab run all` goes on
+# and peer: `make bench` runs them all), then the HTML report (results/report/index.html) with each notebook's quick
+# run beside its reference, marked as such. The benchmark runs even when a notebook failed (`lab run all` goes on
 # past a failure and names it); `make run` then fails. The README states its measured time; .ci/run runs it.
 QUICK_BENCH := --variants eager-auto,int4-auto --transformers auto \
 	--json results/bench_engine_quick.json --plot results/bench_engine_quick.png
@@ -41,14 +42,18 @@ run: setup
 	@status=0; \
 	$(VENV)/bin/lab run all --preset quick || status=$$?; \
 	$(VENV)/bin/lab bench engine $(QUICK_BENCH) || status=$$?; \
+	$(VENV)/bin/lab report --quick || status=$$?; \
 	if [ $$status -ne 0 ]; then echo "make run: failed (see the summary above)" >&2; fi; \
 	exit $$status
 
 # The committed reference runs regenerated: every notebook at its reference preset (hours: the README says
-# how many), then the engine benchmark.
+# how many), then the engine benchmark, the claims ledger, the docs' generated openings and the report.
 reproduce: setup
 	$(VENV)/bin/lab run all --preset reference
 	$(VENV)/bin/lab bench engine --json results/bench_engine.json --plot results/bench_engine.png
+	$(VENV)/bin/lab claims
+	$(VENV)/bin/lab docs
+	$(VENV)/bin/lab report
 
 test: setup
 	$(PY) -m pytest -q -n 2 --dist worksteal

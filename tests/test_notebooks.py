@@ -44,6 +44,10 @@ def test_notebook_runs_in_smoke_mode_with_provenance(name, tmp_path, monkeypatch
     main = [c for c in executed.cells if c.cell_type == "code" and not c.source.startswith("if INTERACTIVE")]
     inline = [o["data"]["image/png"] for c in main for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(inline) >= len(list(run_dir.glob("*.png"))) and all(len(png) > 1000 for png in inline), name
+    # every saved figure keeps the plot standard's mechanical rules (docs/plotting.md, `lab.figure_check`)
+    figures = json.loads((run_dir / "figure_checks.json").read_text())
+    assert set(figures) == {p.stem for p in run_dir.glob("*.png")}, name
+    assert not any(figures.values()), {k: v for k, v in figures.items() if v}
     texts = [o.get("data", {}).get("text/plain", "") for c in main for o in c.get("outputs", [])]
     assert not any(t.lstrip().startswith("0%|") or "widget-view" in t for t in texts), name
     widget_cells = [c for c in executed.cells if c.cell_type == "code" and c.source.startswith("if INTERACTIVE")]
