@@ -1,7 +1,7 @@
 """The plot standard (docs/plotting.md), checked where a machine can: `problems(fig)` lists what a figure breaks.
 
-Checked per panel (an axes that draws data): a title (its own or the figure's), an x and a y label (an x label may
-sit on another panel that shares the axis, as in a column of small multiples), at most `MAX_SERIES` labelled
+Checked per panel (an axes that draws data): a title (its own or the figure's), an x and a y label (either may
+sit on another panel that shares the axis, as in a row or column of small multiples), at most `MAX_SERIES` labelled
 series, no colour repeated among them (greys and black are left out: reference lines may share them, told apart by
 line style), no legend over the panel's data (a data point, bar or line vertex inside the legend's box), and no
 two tick labels on one axis that overlap. What needs reading (that a label names its unit, that the order of
@@ -73,19 +73,32 @@ def _is_reference(line, ax) -> bool:
 
 
 def _ticks_collide(ax, renderer, axis: str) -> bool:
+    """Whether two neighbouring tick labels overlap, each taken as its text's rectangle turned by the label's
+    rotation about the centre of its drawn box (matplotlib's default rotation mode): two parallel rectangles
+    overlap when their centres are closer than half their summed sizes both along the text and across it."""
     labels = [t for t in (ax.get_xticklabels() if axis == "x" else ax.get_yticklabels())
               if t.get_visible() and t.get_text()]
-    boxes = [t.get_window_extent(renderer) for t in labels]
-    boxes.sort(key=lambda b: b.x0 if axis == "x" else b.y0)
-    return any(a.overlaps(b) and a.intersection(a, b).width > 1 and a.intersection(a, b).height > 1
-               for a, b in zip(boxes, boxes[1:]))
+    rects = []
+    for t in labels:
+        box, angle = t.get_window_extent(renderer), t.get_rotation()
+        t.set_rotation(0)
+        flat = t.get_window_extent(renderer)
+        t.set_rotation(angle)
+        rects.append(((box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2, flat.width, flat.height, np.radians(angle)))
+    rects.sort(key=lambda r: r[0] if axis == "x" else r[1])
+    for (x1, y1, w1, h1, a), (x2, y2, w2, h2, _) in zip(rects, rects[1:]):
+        along = abs((x2 - x1) * np.cos(a) + (y2 - y1) * np.sin(a))
+        across = abs(-(x2 - x1) * np.sin(a) + (y2 - y1) * np.cos(a))
+        if along < (w1 + w2) / 2 - 1 and across < (h1 + h2) / 2 - 1:
+            return True
+    return False
 
 
 def _panel_problems(fig, ax, renderer, where: str) -> list[str]:
     out = []
     if not ax.get_title() and not ax.get_title(loc="left") and not (fig._suptitle and fig._suptitle.get_text()):
         out.append(f"{where}: no title")
-    if not ax.get_ylabel():
+    if not any(a.get_ylabel() for a in ax.get_shared_y_axes().get_siblings(ax)):
         out.append(f"{where}: no y label")
     if not any(a.get_xlabel() for a in ax.get_shared_x_axes().get_siblings(ax)):
         out.append(f"{where}: no x label")

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from lab.engine import EngineConfig
 from lab.eval.harness import long_text  # noqa: F401  (notebook 03 calls study.long_text)
 from lab.eval.kv_error import attention_error_by_position, kl_by_position, record
-from lab.plots import error_extents, frame_extents
+from lab.plots import PALETTE, error_extents, frame_extents, legend_outside
 from lab.quant.kv import KVCacheFormat, parse_format
 from lab.quant.kv_calibration import KVScales
 from lab.runs import as_tuple, check_choice, check_device, check_range
@@ -273,17 +273,39 @@ def end_to_end(p: KVStudyParams, model, tokenizer, calibrated: KVScales, log=pri
 # ---- figures ------------------------------------------------------------------------------------------------
 
 
+def _family(name: str) -> str:
+    """A format's number type, the small multiple it is drawn in: fp8, int8, int4 or int2."""
+    kind = name.split("/")[0]
+    return "fp8" if kind.startswith("fp8") else kind
+
+
 def plot_growth(df: pd.DataFrame, title: str):
+    """Error against position, one small multiple per metric (rows) and number type (columns), so no panel holds
+    more than a handful of formats; each line a format with its 95% band over blocks. Positions are bucket ends
+    on a log2 axis."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(14, 4.5))
-    for ax, metric, label in ((axes[0], "attention_rel_error", "attention output relative error"),
-                              (axes[1], "next_token_kl", "next-token KL(exact || quantized), nats")):
-        for name, g in df[df["metric"] == metric].groupby("format", sort=False):
-            line, = ax.plot(g["position_end"], g["value"], "o-", label=name, lw=1.2, ms=3)
-            ax.fill_between(g["position_end"], g["value_low"], g["value_high"], color=line.get_color(), alpha=0.15)
-        ax.set(xscale="log", yscale="log", xlabel="position (bucket end, tokens)", ylabel=label, title=title)
-        ax.legend(fontsize=6)
+    families = sorted({_family(n) for n in df["format"]}, key=lambda f: ("fp8", "int8", "int4", "int2").index(f)
+                      if f in ("fp8", "int8", "int4", "int2") else 9)
+    metrics = (("attention_rel_error", "attention output relative error"),
+               ("next_token_kl", "next-token KL(exact || quantized), nats"))
+    fig, axes = plt.subplots(2, len(families), figsize=(4.2 * len(families), 7.5), squeeze=False)
+    ends = sorted(df["position_end"].unique())
+    for row, (metric, label) in enumerate(metrics):
+        for col, family in enumerate(families):
+            ax = axes[row][col]
+            d = df[(df["metric"] == metric) & (df["format"].map(_family) == family)]
+            for i, (name, g) in enumerate(d.groupby("format", sort=False)):
+                ax.plot(g["position_end"], g["value"], "o-", color=PALETTE[i], label=name, lw=1.2, ms=3)
+                ax.fill_between(g["position_end"], g["value_low"], g["value_high"], color=PALETTE[i], alpha=0.15)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xticks(ends, [f"{e // 1024}K" if e >= 1024 else str(e) for e in ends], fontsize=7)
+            ax.minorticks_off()
+            ax.set(xlabel="position (bucket end, tokens)", ylabel=label,
+                   title=f"{family} formats, {title}: {metric.replace('_', ' ')}")
+            ax.title.set_fontsize(8)
+            ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.22))
     fig.tight_layout()
     return fig
 
@@ -291,15 +313,20 @@ def plot_growth(df: pd.DataFrame, title: str):
 def plot_roles(roles: pd.DataFrame):
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
     x = range(len(roles))
+    labels = {"attention_rel_error": "attention output relative error (log scale)",
+              "next_token_kl": "next-token KL, nats (log scale)"}
     for ax, metric in zip(axes, ("attention_rel_error", "next_token_kl")):
-        for shift, role, label in ((-0.2, "k", "keys only quantized"), (0.2, "v", "values only quantized")):
-            ax.bar([i + shift for i in x], roles[f"{metric}_{role}_only"], 0.4, label=label,
+        for i, (shift, role, label) in enumerate(((-0.2, "k", "keys only quantized"),
+                                                  (0.2, "v", "values only quantized"))):
+            ax.bar([j + shift for j in x], roles[f"{metric}_{role}_only"], 0.4, label=label, color=PALETTE[i],
                    yerr=frame_extents(roles, f"{metric}_{role}_only", list(roles["format"])), capsize=3)
         ax.set_xticks(list(x), roles["format"], fontsize=8)
-        ax.set(yscale="log", title=metric.replace("_", " "))
-        ax.legend(fontsize=7)
+        ax.set(yscale="log", xlabel="KV format", ylabel=labels[metric],
+               title=f"Keys against values quantized alone: {metric.replace('_', ' ')} (95% over blocks)")
+        ax.title.set_fontsize(9)
+        legend_outside(ax)
     fig.tight_layout()
     return fig
 
@@ -311,20 +338,22 @@ def plot_end_to_end(e2e: pd.DataFrame, concurrency: pd.DataFrame):
     names = list(e2e["format"])
     axes[0].bar(names, e2e["perplexity_change_pct"], yerr=frame_extents(e2e, "perplexity_change_pct", names),
                 capsize=3)
-    axes[0].set(ylabel="perplexity change vs exact cache, %", title="held-out perplexity")
+    axes[0].set(ylabel="perplexity change vs exact cache, % (95%)", title="Held-out perplexity against the exact cache")
     # the bar is the share changed, 1 - same: its interval runs from 1 - same's high to 1 - same's low
     changed = error_extents(1 - e2e["same_output_all"], 1 - e2e["same_output_all_high"],
                             1 - e2e["same_output_all_low"], names, scale=100)
     axes[1].bar(names, 100 * (1 - e2e["same_output_all"]), label="all but long context", yerr=changed, capsize=3)
     if "same_output_long_context" in e2e and e2e["same_output_long_context"].notna().any():
         axes[1].plot(names, 100 * (1 - e2e["same_output_long_context"]), "ko", label="long context")
-    axes[1].set(ylabel="% of greedy outputs changed", title="sensitive set vs exact cache")
-    axes[1].legend(fontsize=7)
+    axes[1].set(ylabel="% of greedy outputs changed (Wilson 95%)",
+                title="Sensitive set: outputs changed against the exact cache")
+    legend_outside(axes[1])
     axes[2].bar(concurrency["format"], concurrency["measured_sequences"], label="engine (measured)")
     axes[2].plot(concurrency["format"], concurrency["predicted_sequences"], "kx", label="lab.memory (predicted)")
-    axes[2].set(ylabel="sequences resident at once", title="concurrency in one KV pool")
-    axes[2].legend(fontsize=7)
+    axes[2].set(ylabel="sequences resident at once", title="Concurrency in one KV pool: measured and predicted")
+    legend_outside(axes[2])
     for ax in axes:
-        ax.tick_params(axis="x", labelrotation=60, labelsize=7)
+        ax.set_xlabel("KV cache format")
+        ax.tick_params(axis="x", labelrotation=90, labelsize=7)
     fig.tight_layout()
     return fig

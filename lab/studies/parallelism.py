@@ -30,7 +30,7 @@ from lab.parallel.sharding import rank_shapes
 from lab.models.loader import default_dtype, parse_dtype
 from lab.parallel import comm_bench
 from lab.parallel.comm_model import LINKS, Link, alpha_for_share, pipeline_bubble, tp_decode_step
-from lab.plots import error_extents
+from lab.plots import PALETTE, error_extents, legend_outside
 from lab.runs import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
 from lab.timing import start_decode_batch
 
@@ -109,24 +109,27 @@ def links(p: ParallelParams) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def plot_links(sweep: pd.DataFrame, fitted: pd.DataFrame):
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for op, g in sweep.groupby("op"):
+    """One panel per collective: each message size's median with its min-max over repeats, the mean, and the
+    alpha-beta fits of both, time against bytes on log axes."""
+    ops = list(dict.fromkeys(sweep["op"]))
+    fig, axes = plt.subplots(1, len(ops), figsize=(5.2 * len(ops), 4.4), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        g = sweep[sweep["op"] == op]
         yerr = error_extents(g["median_s"], g["min_s"], g["max_s"], [f"{op}, {size} bytes" for size in g["bytes"]],
                              scale=1e6)  # the min-max range around each size's median, in us
-        line = ax.errorbar(g["bytes"], 1e6 * g["median_s"], yerr=yerr, fmt="o", label=f"{op}: median (min-max)")
-        ax.plot(g["bytes"], 1e6 * g["mean_s"], "x", color=line[0].get_color(), label=f"{op}: mean")
+        ax.errorbar(g["bytes"], 1e6 * g["median_s"], yerr=yerr, fmt="o", color=PALETTE[0], label="median (min-max)")
+        ax.plot(g["bytes"], 1e6 * g["mean_s"], "x", color=PALETTE[1], label="mean")
         n = np.logspace(np.log10(g["bytes"].min()), np.log10(g["bytes"].max()), 50)
-        for stat, style in (("median", "--"), ("mean", ":")):
+        for stat, style, colour in (("median", "--", PALETTE[2]), ("mean", ":", PALETTE[3])):
             f = fitted[(fitted["op"] == op) & (fitted["statistic"] == stat)].iloc[0]
             # with 2 ranks a send and an all-reduce (ring factor 2(p - 1)/p) both move n bytes a link
-            ax.plot(n, f["alpha_us"] + 1e6 * n / (1e9 * f["bandwidth_GBps"]), style, color=line[0].get_color(),
-                    label=f"{op} {stat} fit: {f['alpha_us']:.0f} us + n / {f['bandwidth_GBps']:.2f} GB/s")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("message bytes")
-    ax.set_ylabel("us")
-    ax.set_title("collectives between 2 processes on this machine")
-    ax.legend(fontsize=7)
+            ax.plot(n, f["alpha_us"] + 1e6 * n / (1e9 * f["bandwidth_GBps"]), style, color=colour,
+                    label=f"{stat} fit: {f['alpha_us']:.0f} us + n / {f['bandwidth_GBps']:.2f} GB/s")
+        ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="time (us, log scale)",
+               title=f"{op} between 2 processes on this machine")
+        ax.title.set_fontsize(9)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18))
+    fig.tight_layout()
     return fig
 
 
@@ -163,15 +166,16 @@ def alpha_sweep(p: ParallelParams) -> pd.DataFrame:
 
 
 def plot_alpha_sweep(sweep: pd.DataFrame, p: ParallelParams):
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for (key, batch), g in sweep.groupby(["link", "batch"]):
-        ax.plot(g["alpha_us"], g["comm share"], "o-", label=f"{key}, batch {batch}")
-    ax.axhline(0.4, color="k", ls=":", label="the article's 40%")
+    fig, ax = plt.subplots(figsize=(8.5, 4))
+    for i, ((key, batch), g) in enumerate(sweep.groupby(["link", "batch"])):
+        ax.plot(g["alpha_us"], 100 * g["comm share"], "o-", color=PALETTE[i], label=f"{key}, batch {batch}")
+    ax.axhline(40, color="k", ls=":", label="the replay article's 40%")
     ax.set_xscale("log")
-    ax.set_xlabel("all-reduce latency alpha (us)")
-    ax.set_ylabel("communication share of a decode step")
-    ax.set_title(f"{p.PROJECT_MODEL} at TP={p.PROJECT_TP} on {GPUS[p.HARDWARE].name} (roofline step)")
-    ax.legend(fontsize=8)
+    ax.set_xlabel("all-reduce latency alpha (us, log scale)")
+    ax.set_ylabel("communication share of a decode step (%)")
+    ax.set_title(f"Projected: {p.PROJECT_MODEL} at TP={p.PROJECT_TP} on {GPUS[p.HARDWARE].name}, communication share "
+                 f"against all-reduce latency (roofline step + alpha-beta)", fontsize=9)
+    legend_outside(ax)
     return fig
 
 

@@ -21,6 +21,7 @@ from lab.claims import NOT_CHECKABLE, Bound, Number, claim_row, judged, shown
 from lab.hardware import GPUS
 from lab.parallel.comm_model import LINKS, tp_comm_seconds, tp_decode_step
 from lab.roofline import model_cost, prefill_flops
+from lab.plots import PALETTE, legend_outside
 
 if TYPE_CHECKING:
     from lab.studies.parallelism import ParallelParams
@@ -146,22 +147,25 @@ def _slow_link_rows(p: ParallelParams, tp: pd.DataFrame, proj: pd.DataFrame) -> 
 
 
 def plot_bubble(bubble: pd.DataFrame):
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for phase, g in bubble.groupby("phase"):
-        a.plot(g["micro_batches"], g["wait share (measured)"], "o-", label=f"{phase}: rank 0 waits (measured)")
-        b.plot(g["micro_batches"], g["PP=2 ms"] / g["PP=1 ms"], "o-", label=phase)
+    """The pipeline's wait against micro-batches beside the (p - 1) / (m + p - 1) model, and what the micro-batches
+    cost the step."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4))
+    for i, (phase, g) in enumerate(bubble.groupby("phase")):
+        a.plot(g["micro_batches"], 100 * g["wait share (measured)"], "o-", color=PALETTE[i],
+               label=f"{phase}: rank 0 waits (measured)")
+        b.plot(g["micro_batches"], g["PP=2 ms"] / g["PP=1 ms"], "o-", color=PALETTE[i], label=phase)
     g = bubble.drop_duplicates("micro_batches")
-    a.plot(g["micro_batches"], g["bubble (p - 1) / (m + p - 1)"], "k--", label="(p - 1) / (m + p - 1)")
+    a.plot(g["micro_batches"], 100 * g["bubble (p - 1) / (m + p - 1)"], "k--", label="model: (p - 1) / (m + p - 1)")
     a.set_xscale("log", base=2)
     a.set_xlabel("micro-batches m (p = 2 stages)")
-    a.set_ylabel("share of the step")
-    a.set_title("the pipeline bubble")
-    a.legend(fontsize=8)
-    b.axhline(1, color="k", ls=":")
+    a.set_ylabel("share of the step spent waiting (%)")
+    a.set_title("The pipeline bubble, measured against its model")
+    legend_outside(a)
+    b.axhline(1, color="k", ls=":", label="PP=1's step")
     b.set_xscale("log", base=2)
-    b.set_xlabel("micro-batches m")
-    b.set_ylabel("PP=2 step / PP=1 step")
-    b.set_title("what the micro-batches cost")
-    b.legend(fontsize=8)
+    b.set_xlabel("micro-batches m (p = 2 stages)")
+    b.set_ylabel("PP=2 step / PP=1 step (x)")
+    b.set_title("What the micro-batches cost the step")
+    legend_outside(b)
     fig.tight_layout()
     return fig

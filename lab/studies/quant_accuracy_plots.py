@@ -16,7 +16,7 @@ LINEAR_WITHIN = 1.0
 
 
 def _dodged(ax, labels: list[str], series: dict[str, tuple], ylabel: str, linthresh: float = LINEAR_WITHIN,
-            floor: float | None = None):
+            floor: float | None = None, xlabel: str = "model (method and configuration)"):
     """One point per category and series with its interval, series side by side, categories in the given order
     and never joined; `series`: name -> (values, low, high); `floor`: the axis's bottom (0 for a quantity that
     cannot be negative)."""
@@ -26,6 +26,7 @@ def _dodged(ax, labels: list[str], series: dict[str, tuple], ylabel: str, linthr
         ax.errorbar(x, v, yerr=error_extents(v, lo, hi, [f"{c}, {name}" for c in labels]), fmt="o", ms=4,
                     capsize=3, color=PALETTE[i], label=name)
     ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=7)
+    ax.set_xlabel(xlabel)
     ax.axhline(0, color="k", lw=0.8)
     ax.set_yscale("symlog", linthresh=linthresh)
     ax.set_ylabel(ylabel)
@@ -63,6 +64,7 @@ def plot_grid(grid: pd.DataFrame, sens: pd.DataFrame, domains: tuple[str, ...]):
         axes[2].bar([x + i * width for x in range(len(quant))], changed, width, label=c, yerr=yerr,
                     color=PALETTE[i], capsize=2, error_kw={"lw": 0.8})
     axes[2].set_xticks([x + 0.4 - width / 2 for x in range(len(quant))], labels, rotation=45, ha="right", fontsize=7)
+    axes[2].set_xlabel("model (method and configuration)")
     axes[2].set(ylabel="% of greedy outputs changed (Wilson 95%)",
                 title="Sensitive items: outputs changed vs unquantized")
     for ax in axes:
@@ -79,10 +81,11 @@ def plot_ladder(ladder: pd.DataFrame, domains: tuple[str, ...]):
     labels = list(ladder["rung"])
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     _dodged(axes[0], labels, {"all decoder linears": _columns(ladder, "weight_error_%")},
-            "relative weight error ||W_q - W|| / ||W||, % (symlog)", floor=0)
+            "relative weight error ||W_q - W|| / ||W||, % (symlog)", floor=0,
+            xlabel="quantizer rung (one change at a time)")
     axes[0].set_title("Weight error, one quantizer change at a time")
     _dodged(axes[1], labels, {d: _columns(ladder, f"{d}_ppl_change_%") for d in domains},
-            "perplexity change vs unquantized, % (symlog)")
+            "perplexity change vs unquantized, % (symlog)", xlabel="quantizer rung (one change at a time)")
     axes[1].set_title("Perplexity change, one quantizer change at a time")
     for ax in axes:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -123,7 +126,8 @@ def plot_pass_rates(grid: pd.DataFrame):
                yerr=frame_extents(g, f"pass_{c}", [f"{name}, {c}" for name, o in zip(labels, ok) if o], scale=100),
                color=PALETTE[i], capsize=2, error_kw={"lw": 0.8})
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(grid))], labels, rotation=45, ha="right", fontsize=8)
-    ax.set(ylabel="pass rate, % (Wilson 95%)", title="Sensitive items passed, per category (greedy)")
+    ax.set(xlabel="model (method and configuration)", ylabel="pass rate, % (Wilson 95%)",
+           title="Sensitive items passed, per category (greedy)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig

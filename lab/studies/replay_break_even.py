@@ -21,6 +21,7 @@ from lab.hardware import GPUS, Hardware
 from lab.memory import ModelShape
 from lab.models.loader import default_dtype, parse_dtype
 from lab.replay.cost import LINKS, break_even_table, recompute_seconds, window_cost
+from lab.plots import PALETTE, legend_outside
 from lab.runs import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
 from lab.studies.replay_break_even_claims import claims_table  # noqa: F401  (the notebook's section 6)
 
@@ -230,22 +231,23 @@ def terms_table(measured: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_predicted(df: pd.DataFrame):
-    """Predicted against measured recompute time, the cost model's points and the roofline's, with the identity
-    line and the +-20% band the model is held to."""
+    """Predicted against measured recompute time, the cost model's points (left) and the roofline's (right), each
+    with the identity line and the +-20% band the model is held to; one colour per model."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 5))
-    lo, hi = df["recompute_s"].min() / 2, df["recompute_s"].max() * 2
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharex=True, sharey=True)
+    lo = min(df["recompute_s"].min(), df["predicted_s"].min(), df["predicted_roofline_s"].min()) / 2
+    hi = max(df["recompute_s"].max(), df["predicted_s"].max(), df["predicted_roofline_s"].max()) * 2
     grid = [lo, hi]
-    ax.fill_between(grid, [0.8 * x for x in grid], [1.2 * x for x in grid], color="0.9", label="within 20%")
-    ax.plot(grid, grid, "k-", lw=1)
-    for i, (name, d) in enumerate(df.groupby("model", sort=False)):
-        ax.scatter(d["recompute_s"], d["predicted_s"], color=f"C{i}", label=f"{name}: cost model")
-        ax.scatter(d["recompute_s"], d["predicted_roofline_s"], color=f"C{i}", marker="x", alpha=0.6,
-                   label=f"{name}: roofline")
-    ax.set(xscale="log", yscale="log", xlabel="measured recompute (s)", ylabel="predicted (s)",
-           title="does the cost model predict the engine's recompute?")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    for ax, column, name in ((axes[0], "predicted_s", "the cost model"),
+                             (axes[1], "predicted_roofline_s", "the roofline alone")):
+        ax.fill_between(grid, [0.8 * x for x in grid], [1.2 * x for x in grid], color="0.9", label="within 20%")
+        ax.plot(grid, grid, "k-", lw=1, label="predicted = measured")
+        for i, (model, d) in enumerate(df.groupby("model", sort=False)):
+            ax.scatter(d["recompute_s"], d[column], color=PALETTE[i], s=18, label=model)
+        ax.set(xscale="log", yscale="log", xlabel="measured recompute (s)", ylabel="predicted recompute (s)",
+               title=f"Recompute time: {name} against the engine")
+        legend_outside(ax)
     fig.tight_layout()
     return fig
 
@@ -263,7 +265,7 @@ def plot_crossover(df: pd.DataFrame):
     for ax, name in zip(axes[0], models):
         d = df[df["model"] == name]
         for i, (w, g) in enumerate(d.groupby("window")):
-            color = f"C{i}"
+            color = PALETTE[i]
             ax.plot(g["prefix"], g["measured_crossover_GBps"], "o-", color=color, label=f"W={w} measured")
             ax.plot(g["prefix"], g["predicted_crossover_GBps"], "x--", color=color, alpha=0.7)
         for tier, style in zip(_tiers(d), (":", "-.", "--", (0, (1, 4)), (0, (5, 5)))):
@@ -271,6 +273,6 @@ def plot_crossover(df: pd.DataFrame):
             ax.axhline(bw, color="k", ls=style, lw=1, label=f"{tier}: {bw:.3g} GB/s (median)")
         ax.set(xscale="log", yscale="log", xlabel="prefix M (tokens)", ylabel="crossover bandwidth B* (GB/s)",
                title=f"{name}: tiers below B* lose to recompute\n(x--: the cost model's prediction)")
-        ax.legend(fontsize=7)
+        legend_outside(ax)
     fig.tight_layout()
     return fig

@@ -29,7 +29,7 @@ from lab.hardware import GPUS, Hardware
 from lab.intervals import rate
 from lab.memory import ModelShape
 from lab.models.loader import preset_names
-from lab.plots import error_extents
+from lab.plots import PALETTE, error_extents, legend_outside
 
 from lab.roofline import decode_table, model_cost
 
@@ -177,21 +177,22 @@ def _mask_and_grammar_rows(components: pd.DataFrame, depth: pd.DataFrame,
 def plot_mask_cost(summary: pd.DataFrame, components: pd.DataFrame):
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     x = np.arange(len(summary))
-    a.bar(x - 0.2, summary["step without grammar ms"], 0.4, label="step without grammar")
-    a.bar(x + 0.2, summary["step with grammar ms"], 0.4, label="step with grammar")
+    a.bar(x - 0.2, summary["step without grammar ms"], 0.4, color=PALETTE[0], label="step without grammar")
+    a.bar(x + 0.2, summary["step with grammar ms"], 0.4, color=PALETTE[1], label="step with grammar")
     a.bar(x + 0.2, summary["mask ms per step"], 0.4, label="of which: mask fill + apply", color="k", alpha=0.6)
-    a.set_xticks(x, [f"batch {b}" for b in summary["batch"]])
+    a.set_xticks(x, [str(b) for b in summary["batch"]])
+    a.set_xlabel("decode batch (sequences)")
     a.set_ylabel("ms per decode step (median)")
-    a.legend()
-    a.set_title("decode step with and without the grammar")
-    b.scatter(components["allowed"], 1e6 * components["fill_s"], s=6, label="fill (xgrammar)")
-    b.scatter(components["allowed"], 1e6 * components["apply_s"], s=6, label="apply")
+    legend_outside(a)
+    a.set_title("Decode step with and without the grammar")
+    b.scatter(components["allowed"], 1e6 * components["fill_s"], s=6, color=PALETTE[0], label="fill (xgrammar)")
+    b.scatter(components["allowed"], 1e6 * components["apply_s"], s=6, color=PALETTE[1], label="apply")
     b.set_xscale("symlog")
     b.set_yscale("log")
-    b.set_xlabel("tokens the state allows")
-    b.set_ylabel("us per row")
-    b.legend()
-    b.set_title("mask cost per row by grammar state")
+    b.set_xlabel("tokens the grammar state allows (symlog)")
+    b.set_ylabel("us per row (log scale)")
+    legend_outside(b)
+    b.set_title("Mask cost per row, by grammar state")
     fig.tight_layout()
     return fig
 
@@ -206,10 +207,11 @@ def plot_validity(validity: pd.DataFrame):
         vals = [r[c] for c in cols]
         yerr = error_extents(vals, [r[f"{c} 95% low"] for c in cols], [r[f"{c} 95% high"] for c in cols],
                              [f"{label}: {c}" for c in cols])
-        ax.bar(x + i * width, vals, width, yerr=yerr, capsize=3, label=label)
+        ax.bar(x + i * width, vals, width, yerr=yerr, capsize=3, color=PALETTE[i], label=label)
     ax.set_xticks(x + width * (len(validity) - 1) / 2, ["whole output is JSON", "schema-valid", "field accuracy"])
     ax.set_ylim(0, 1.05)
-    ax.set_ylabel("rate (95% interval)")
-    ax.legend(fontsize=8)
-    ax.set_title("extraction task: format and content, with and without the grammar")
+    ax.set_xlabel("measure of the extraction's output")
+    ax.set_ylabel("rate (Wilson 95% interval)")
+    legend_outside(ax)
+    ax.set_title("Extraction task: format and content, with and without the grammar")
     return fig

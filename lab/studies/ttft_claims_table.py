@@ -18,7 +18,7 @@ import pandas as pd
 
 from lab import memory as mem
 from lab.claims import BY_ARGUMENT, NOT_CHECKABLE, Bound, Number, Range, claim_row, judged
-from lab.plots import error_extents
+from lab.plots import PALETTE, error_extents
 from lab.runs import resolve_device
 from lab.run_level import Spread, judged_runs, spread, text
 from lab.studies.ttft_claims import cold_runs
@@ -260,28 +260,40 @@ def shard_rows(runs: pd.DataFrame, int8_saving: float) -> list[dict]:
     return rows
 
 
+PARTS = (("import_s", "import torch and the lab"), ("load_s", "load the model"), ("first_ttft_s", "first request's TTFT"))
+
+
 def plot(sweep: pd.DataFrame, first: pd.DataFrame, cold: pd.DataFrame, high: int):
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(14, 4))
+    """TTFT against the cached share of the prompt (median, min-max over runs) with the TTFT article's 60% line;
+    the first token's TTFT on a miss, a cached prefix and a hit; each cold-start case's parts stacked, so its
+    total shows."""
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(18, 4.4))
     x = sweep["hit share"] * 100
     # the bars are each row's min-max range around its median
-    a.errorbar(x, sweep["ttft median s"], fmt="o-", capsize=3,
+    a.errorbar(x, sweep["ttft median s"], fmt="o-", capsize=3, color=PALETTE[0], label="TTFT (median, min-max)",
                yerr=error_extents(sweep["ttft median s"], sweep["ttft min s"], sweep["ttft max s"],
                                   [f"hit share {h:.0f}%" for h in x]))
-    a.axvline(60, color="k", ls=":")
+    a.axvline(60, color="k", ls=":", label="the TTFT article's 60% hit-rate line (§5.3)")
     a.set_xlabel("prompt share in the prefix cache (%)")
-    a.set_ylabel("TTFT (s), median and min-max")
-    a.set_title(f"TTFT against hit rate ({int(sweep['prompt tokens'].iloc[0])} tokens; reference {high}%)")
-    b.bar(first["label"], first["ttft median s"], capsize=3,
+    a.set_ylabel("TTFT (s)")
+    a.set_title(f"TTFT against the cached share ({int(sweep['prompt tokens'].iloc[0])}-token prompts; reference "
+                f"{high}%)", fontsize=9)
+    a.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))
+    b.bar(range(len(first)), first["ttft median s"], capsize=3, color=PALETTE[0],
           yerr=error_extents(first["ttft median s"], first["ttft min s"], first["ttft max s"], list(first["label"])))
-    b.set_ylabel("TTFT (s)")
-    b.set_title("first token: miss, cached prefix, hit")
-    b.tick_params(axis="x", labelrotation=15)
-    parts = cold[cold["quantity"].isin(["import_s", "load_s", "first_ttft_s"])]
-    for q, g in parts.groupby("quantity", sort=False):
-        c.barh([f"{case}: {q}" for case in g["case"]], g["median"])
-    py = cold[cold["case"] == "python -c pass"]
-    c.barh(["python -c pass"], py["median"])
-    c.set_xlabel("seconds (median)")
-    c.set_title("cold start, by part")
+    b.set_xticks(range(len(first)), [str(lbl).replace(" (", "\n(") for lbl in first["label"]], fontsize=8)
+    b.set(xlabel="the request's prompt", ylabel="TTFT (s), median and min-max over runs",
+          title="First token: a miss, a cached prefix, a hit")
+    b.title.set_fontsize(9)
+    cases = [case for case in dict.fromkeys(cold["case"]) if (cold[cold["case"] == case]["quantity"] == "load_s").any()]
+    left = pd.Series(0.0, index=cases)
+    for i, (quantity, label) in enumerate(PARTS):
+        part = cold[cold["quantity"] == quantity].set_index("case")["median"].reindex(cases).fillna(0.0)
+        c.barh(cases, part, left=left, color=PALETTE[i], label=label)
+        left += part
+    c.set(xlabel="seconds (median over runs)", ylabel="cold-start case",
+          title="Cold start, part by part (a fresh process each)")
+    c.title.set_fontsize(9)
+    c.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))
     fig.tight_layout()
     return fig
