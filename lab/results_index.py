@@ -12,7 +12,9 @@ holds `params.json` (parameters and provenance: git commit, package versions, ma
 `metrics.json` (key numbers and duration), CSV tables, PNG plots and the executed notebook. Nothing
 here is typed by hand, and this index is regenerated after every run. Each notebook has a row per preset
 it ran at: `reference` runs are the committed results the docs quote; `quick` runs (what `make run` makes)
-answer the same questions on fewer points and are marked so nobody mistakes one for the other.
+answer the same questions on fewer points and are marked so nobody mistakes one for the other. "Matches the
+code?" says whether the run's tree was dirty, or its notebook or a study module it uses changed since its commit
+(stale): `lab runs --stale` names the files.
 """
 PRESET_ORDER = ("reference", "quick", "smoke")
 
@@ -39,6 +41,25 @@ def list_runs(root: Path) -> list[dict]:
             "plots": sorted(p.name for p in run_dir.glob("*.png")),
         })
     return sorted(runs, key=lambda r: (r["notebook"], r["run_id"]))
+
+
+def superseded(root: Path) -> list[dict]:
+    """Every run that is neither its notebook's latest reference run nor its latest run at another preset."""
+    runs = list_runs(root)
+    keep = {(r["notebook"], r["preset"]): r["run_id"] for r in runs}  # sorted by run id: the last one wins
+    return [r for r in runs if keep[(r["notebook"], r["preset"])] != r["run_id"]]
+
+
+def archive(root: Path) -> list[Path]:
+    """Move the superseded runs under `<notebook>/earlier/`, which the index, the ledger and the report do not
+    read (they read `<notebook>/<run>/`); the docs' "earlier runs" lists name them there."""
+    moved = []
+    for r in superseded(root):
+        target = r["dir"].parent / "earlier" / r["dir"].name
+        target.parent.mkdir(exist_ok=True)
+        r["dir"].rename(target)
+        moved.append(target)
+    return moved
 
 
 def last_line(text) -> str:
@@ -76,15 +97,20 @@ def write_index(root: Path) -> Path:
     for r in runs:
         latest[(r["notebook"], r["preset"])] = r  # sorted by run id, so the last one wins
     order = {p: i for i, p in enumerate(PRESET_ORDER)}
-    lines = [HEADER, "| notebook | preset | latest run | runs | key metrics | plots |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    from .run_staleness import run_state
+
+    repo = Path(__file__).resolve().parents[1]
+    lines = [HEADER, "| notebook | preset | latest run | matches the code? | runs | key metrics | plots |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for (name, preset), r in sorted(latest.items(), key=lambda kv: (kv[0][0], order.get(kv[0][1], 9))):
         count = sum(1 for x in runs if x["notebook"] == name and x["preset"] == preset)
         metrics = "<br>".join(_metric_lines(r["metrics"]))
         rel = f"{name}/{r['run_id']}"
         plots = " ".join(f'<a href="{rel}/{p}"><img src="{rel}/{p}" width="160"></a>' for p in r["plots"])
         label = preset if preset == "reference" else f"**{preset}** (not a reference result)"
-        lines.append(f"| {name} | {label} | [{r['run_id']}]({rel}/) | {count} | {metrics} | {plots} |")
+        # a stale or dirty run is shown, not hidden: the reader sees it here and in `lab runs --stale`
+        state = "; ".join(f"**{why.split(':')[0]}**" for why in run_state(r, repo)) or "yes"
+        lines.append(f"| {name} | {label} | [{r['run_id']}]({rel}/) | {state} | {count} | {metrics} | {plots} |")
     path = root / "README.md"
     root.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")

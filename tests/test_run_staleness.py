@@ -50,3 +50,32 @@ def test_a_dirty_run_and_an_unknown_commit_are_said(tmp_path):
     repo, commit = _repo(tmp_path)
     assert run_state(_run(commit, dirty=True), repo)[0].startswith("dirty")
     assert run_state(_run("0" * 40), repo)[0].startswith("unknown commit")
+
+
+def test_no_latest_reference_run_is_dirty():
+    """A dirty reference run cannot say which code made it; a stale one is shown (`lab runs --stale`), not
+    refused, so that a small code change does not force hours of reruns."""
+    from pathlib import Path
+
+    from lab.run_staleness import reference_states
+
+    repo = Path(__file__).resolve().parents[1]
+    dirty = {nb: run.name for nb, (run, reasons) in reference_states(repo / "results", repo).items()
+             if any(r.startswith("dirty") for r in reasons)}
+    assert not dirty, f"rerun these from a clean tree: {dirty}"
+
+
+def test_archive_moves_every_superseded_run_under_earlier(tmp_path):
+    import json
+
+    from lab.results_index import archive, list_runs
+
+    for nb, run, preset in (("01_x", "20260101T000000Z-a", "reference"), ("01_x", "20260102T000000Z-b", "reference"),
+                            ("01_x", "20260103T000000Z-c", "quick"), ("02_y", "20260101T000000Z-d", "reference")):
+        d = tmp_path / nb / run
+        d.mkdir(parents=True)
+        (d / "params.json").write_text(json.dumps({"parameters": {"PRESET": preset}}))
+    moved = archive(tmp_path)
+    assert [p.relative_to(tmp_path).as_posix() for p in moved] == ["01_x/earlier/20260101T000000Z-a"]
+    assert {r["run_id"] for r in list_runs(tmp_path)} == {"20260102T000000Z-b", "20260103T000000Z-c",
+                                                           "20260101T000000Z-d"}

@@ -109,6 +109,12 @@ def _runs(args) -> int:
     from lab.runs import results_root
 
     root = Path(args.results_dir) if args.results_dir else results_root()
+    if args.archive:
+        from lab.results_index import archive, write_index
+
+        for path in archive(root):
+            print(f"moved {path.parent.parent.name}/{path.name} under earlier/")
+        write_index(root)
     repo = Path(__file__).resolve().parents[2]
     states = reference_states(root, repo)
     shown = {nb: s for nb, s in states.items() if s[1]} if args.stale else states
@@ -123,6 +129,8 @@ def add_runs(sub) -> None:
     """`lab runs [--stale]`"""
     runs = sub.add_parser("runs", help="each notebook's latest reference run and whether it matches the code")
     runs.add_argument("--stale", action="store_true", help="list only the runs that are dirty or stale")
+    runs.add_argument("--archive", action="store_true",
+                      help="first move every superseded run (not a notebook's latest at its preset) under earlier/")
     runs.add_argument("--results-dir", default=None)
     runs.set_defaults(func=_runs)
 
