@@ -39,3 +39,27 @@ def traced_generate(llm: LLM, prompts, params: SamplingParams | list[SamplingPar
             "scheduled": [(seq.request_id, n) for seq, n in sched],
         })
     return [done[i] for i in ids], steps
+
+
+def request_path_files(llm: LLM, prompt, params: SamplingParams) -> list[str]:
+    """The `lab` source files whose Python code runs while `llm` generates `prompt` to completion, as repository
+    paths in first-run order (`sys.setprofile` sees every Python call; torch's C++ and Triton's compiled code are
+    not files of the lab). What a newcomer has to read to follow one request, measured rather than listed by hand."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    seen: dict[str, None] = {}
+
+    def profile(frame, event, arg):
+        if event == "call":
+            name = frame.f_code.co_filename
+            if name.startswith(str(root)) and name != __file__:
+                seen.setdefault(Path(name).relative_to(root.parent).as_posix(), None)
+
+    sys.setprofile(profile)
+    try:
+        llm.generate(prompt, params)
+    finally:
+        sys.setprofile(None)
+    return list(seen)
