@@ -134,14 +134,23 @@ def test_batched_decode_attention_equals_sdpa(dtype):
     torch.testing.assert_close(_decode_attention(q, k, v, bias).float(), want, atol=tol, rtol=tol)
 
 
-def test_engine_bench_at_toy_sizes_reports_bounds_fractions_and_targets():
+def test_engine_bench_at_toy_sizes_reports_bounds_fractions_and_targets(tmp_path):
+    import pandas as pd
+
     from lab.bench.engine import Workload, run_engine_bench
     from lab.bench.engine_report import format_result, targets
 
     workloads = [Workload("decode-1", 1, 6, metric="step_ms"), Workload("offline-32x128", 3, 4),
                  Workload("prefill-2k", 1, 1, prompt_tokens=64, metric="seconds")]
     result = run_engine_bench(variants=("eager-float32", "int4-auto"), workloads=workloads,
-                              transformers_dtypes=("float32",))
+                              transformers_dtypes=("float32",), profile_dir=tmp_path / "profile")
+    # --profile: every engine workload's per-operator breakdown, the matmuls among its operators
+    for e in result["engines"]:
+        for name, w in e["workloads"].items():
+            table = pd.read_csv(w["profile"]["csv"])
+            assert (tmp_path / "profile" / f"{e['variant']}__{name}.txt").stat().st_size > 0
+            assert table["self_cpu_ms"].is_monotonic_decreasing and (table["calls"] > 0).all()
+            assert table["operator"].str.contains("mm|linear|matmul|int4").any(), table["operator"].head(10).tolist()
     for e in result["engines"]:
         assert e["ceilings"]["read_GBps"] > 0 and e["ceilings"]["gemm_GFLOPs"] > 0
         for w in e["workloads"].values():

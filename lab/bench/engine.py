@@ -159,8 +159,10 @@ def verify_ratio(llm, context: int = 256, k: int = 4, repeats: int = 5) -> float
     return forward_seconds(llm.runner, llm.block_manager, context, k + 1, repeats) / one
 
 
-def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: float = 1.0) -> dict:
-    """Every workload on one engine variant, each beside its bound from ceilings measured in its dtype."""
+def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: float = 1.0,
+                profile_dir=None) -> dict:
+    """Every workload on one engine variant, each beside its bound from ceilings measured in its dtype; with
+    `profile_dir`, each workload then runs once more under the profiler (`lab.bench.profile`)."""
     from lab.hardware import probe_inference
 
     longest = [max(2, int(w.prompt_tokens * scale)) if w.prompt_tokens else 96 for w in workloads]  # chat: < 96
@@ -180,6 +182,16 @@ def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: 
         measured_s = measured["step_s"] * (w.max_tokens - 1) if w.metric == "step_ms" else measured["seconds"]
         bound_s = bound["decode_bound_s"] if w.metric == "step_ms" else bound["bound_s"]
         out["workloads"][w.name] = {**measured, **bound, "fraction_of_roofline": bound_s / measured_s}
+        if profile_dir is not None:
+            from pathlib import Path
+
+            from lab.bench.profile import profile_workload
+            from lab.engine import SamplingParams
+
+            params = SamplingParams(temperature=0.0, max_tokens=w.max_tokens, ignore_eos=True)
+            llm.block_manager.reset_prefix_cache()
+            out["workloads"][w.name]["profile"] = profile_workload(llm, prompts, params, Path(profile_dir),
+                                                                   f"{variant.label}__{w.name}")
     out["verify_5_rows_over_1"] = verify_ratio(llm, context=min(256, int(max_len) - 8))
     out["compile_seconds"] = llm.stats()["compile_seconds"]
     return out
@@ -187,10 +199,11 @@ def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: 
 
 def run_engine_bench(model: str = "smollm2-135m", variants=tuple(VARIANTS), workloads=tuple(WORKLOADS),
                      transformers_dtypes=("float32", "auto"), peer_url: str | None = None,
-                     peer_model: str | None = None, scale: float = 1.0, max_tokens: int | None = None) -> dict:
+                     peer_model: str | None = None, scale: float = 1.0, max_tokens: int | None = None,
+                     profile_dir=None) -> dict:
     """The whole benchmark: each engine variant, then the peers, on the same workloads in one process.
     `workloads`: names of `WORKLOADS` or `Workload`s; `scale` shrinks the long prompt and `max_tokens` caps the
-    tokens out (smoke runs)."""
+    tokens out (smoke runs); `profile_dir`: write each engine workload's per-operator profile there."""
     from lab.bench.peers import run_transformers, run_url_peer
 
     busy = cpu_busy_fraction()
@@ -200,7 +213,7 @@ def run_engine_bench(model: str = "smollm2-135m", variants=tuple(VARIANTS), work
     result = {"model": model, "threads": torch.get_num_threads(), "cpu_busy_at_start": busy, "engines": [],
               "peers": []}
     for name in variants:
-        result["engines"].append(run_variant(VARIANTS[name], ws, model, scale))
+        result["engines"].append(run_variant(VARIANTS[name], ws, model, scale, profile_dir))
     for dtype in transformers_dtypes:
         result["peers"].append(run_transformers(model, dtype, ws, scale))
     if peer_url:

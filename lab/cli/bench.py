@@ -14,7 +14,7 @@ def _bench_engine(args) -> int:
     result = run_engine_bench(model=args.model, variants=args.variants.split(","), workloads=args.workloads.split(","),
                               transformers_dtypes=[d for d in args.transformers.split(",") if d],
                               peer_url=args.peer_url, peer_model=args.peer_model, scale=args.scale,
-                              max_tokens=args.max_tokens)
+                              max_tokens=args.max_tokens, profile_dir=args.profile)
     result["targets"] = targets(result)
     print(format_result(result))
     if args.json:
@@ -98,6 +98,9 @@ def add_bench(sub) -> None:
     eng.add_argument("--max-tokens", type=int, default=None, help="cap every workload's tokens out (smoke runs)")
     eng.add_argument("--json", default=None, help="also write the result with provenance to this JSON file")
     eng.add_argument("--plot", default=None, help="write the fractions of the roofline as a PNG here")
+    eng.add_argument("--profile", default=None, metavar="DIR",
+                     help="after timing, run each engine workload once under torch.profiler and write its "
+                          "per-operator breakdown (<variant>__<workload>.csv and .txt) here")
     eng.set_defaults(func=_bench_engine)
     bs = bench_sub.add_parser("serve", help="load an OpenAI-compatible server (the lab's, vLLM, SGLang): TTFT, "
                                             "TPOT, percentiles, throughput, goodput (lab.bench.serve)")

@@ -1,0 +1,45 @@
+"""`lab bench engine --profile DIR`: where an engine workload's time goes, operator by operator.
+
+After a workload is timed, it runs once more under `torch.profiler` (CPU activity, record shapes off, so the
+profile costs little beside the ops it records); the timed figures never include the profiler. Per operator: its
+calls, its self CPU time (time in the operator itself, not in the ops it calls) and that time's share of the
+profiled run's wall time, the largest first. Written per variant and workload as `<variant>__<workload>.csv` and
+a readable `.txt` (torch's own table), so every statement about the engine's overhead in docs/benchmarks.md can
+be rerun on another machine.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pandas as pd
+
+
+def operator_table(prof, wall_s: float) -> pd.DataFrame:
+    """One row per operator of a finished `torch.profiler.profile`: calls, self CPU ms, CPU total ms, the self
+    time's share of `wall_s`, largest self time first."""
+    rows = [{"operator": e.key, "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3,
+             "cpu_total_ms": e.cpu_time_total / 1e3} for e in prof.key_averages()]
+    table = pd.DataFrame(rows).sort_values("self_cpu_ms", ascending=False, ignore_index=True)
+    table["self_share_of_wall"] = table["self_cpu_ms"] / (1e3 * wall_s)
+    return table
+
+
+def profile_workload(llm, prompts: list[list[int]], params, out: Path, name: str) -> dict:
+    """Run `prompts` once under the profiler and write `name`.csv and `name`.txt under `out`; returns the
+    profiled wall time, the operators' summed self time and the top operator."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out.mkdir(parents=True, exist_ok=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        llm.generate(prompts, params)
+        wall = time.perf_counter() - start
+    table = operator_table(prof, wall)
+    table.to_csv(out / f"{name}.csv", index=False)
+    (out / f"{name}.txt").write_text(
+        f"{name}: {wall:.3f} s wall under the profiler\n\n"
+        + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40) + "\n")
+    return {"profiled_wall_s": wall, "operators_self_s": float(table["self_cpu_ms"].sum() / 1e3),
+            "top_operator": table["operator"].iloc[0] if len(table) else None, "csv": str(out / f"{name}.csv")}
