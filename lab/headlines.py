@@ -24,7 +24,7 @@ class Study:
     """What the headline of one notebook quotes: `claims`, (substring of a claim cell, label) pairs; `plot`, the
     key figure's file stem; `metrics`, a function of the run's metrics.json giving sentences of its own."""
     question: str
-    plot: str
+    plot: str | tuple[str, ...]  # the key figure's file stem, or stems in order of preference (older runs lack some)
     claims: tuple[tuple[str, str], ...] = ()
     metrics: object = None
     title: str = ""
@@ -62,7 +62,11 @@ def _tour(m: dict) -> list[str]:
 
 
 def _quant(m: dict) -> list[str]:
-    if m.get("weights16", True):
+    if "weights16" not in m:
+        return ["This run predates the check for an already-quantized baseline: its verdicts treat the embedded "
+                "model, whose decoder linears are already Q4_1, as 16-bit, and the claims ledger marks them not "
+                "checkable here; a rerun shows the GGUF control and the quantizer ladder"]
+    if m["weights16"]:
         return []
     return [f"Not checkable on this model: its decoder linears are already {m['baseline_bits']}-bit (at most "
             f"{m['baseline_max_distinct_per_block']} distinct values in every block of 32); the GGUF Q4_1 grid "
@@ -97,7 +101,7 @@ STUDIES = {
          ("INT4 decode is 2-2.5x faster than FP16 (batch 32)", "batch 32"),
          ("batching amortizes the weight read over tens of requests (bfloat16", "batching's throughput gain")),
         title="Memory accounting and the roofline"),
-    "02_quantization_accuracy": Study("Is INT4 weight quantization free?", "ladder", metrics=_quant,
+    "02_quantization_accuracy": Study("Is INT4 weight quantization free?", ("ladder", "grid"), metrics=_quant,
                                       title="Weight quantization accuracy"),
     "03_kv_quantization": Study(
         "Is an FP8 KV cache safe, and which KV formats hold up?", "end_to_end",
@@ -183,8 +187,10 @@ def headline(notebook: str, run_dir: Path) -> Headline:
             f"{row['verdict']} in this setting; the ledger: {ledger[index]} for the article's setting"
         answer.append(_named(f"{label}: {_lead(row['measured here'])} ({said})"))
     verdicts = dict(Counter(claims["verdict"])) if claims is not None else {}
+    plots = (study.plot,) if isinstance(study.plot, str) else study.plot
+    plot = next((p for p in plots if (run_dir / f"{p}.png").exists()), plots[0])
     preset = params.get("parameters", {}).get("PRESET", "reference")
-    return Headline(notebook, study.question, answer, verdicts, study.plot, run_dir.name, params.get("git_commit", ""),
+    return Headline(notebook, study.question, answer, verdicts, plot, run_dir.name, params.get("git_commit", ""),
                     bool(params.get("git_dirty")), preset, params.get("created", ""))
 
 

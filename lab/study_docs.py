@@ -38,25 +38,46 @@ def _plot(h: Headline, results: Path, base: Path) -> str:
     return os.path.relpath(png, base) if png.exists() else ""
 
 
-def doc_block(h: Headline, results: Path, doc: Path) -> str:
-    """A study doc's opening: the question, the answer as the run gives it, its verdicts, the key plot."""
-    lines = [f"**Question.** {h.question}", "", "**Answer** (from the " + h.provenance + "):", ""]
-    lines += [f"- {a}." if not a.endswith(".") else f"- {a}" for a in h.answer]
-    lines += ["", f"Claims this run decides: {verdict_counts(h)}."]
+def _bullets(h: Headline) -> list[str]:
+    return [f"- {a}." if not a.endswith(".") else f"- {a}" for a in h.answer]
+
+
+def doc_block(h: Headline, results: Path, doc: Path, quick: Headline | None = None) -> str:
+    """A study doc's opening: the question, the answer as the reference run gives it, its verdicts, the key plot;
+    and, where a quick run is newer than the reference (code that changed what the study measures, not yet rerun
+    at the reference size), that run's answer beside it, marked as not a reference result."""
+    lines = [f"**Question.** {h.question}", "", "**Answer** (from the " + h.provenance + "):", "", *_bullets(h),
+             "", f"Claims this run decides: {verdict_counts(h)}."]
     plot = _plot(h, results, doc.parent)
     if plot:
         lines += ["", f"![{h.plot}]({plot})"]
+    if quick is not None:
+        lines += ["", f"**Newer, at the quick preset** (fewer points; not a reference result; from the "
+                      f"{quick.provenance}):", "", *_bullets(quick)]
+        plot = _plot(quick, results, doc.parent)
+        if plot:
+            lines += ["", f"![{quick.plot} (quick run)]({plot})"]
     return "\n".join(lines)
 
 
-def readme_block(heads: list[Headline], results: Path, readme: Path) -> str:
+def readme_block(heads: list[Headline], results: Path, readme: Path, quick: dict | None = None) -> str:
     rows = ["| notebook | the question | the answer, from its reference run | claims decided | doc |",
             "| --- | --- | --- | --- | --- |"]
     for h in heads:
         doc = os.path.relpath(doc_path(h.notebook, readme.parent), readme.parent)
         answer = "; ".join(h.answer).replace("|", "\\|") + f" (run {h.run_id})"
+        if h.notebook in (quick or {}):
+            answer += f"; a newer quick run ({quick[h.notebook].name}) is in the doc"
         rows.append(f"| `{h.notebook}` | {h.question} | {answer} | {verdict_counts(h)} | [{h.notebook[:2]}]({doc}) |")
     return "\n".join(rows)
+
+
+def _newer_quick_runs(results: Path, reference: dict[str, Path]) -> dict[str, Path]:
+    """Each notebook's latest quick run where it is newer than the latest reference run."""
+    from lab.results_index import list_runs
+
+    quick = {r["notebook"]: r["dir"] for r in list_runs(results) if r["preset"] == "quick"}
+    return {nb: d for nb, d in quick.items() if nb in reference and d.name > reference[nb].name}
 
 
 def _replace(text: str, block: str, where: Path, after_title: bool) -> str:
@@ -74,7 +95,6 @@ def sync(root: Path = ROOT, results: Path | None = None, check: bool = False) ->
     """Rewrite (or, with `check`, compare) the README's studies table and every study doc's opening from the
     latest reference runs under `results`; returns the files that differed."""
     from lab.ledger.gather import latest_reference_runs
-
     from lab.run_staleness import reference_states
 
     results = results or root / "results"
@@ -82,10 +102,20 @@ def sync(root: Path = ROOT, results: Path | None = None, check: bool = False) ->
     heads = [headline(nb, runs[nb]) for nb in STUDIES if nb in runs]
     for h in heads:
         h.stale = any(r.startswith("stale") for r in states.get(h.notebook, (None, []))[1])
-    targets = {root / "README.md": (readme_block(heads, results, root / "README.md"), False)}
+    quick = _newer_quick_runs(results, runs)
+    targets = {root / "README.md": (readme_block(heads, results, root / "README.md", quick), False)}
     for h in heads:
         doc = doc_path(h.notebook, root)
-        targets[doc] = (doc_block(h, results, doc), True)
+        q = quick.get(h.notebook)
+        qh = None
+        if q is not None:
+            from lab.results_index import list_runs
+            from lab.run_staleness import run_state
+
+            qh = headline(h.notebook, q)
+            entry = next(r for r in list_runs(results) if r["dir"] == q)
+            qh.stale = any(r.startswith("stale") for r in run_state(entry, ROOT))
+        targets[doc] = (doc_block(h, results, doc, qh), True)
     stale = []
     for path, (block, after_title) in targets.items():
         old = path.read_text() if path.exists() else f"# {STUDIES[path.stem].title}\n"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from lab.claims import Bound, Number, Range, claim_row, judged
+from lab.claims import NOT_CHECKABLE, WRONG, Bound, Number, Range, claim_row, judged
 from lab.run_level import judged_runs, spread, text
 
 # "一大截" (a big chunk) read as more than a quarter off; "严重高估" (seriously overestimate) as by more than a fifth
@@ -75,18 +75,24 @@ def serving_rows(chunked: pd.DataFrame, ramp: pd.DataFrame, knee_gain: float, se
     levels = sorted(ramp["concurrency"].unique())[-2:]
     tpot = spread(top_doubling(ramp, "tpot_p50"))
     flattens = Bound(f"{1 + knee_gain:g}", above=False)
+    knee = _row("raising concurrency, throughput flattens at a knee while TPOT worsens fast "
+                "(「开始走平甚至下降同时 TPOT 快速恶化」)", "a knee (seeds/003 §6.2)",
+                f"{served}, closed loop: output throughput at {levels[1]} in flight over {levels[0]} "
+                f"(TPOT P50 {tpot.median:.2f}x), x", flattens, top_doubling(ramp, "output_throughput"),
+                f"'flattens' read as under {knee_gain:.0%} more throughput for the top doubling of concurrency, the "
+                f"notebook's knee rule (KNEE_GAIN)")
+    if knee["verdict"] == WRONG:  # every pass still gains at its top: the ramp stopped short of any knee
+        knee = claim_row(knee["claim"], knee["article"], knee["measured here"], NOT_CHECKABLE,
+                         f"the ramp stopped before its knee: every pass still gains more than {knee_gain:.0%} at its "
+                         f"top doubling, and a finite ramp cannot show that no knee exists; a ramp to more requests "
+                         f"in flight (CONCURRENCY) decides it")
     return [
         _row("too many batched tokens let one long prefill stall the running decodes; chunked prefill slots it into "
              "their gaps (「打字突然停顿」)", "stall (seeds/003 §3.2)",
              f"{served}, {op} in flight, long prompts mixed in: the running requests' largest inter-token gap (P99) with chunked "
              f"prefill off ({budgets[1]} batched tokens) over on ({budgets[0]}), x", STALL, stall_ratios(chunked),
              "a stall that chunking removes shows as a ratio above 1 in every run (the rule)"),
-        _row("raising concurrency, throughput flattens at a knee while TPOT worsens fast "
-             "(「开始走平甚至下降同时 TPOT 快速恶化」)", "a knee (seeds/003 §6.2)",
-             f"{served}, closed loop: output throughput at {levels[1]} in flight over {levels[0]} "
-             f"(TPOT P50 {tpot.median:.2f}x), x", flattens, top_doubling(ramp, "output_throughput"),
-             f"'flattens' read as under {knee_gain:.0%} more throughput for the top doubling of concurrency, the "
-             f"notebook's knee rule (KNEE_GAIN); a ramp that never reaches its knee makes it wrong"),
+        knee,
     ]
 
 
