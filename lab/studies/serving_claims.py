@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from lab.claims import NOT_CHECKABLE, WRONG, Bound, Number, Range, claim_row, judged
-from lab.run_level import judged_runs, spread, text
+from lab.claims import NOT_CHECKABLE, Bound, Number, Range, claim_row, judged
+from lab.run_level import MIN_RUNS, judged_runs, spread, text
 
 # "一大截" (a big chunk) read as more than a quarter off; "严重高估" (seriously overestimate) as by more than a fifth
 BIG_CHUNK, SERIOUS = Bound("25"), Bound("1.2")
@@ -81,7 +81,8 @@ def serving_rows(chunked: pd.DataFrame, ramp: pd.DataFrame, knee_gain: float, se
                 f"(TPOT P50 {tpot.median:.2f}x), x", flattens, top_doubling(ramp, "output_throughput"),
                 f"'flattens' read as under {knee_gain:.0%} more throughput for the top doubling of concurrency, the "
                 f"notebook's knee rule (KNEE_GAIN)")
-    if knee["verdict"] == WRONG:  # every pass still gains at its top: the ramp stopped short of any knee
+    gains = spread(top_doubling(ramp, "output_throughput"))
+    if gains.n >= MIN_RUNS and gains.lo > 1 + knee_gain:  # every pass still gains at its top: no knee reached yet
         knee = claim_row(knee["claim"], knee["article"], knee["measured here"], NOT_CHECKABLE,
                          f"the ramp stopped before its knee: every pass still gains more than {knee_gain:.0%} at its "
                          f"top doubling, and a finite ramp cannot show that no knee exists; a ramp to more requests "
