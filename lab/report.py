@@ -114,7 +114,7 @@ def _ledger(results: Path) -> str:
 
 def build(results: Path, out: Path | None = None, quick: bool = False, repo: Path | None = None) -> Path:
     """Write the site under `out` (default `results/report`) and return its index.html."""
-    from lab.run_staleness import reference_states
+    from lab.results_index import reference_states
 
     out = out or results / "report"
     out.mkdir(parents=True, exist_ok=True)

@@ -115,3 +115,11 @@ def write_index(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def reference_states(root: Path, repo: Path) -> dict[str, tuple[Path, list[str]]]:
+    """Each notebook's latest reference run under `root` with `run_state`'s reasons."""
+    from .run_staleness import run_state
+
+    latest = {r["notebook"]: r for r in list_runs(root) if r["preset"] == "reference"}
+    return {nb: (r["dir"], run_state(r, repo)) for nb, r in sorted(latest.items())}

@@ -65,10 +65,3 @@ def run_state(run: dict, repo: Path) -> list[str]:
         reasons.append("stale: changed since its commit: " + ", ".join(changed))
     return reasons
 
-
-def reference_states(root: Path, repo: Path) -> dict[str, tuple[Path, list[str]]]:
-    """Each notebook's latest reference run under `root` with `run_state`'s reasons."""
-    from lab.results_index import list_runs
-
-    latest = {r["notebook"]: r for r in list_runs(root) if r["preset"] == "reference"}
-    return {nb: (r["dir"], run_state(r, repo)) for nb, r in sorted(latest.items())}

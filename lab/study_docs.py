@@ -95,7 +95,7 @@ def sync(root: Path = ROOT, results: Path | None = None, check: bool = False) ->
     """Rewrite (or, with `check`, compare) the README's studies table and every study doc's opening from the
     latest reference runs under `results`; returns the files that differed."""
     from lab.ledger.gather import latest_reference_runs
-    from lab.run_staleness import reference_states
+    from lab.results_index import reference_states
 
     results = results or root / "results"
     runs, states = latest_reference_runs(results), reference_states(results, ROOT)

@@ -1,6 +1,8 @@
 """Replay (lab.replay): the controller drops a window's KV and the engine recomputes it, losslessly; the cost
 model's FLOPs against the FLOPs the engine's forward actually runs; the article's arithmetic recomputed."""
 
+import gc
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -174,3 +176,17 @@ def test_cli_prints_the_break_even_table(capsys):
     assert "llama-2-7b" in out and "PCIe Gen5 x16" in out and out.count("\n") == 2 + 7
     assert main(["replay", "break-even", "--hardware", "nope"]) == 2
     assert "unknown hardware 'nope'" in capsys.readouterr().err
+
+
+def test_an_engine_that_is_gone_leaves_no_hooks_on_the_shared_model(smollm):
+    """HCache replay observes the model with forward hooks; the model outlives the engine (tests and notebooks
+    share one), so the hooks must go with the engine, or every later engine on that model pays for them."""
+    model, tok = smollm
+    qkv = [layer.self_attn.qkv_proj for layer in model.layers]
+    before = [len(m._forward_pre_hooks) for m in qkv]
+    llm = LLM(model, tokenizer=tok, num_kv_blocks=16, max_model_len=64,
+              replay=ReplayConfig(window=4, always=True, min_position=0.0, source="hidden"))
+    assert [len(m._forward_pre_hooks) for m in qkv] == [b + 1 for b in before]
+    del llm
+    gc.collect()
+    assert [len(m._forward_pre_hooks) for m in qkv] == before

@@ -2,6 +2,7 @@
 docs/engine.md's "Follow one request" table: the table lists exactly the files whose code runs for one
 `LLM.generate` on the torch backend in float32, and the count in its sentence is theirs."""
 
+import gc
 import re
 from pathlib import Path
 
@@ -20,6 +21,7 @@ def _table() -> tuple[int, set[str]]:
 
 def test_the_docs_list_the_files_one_request_runs_through(smollm):
     model, tok = smollm
+    gc.collect()  # engines of earlier tests on this shared model are gone, and their hooks with them
     llm = LLM(model, tokenizer=tok, dtype="float32", max_model_len=256, num_kv_blocks=32)
     llm.generate("warm up", SamplingParams(temperature=0, max_tokens=2))  # first-call setup is not the path
     files = request_path_files(llm, "The capital of France is", SamplingParams(temperature=0, max_tokens=4))

@@ -32,13 +32,14 @@ def test_a_stale_number_fails_the_check(tmp_path):
     shutil.copy(ROOT / "README.md", tmp_path / "README.md")
     for nb in STUDIES:
         shutil.copy(doc_path(nb), doc_path(nb, tmp_path))
-    assert sync(tmp_path, ROOT / "results", check=True) == []
+    (tmp_path / "results").symlink_to(ROOT / "results")  # the docs link their plots by relative path
+    assert sync(tmp_path, check=True) == []
     doc = doc_path("04_replay_break_even", tmp_path)
     text = doc.read_text()
     h = headline("04_replay_break_even", latest_reference_runs(ROOT / "results")["04_replay_break_even"])
     first = h.answer[0]
     doc.write_text(text.replace(first, first.replace(" of ", " of 1", 1)))
-    assert sync(tmp_path, ROOT / "results", check=True) == [doc]
+    assert sync(tmp_path, check=True) == [doc]
 
 
 def test_a_key_claim_missing_from_its_run_is_named(tmp_path):

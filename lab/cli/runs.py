@@ -105,7 +105,7 @@ def _results(args) -> int:
 
 def _runs(args) -> int:
     """`lab runs --stale`: every notebook's latest reference run that does not match the code, and why."""
-    from lab.run_staleness import reference_states
+    from lab.results_index import reference_states
     from lab.runs import results_root
 
     root = Path(args.results_dir) if args.results_dir else results_root()

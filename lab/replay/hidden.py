@@ -39,6 +39,8 @@ class HiddenStateStore:
                 store.record(layer, x)
 
         self.hooks = runner.observe_attention_inputs(observe)
+        # The model outlives the engine (notebooks and tests share one): the hooks go when the store goes.
+        weakref.finalize(self, _remove, self.hooks)
 
     def begin_step(self, scheduled: list[tuple[Sequence, int]]) -> None:
         """Tell the hooks which rows of the coming forward belong to which sequence and position."""
@@ -78,6 +80,10 @@ class HiddenStateStore:
         self.first_kept.pop(request_id, None)
 
     def close(self) -> None:
-        for h in self.hooks:
-            h.remove()
+        _remove(self.hooks)
         self.hooks = []
+
+
+def _remove(hooks: list) -> None:
+    for h in hooks:
+        h.remove()  # removing twice is harmless: a handle forgets its hook once removed
