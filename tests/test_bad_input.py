@@ -110,9 +110,9 @@ def test_an_underflowing_temperature_decodes_greedily_instead_of_failing_the_ste
 def test_a_request_that_fails_inside_a_step_fails_alone(monkeypatch, caplog):
     """Defence in depth: a step that raises is retried request by request; only the failing one ends (with
     "error" and its message), its blocks return, the others get their tokens and the engine goes on."""
-    import lab.engine.llm as llm_module
+    import lab.engine.sampler as sampler_module
 
-    real = llm_module.sample
+    real = sampler_module.choose
 
     def sample(logits, params, generators):
         if any(p.seed == 666 for p in params):
@@ -121,7 +121,7 @@ def test_a_request_that_fails_inside_a_step_fails_alone(monkeypatch, caplog):
 
     good = [prompt(30), prompt(21, start=11)]
     expected = [o.token_ids for o in make_llm().generate(good, [greedy(8), greedy(5)])]
-    monkeypatch.setattr(llm_module, "sample", sample)
+    monkeypatch.setattr(sampler_module, "choose", sample)
     llm = make_llm()
     poisoned = SamplingParams(temperature=0.5, seed=666, max_tokens=8)
     outs = llm.generate([good[0], prompt(9, start=5), good[1]], [greedy(8), poisoned, greedy(5)])

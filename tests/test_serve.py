@@ -112,6 +112,16 @@ def test_a_disconnecting_client_frees_its_blocks(server):
     assert server.engine.metrics.aborted._value.get() == aborted + 1
 
 
+def test_a_client_leaving_n_samples_aborts_every_one(server):
+    body = {"model": "smollm2-135m", "prompt": PROMPT, "max_tokens": 400, "ignore_eos": True, "stream": True,
+            "n": 3, "temperature": 1.0}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        while not next(lines).startswith("data: "):
+            pass
+    assert _idle(server) and server.engine.llm.stats()["fanout_held"] == 0
+
+
 def test_bad_requests_get_4xx_while_valid_ones_complete(server, want):
     url = server.url + "/v1/completions"
     good = {"model": "smollm2-135m", "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
@@ -145,16 +155,16 @@ def test_bad_requests_get_4xx_while_valid_ones_complete(server, want):
 def test_a_request_failing_inside_a_step_fails_alone_as_a_server_error(server, want, monkeypatch):
     """Beside three good requests (one streamed), one whose row fails the step gets a 500 typed server_error;
     the others get their tokens. An underflowing temperature is greedy; an infinite one is refused."""
-    import lab.engine.llm as llm_module
+    import lab.engine.sampler as sampler_module
 
-    real = llm_module.sample
+    real = sampler_module.choose
 
     def sample(logits, params, generators):
         if any(p.seed == 666 for p in params):
             raise RuntimeError("poisoned row")
         return real(logits, params, generators)
 
-    monkeypatch.setattr(llm_module, "sample", sample)
+    monkeypatch.setattr(sampler_module, "choose", sample)
     url = server.url + "/v1/completions"
     good = {"model": "smollm2-135m", "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
             "return_token_ids": True}

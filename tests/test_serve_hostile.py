@@ -69,6 +69,10 @@ HOSTILE_BODIES = [
     b'{"model": "tiny", "prompt": [1, 2], "seed": 18446744073709551616}',
     b'{"model": "tiny", "prompt": [1.5, 2]}', b'{"model": "tiny", "prompt": [[1], [2]]}', b'{"model": "tiny", "prompt": []}',
     b'{"model": "tiny", "prompt": [1, 2], "max_tokens": "5"}', b'{"model": "tiny", "prompt": {"a": 1}}',
+    b'{"model": "tiny", "prompt": [1, 2], "logit_bias": {"abc": 1}}',
+    b'{"model": "tiny", "prompt": [1, 2], "logit_bias": {"5": 101}}',
+    b'{"model": "tiny", "prompt": [1, 2], "logit_bias": {"512": 1}}',  # outside the vocabulary
+    b'{"model": "tiny", "prompt": [1, 2], "logit_bias": {"5": NaN}}',
     json.dumps({"model": "tiny", "prompt": list(range(1, 400))}).encode(),  # over max_model_len
     json.dumps({"model": "tiny", "prompt": "x" * 2_000_000}).encode(),  # a 2 MB body (and no tokenizer)
 ]

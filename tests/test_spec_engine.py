@@ -134,7 +134,7 @@ def test_sampling_with_a_model_drafter_is_distributed_as_the_target(smollm, draf
     with a drafter that samples its own (different) distribution. (The rule itself, with a broken rule shown
     to fail, is tested on toy targets in test_spec_verify; this checks the engine's wiring of p, q and rows.) The pairs (t1, t2) of 900 seeded requests
     must follow the target's exact joint distribution, computed from its logits (chi-square)."""
-    from lab.engine.request import probabilities
+    from lab.engine.sampler import probabilities
     from lab.models.reference import forward_logits
     from test_spec_verify import _chi_square_p
 

@@ -1,31 +1,24 @@
 """Parallel sampling, vLLM's `SamplingParams.n`: n samples of one prompt that share the prompt's KV blocks.
 
-`LLM.generate` queues the first sample at once and hands the other n - 1 to this extension, which holds them
-until the first has computed its prompt (its full blocks are then hashed into the prefix cache, `_append`),
-and queues them after that step: they find the prompt's full blocks in the cache (shared, reference-counted
-by the block manager), compute only what is past the last full block, and sample on their own. Sample i uses
-seed + i when the request has a seed, so the n samples equal n single requests seeded so. Without prefix
-caching the samples compute the prompt again (still correct, nothing shared). vLLM v1 fans a request out into
-child requests the same way and relies on its prefix cache for the sharing.
+`LLM.add_samples` (which `LLM.generate` and the server both use) queues the first sample at once and hands the
+other n - 1 to this extension, which holds them until the first has computed its prompt (its full blocks are
+then hashed into the prefix cache, `_append`), and queues them after that step: they find the prompt's full
+blocks in the cache (shared, reference-counted by the block manager), compute only what is past the last full
+block, and sample on their own. A held sample that is aborted is dropped (`drop`). Sample i uses seed + i
+(`SamplingParams.samples`). Without prefix caching the samples compute the prompt again (still correct, nothing
+shared). vLLM v1 fans a request out into child requests the same way and relies on its prefix cache for the
+sharing.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 from .extension import EngineExtension
-from .request import SamplingParams
 
 if TYPE_CHECKING:
     from .llm import LLM
     from .request import Sequence
-
-
-def sibling_params(params: SamplingParams) -> list[SamplingParams]:
-    """The parameters of samples 1 .. n - 1 (sample 0 keeps `params`): one sample each, seed + i."""
-    return [dataclasses.replace(params, n=1, seed=None if params.seed is None else params.seed + i)
-            for i in range(1, params.n)]
 
 
 class FanOut(EngineExtension):
@@ -36,6 +29,13 @@ class FanOut(EngineExtension):
 
     def hold(self, first: Sequence, siblings: list[Sequence]) -> None:
         self.held[first.request_id] = siblings
+
+    def drop(self, request_id: int) -> None:
+        """A held sample was aborted: it is never queued."""
+        for first, siblings in list(self.held.items()):
+            self.held[first] = [s for s in siblings if s.request_id != request_id]
+            if not self.held[first]:
+                del self.held[first]
 
     def after_step(self, engine: LLM) -> None:
         for rid, siblings in list(self.held.items()):

@@ -5,8 +5,9 @@ A request's path: `generate` -> `add_request` (validated, tokenized, queued as a
 `ModelRunner.execute` builds the flat batch and runs `LlamaModel`, whose layers call
 `TorchPagedAttention.attend` (`lab.engine.attention`, reading and writing `lab.engine.kv_store`), or with
 attention_backend="triton" `TritonPagedAttention.attend` (`lab.engine.triton_attention` ->
-`lab.kernels.paged_attention`) -> tokens are sampled (`lab.engine.request.sample`), appended, full blocks
-hashed for the prefix cache, finished sequences free their blocks.
+`lab.kernels.paged_attention`) -> `Sampler` (`lab.engine.sampler`) turns the step's logits into each
+sequence's tokens and their logprobs -> they are appended, full blocks hashed for the prefix cache, finished
+sequences free their blocks. `step` reads schedule -> execute -> sample -> append.
 
 Features plug in through `lab.engine.extension` (speculative decoding, replay, structured output): `step` calls
 their hooks and has no branch of its own for any of them.
@@ -28,9 +29,11 @@ from .block_manager import BlockManager
 from .chat import render
 from .config import EngineConfig
 from .extension import EngineExtension
-from .fanout import FanOut, sibling_params
-from .model_runner import ModelOutput, build_runner
-from .request import RequestOutput, SamplingParams, Sequence, Status, penalize, sample, token_logprobs
+from .fanout import FanOut
+from .model_runner import build_runner
+from .output import Detokenizer
+from .request import RequestOutput, SamplingParams, Sequence, Status
+from .sampler import Sampled, Sampler, token_logprobs
 from .scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -57,8 +60,8 @@ class LLM:
         self.sequences: dict[int, Sequence] = {}
         self.num_prefill_tokens = self.num_decode_tokens = self.num_steps = 0
         self.last_schedule = None
-        self._logprobs: dict[int, list] = {}  # a step's logprobs by request, until _append keeps them
         self.extensions: dict[str, EngineExtension] = {}
+        self.sampler = Sampler(self.eos_token_ids, self.extensions)
         for ext in runner_extensions:  # a parallel group's stats and close
             self._add_extension(ext)
         for ext_config in c.extension_configs:
@@ -118,8 +121,11 @@ class LLM:
         if not ids:
             raise ValueError("the prompt is empty: at least one token is needed")
         if params.penalized and params.speculate and "speculative" in self.extensions:
-            raise ValueError("penalties and min_tokens change the logits token by token, which speculative "
-                             "verification does not do yet: send this request with speculate=False")
+            raise ValueError("penalties, min_tokens and logit_bias change the logits before sampling, which "
+                             "speculative verification does not do yet: send this request with speculate=False")
+        if params.logit_bias and max(params.logit_bias) >= self.model.config.vocab_size:
+            raise ValueError(f"logit_bias names token id {max(params.logit_bias)}, outside the vocabulary "
+                             f"[0, {self.model.config.vocab_size})")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer to match text; this model has none (use stop_token_ids)")
         if len(ids) + params.max_tokens > c.max_model_len:
@@ -130,14 +136,30 @@ class LLM:
             raise ValueError(f"the request needs {need} KV blocks ({len(ids)} + {params.max_tokens} tokens) but the "
                              f"whole pool has {self.block_manager.num_blocks} blocks of {c.block_size} tokens")
         seq = Sequence(ids, params, salt)
+        if self.tokenizer is not None:
+            seq.detokenizer = Detokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output)
         for ext in self.extensions.values():
             ext.check_request(seq)  # a grammar is compiled here, so a bad one is refused at the door
         return seq
 
+    def add_samples(self, seqs: list[Sequence]) -> None:
+        """Queue one request's samples from `make_sequence` (its `n`: `SamplingParams.samples`) the one way `generate`
+        and the server share: the first at once, the others held (`FanOut`) until it has computed the prompt,
+        whose blocks they then share."""
+        first, *siblings = seqs
+        self.enqueue(first)
+        if siblings:
+            if "fanout" not in self.extensions:
+                self._add_extension(FanOut())
+            self.extensions["fanout"].hold(first, siblings)
+
     def abort(self, request_id: int) -> None:
+        """End a request: queued or running, its blocks go back; a sample still held (`add_samples`) never runs."""
         seq = self.sequences.pop(request_id, None)
         if seq is not None and seq.status != Status.FINISHED:
             self._finish(seq, "abort")
+        elif seq is None and "fanout" in self.extensions:
+            self.extensions["fanout"].drop(request_id)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -157,11 +179,10 @@ class LLM:
         if not out.scheduled:
             return []
         self.num_steps += 1
-        self._logprobs.clear()
         computed = [seq.num_computed_tokens for seq, _ in out.scheduled]
         counts = (self.num_prefill_tokens, self.num_decode_tokens)
         try:
-            emitted = self._next_tokens(out.scheduled, self.runner.execute(out.scheduled, extra_rows))
+            emitted = self._execute(out.scheduled, extra_rows)
             failed = []
         except RankFailure:  # a parallel rank is gone: every retry would fail too, and the caller must know
             raise
@@ -171,10 +192,27 @@ class LLM:
             self.num_prefill_tokens, self.num_decode_tokens = counts
             emitted, failed = self._isolate(out.scheduled, extra_rows)
         finished = [o for seq, _ in out.scheduled
-                    if seq.status is not Status.FINISHED and (o := self._append(seq, emitted.get(seq.request_id, [])))]
+                    if seq.status is not Status.FINISHED and (o := self._append(seq, emitted.get(seq.request_id)))]
         for ext in self.extensions.values():
             ext.after_step(self)
         return finished + failed
+
+    def _execute(self, scheduled: list[tuple[Sequence, int]], extra_rows: dict) -> dict[int, Sampled]:
+        """Execute -> sample: one forward, each sequence advanced by its scheduled tokens, then what each sequence
+        that reached its end emits (`Sampler`)."""
+        output = self.runner.execute(scheduled, extra_rows)
+        emitting = []
+        for (seq, n), rows, prompt_rows in zip(scheduled, output.rows, output.prompt_rows or repeat(None)):
+            if prompt_rows is not None:
+                self._prompt_logprobs(seq, output.logits[prompt_rows])
+            if seq.num_computed_tokens < seq.num_prompt_tokens:
+                self.num_prefill_tokens += n
+            else:
+                self.num_decode_tokens += n
+            seq.num_computed_tokens += n
+            if rows is not None:
+                emitting.append((seq, rows))
+        return self.sampler(output.logits, emitting)
 
     def _isolate(self, scheduled: list[tuple[Sequence, int]], extra_rows: dict) -> tuple[dict, list[RequestOutput]]:
         """The step raised: run each of its sequences alone, so that only a request whose own rows fail is failed
@@ -186,51 +224,13 @@ class LLM:
             one, computed = [(seq, n)], seq.num_computed_tokens
             try:
                 rows = {seq.request_id: extra_rows[seq.request_id]} if seq.request_id in extra_rows else {}
-                emitted.update(self._next_tokens(one, self.runner.execute(one, rows)))
+                emitted.update(self._execute(one, rows))
             except Exception as error:  # noqa: BLE001
                 log.exception("request %d failed in an engine step", seq.request_id)
                 seq.num_computed_tokens = computed
                 self._finish(seq, "error")
                 failed.append(self._output(self.sequences.pop(seq.request_id), f"{type(error).__name__}: {error}"))
         return emitted, failed
-
-    def _next_tokens(self, scheduled: list[tuple[Sequence, int]], output: ModelOutput) -> dict[int, list[int]]:
-        """Advance each sequence by its scheduled tokens, then the tokens each emits: an extension's (a
-        verification), or one sampled token (all sampled in one call) for a sequence that reached its end."""
-        emitted, plain = {}, []
-        for (seq, n), rows, prompt_rows in zip(scheduled, output.rows, output.prompt_rows or repeat(None)):
-            if prompt_rows is not None:
-                self._prompt_logprobs(seq, output.logits[prompt_rows])
-            if seq.num_computed_tokens < seq.num_prompt_tokens:
-                self.num_prefill_tokens += n
-            else:
-                self.num_decode_tokens += n
-            seq.num_computed_tokens += n
-            if rows is None:
-                continue
-            for ext in self.extensions.values():
-                ext.mask_logits(seq, output.logits[rows])  # in place: a view of the step's logits
-            for ext in self.extensions.values():
-                if (tokens := ext.process_logits(seq, output.logits[rows])) is not None:
-                    emitted[seq.request_id] = tokens
-                    if seq.logprobs is not None:  # the j-th verified token was chosen at the j-th row
-                        self._logprobs[seq.request_id] = token_logprobs(
-                            output.logits[rows][:len(tokens)], tokens, seq.params.logprobs)
-                    break
-            else:
-                plain.append((seq, rows.stop - 1))
-        if plain:
-            logits = output.logits[[r for _, r in plain]]
-            for i, (seq, _) in enumerate(plain):
-                if seq.params.penalized:
-                    logits[i] = penalize(logits[i], seq, self.eos_token_ids | set(seq.params.stop_token_ids))
-            tokens = sample(logits, [s.params for s, _ in plain], [s.generator(logits.device) for s, _ in plain])
-            emitted.update((seq.request_id, [t]) for (seq, _), t in zip(plain, tokens))
-            for (seq, row), t in zip(plain, tokens):
-                if seq.logprobs is not None:
-                    self._logprobs[seq.request_id] = token_logprobs(output.logits[row:row + 1], [t],
-                                                                    seq.params.logprobs)
-        return emitted
 
     def _prompt_logprobs(self, seq: Sequence, logits: torch.Tensor) -> None:
         """Record the logprobs of the prompt tokens this chunk's rows predict (a recomputed prompt, after a
@@ -243,11 +243,11 @@ class LLM:
                 seq.prompt_logprobs.append(entry)
                 have += 1
 
-    def _append(self, seq: Sequence, tokens: list[int]) -> RequestOutput | None:
-        """Append a sequence's emitted tokens and those an extension forces after them (`forced_token`), up to the
+    def _append(self, seq: Sequence, sampled: Sampled | None) -> RequestOutput | None:
+        """Append a sequence's sampled tokens and those an extension forces after them (`forced_token`), up to the
         first that finishes it; hash its full blocks (over the tokens it holds) and finish it if it stopped."""
-        now, reason, tokens = time.perf_counter(), None, list(tokens)
-        logprobs = self._logprobs.pop(seq.request_id, None)
+        now, reason = time.perf_counter(), None
+        tokens, logprobs = (list(sampled.tokens), sampled.logprobs) if sampled else ([], None)
         for j, token in enumerate(tokens):  # a forced token appended to `tokens` is appended to `seq` in turn
             seq.token_ids.append(token)
             if logprobs is not None:
@@ -279,30 +279,17 @@ class LLM:
             return ended[0]
         if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
             return "stop"
-        if p.stop and (cut := self._stop_string_cut(seq)) is not None:
-            seq.stop_text = cut
+        if p.stop and seq.detokenizer.update(seq.output_token_ids):  # checked after every token
             return "stop"
         if seq.num_output_tokens >= p.max_tokens:
             return "length"
         return None
 
-    def _stop_string_cut(self, seq: Sequence) -> str | None:
-        """The output text cut at the first stop string it holds (kept if include_stop_str_in_output), or None.
-        Checked after every token, a new stop string ends in the last token: each step decodes a tail of 4 tokens
-        a character (byte fallback) + 4, not the whole output (quadratic); a hit decodes the whole output once."""
-        tail = seq.output_token_ids[-(4 * max(map(len, seq.params.stop)) + 4):]
-        if not any(s in self.tokenizer.decode(tail, skip_special_tokens=True) for s in seq.params.stop):
-            return None
-        text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
-        hits = [(i, s) for s in seq.params.stop if (i := text.find(s)) >= 0]
-        if not hits:
-            return None
-        i, s = min(hits)
-        return text[:i + len(s)] if seq.params.include_stop_str_in_output else text[:i]
-
     def _output(self, seq: Sequence, error: str | None = None) -> RequestOutput:
-        text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True) if self.tokenizer else None
-        text = seq.stop_text if seq.stop_text is not None else text
+        text = None
+        if seq.detokenizer is not None:  # the text so far, brought up to the last token (and cut at a stop string)
+            seq.detokenizer.update(seq.output_token_ids, final=True)
+            text = seq.detokenizer.text
         return RequestOutput(seq.request_id, seq.token_ids[:seq.num_prompt_tokens], seq.output_token_ids, text,
                              seq.finish_reason, seq.metrics, error, seq.logprobs,
                              prompt_logprobs=seq.prompt_logprobs)
@@ -325,15 +312,11 @@ class LLM:
         groups = []  # per prompt: its first sample, then the n - 1 others (lab.engine.fanout)
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
-                groups.append([self.make_sequence(prompt, q) for q in (p, *sibling_params(p))])
+                groups.append([self.make_sequence(prompt, q) for q in p.samples()])
             except ValueError as e:
                 raise ValueError(f"prompts[{i}]: {e}") from None
-        for first, *siblings in groups:
-            self.enqueue(first)
-            if siblings:
-                if "fanout" not in self.extensions:
-                    self._add_extension(FanOut())
-                self.extensions["fanout"].hold(first, siblings)
+        for group in groups:
+            self.add_samples(group)
         done: dict[int, RequestOutput] = {}
         total = sum(map(len, groups))
         pbar = None

@@ -1,13 +1,10 @@
-"""A request as the engine sees it: what it asks for, the state it holds, what it returns, and how its next
-token is drawn.
+"""A request as the engine sees it: what it asks for, the state it holds and what it returns (how its next token
+is drawn is `lab.engine.sampler`'s).
 
-- `SamplingParams`: greedy, temperature, top-k, top-p, seeded per request. Top-p is nucleus sampling
-  (Holtzman et al., "The Curious Case of Neural Text Degeneration", 2020): keep the smallest set of most likely
-  tokens whose probability reaches p. A request with a `seed` owns a `torch.Generator`, so its sampled tokens
-  do not depend on what else is in the batch. `sample` draws a step's tokens; `probabilities` is the
-  distribution it draws from (speculative verification compares drafts against it). `structured_outputs`
-  constrains the output to a grammar (`lab.engine.grammar`), whose mask is applied before either
-  (`lab.engine.structured`).
+- `SamplingParams`: greedy, temperature, top-k, top-p, penalties, logit_bias, seeded per request, validated at
+  the door. A request with a `seed` owns a `torch.Generator`, so its sampled tokens do not depend on what else is
+  in the batch. `structured_outputs` constrains the output to a grammar (`lab.engine.grammar`), whose mask is
+  applied before sampling (`lab.engine.structured`).
 - `Sequence`: its tokens, how many have KV in the cache, its blocks. One number drives scheduling (the vLLM v1
   rule): `num_computed_tokens`. A sequence wants `len(token_ids) - num_computed_tokens` more tokens through the
   model; a prompt wants many (prefill, possibly in chunks), a decoding sequence wants one. Preemption by
@@ -17,6 +14,7 @@ token is drawn.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 import math
@@ -60,6 +58,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     min_tokens: int = 0
+    # OpenAI's logit_bias: {token id: bias in [-100, 100]} added to those tokens' logits before sampling (the ids
+    # are checked against the model's vocabulary when the request is made).
+    logit_bias: dict[int, float] | None = None
     speculate: bool = True  # on an engine with speculative decoding: draft for this request (False: plain)
     # vLLM's structured outputs: the output must match a JSON schema, a regex, a grammar or a choice
     # (lab.engine.grammar); the logits are masked by the grammar before sampling (lab.engine.structured).
@@ -95,14 +96,28 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids)
         for i, t in enumerate(self.stop_token_ids):
             _integer(f"stop_token_ids[{i}]", t, 0, None)
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}")
+            for t, b in self.logit_bias.items():
+                _integer("a logit_bias token id", t, 0, None)
+                _number(f"logit_bias[{t}]", b, -100.0, 100.0)
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got {self.structured_outputs!r}")
 
+    def samples(self) -> list[SamplingParams]:
+        """The parameters of each of the request's `n` samples (vLLM's parallel sampling): this one, then n - 1
+        single samples seeded seed + i, so the n samples equal n single requests seeded so (`lab.engine.fanout`
+        makes them share the prompt's blocks)."""
+        return [self, *(dataclasses.replace(self, n=1, seed=None if self.seed is None else self.seed + i)
+                        for i in range(1, self.n))]
+
     @property
     def penalized(self) -> bool:
-        """Whether the logits depend on the tokens so far (penalties, min_tokens)."""
+        """Whether the sampler's logits processors change this request's logits (penalties, min_tokens,
+        logit_bias: `lab.engine.sampler.PROCESSORS`)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.min_tokens)
+                    or self.min_tokens or self.logit_bias)
 
     @property
     def greedy(self) -> bool:
@@ -124,75 +139,10 @@ def _integer(name: str, value, low: int, high: int | None) -> None:
         raise ValueError(f"{name} must be in [{low}, {high if high is not None else 'inf'}], got {value}")
 
 
-def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    if top_k > 0 and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        # Drop a token when the tokens before it already reach top_p; the first always stays.
-        drop = (cum - sorted_logits.softmax(-1)) >= top_p
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-    return logits
-
-
-def penalize(logits: torch.Tensor, seq: Sequence, stop_ids: set[int]) -> torch.Tensor:
-    """`logits` [vocab] of `seq`'s next token with its SamplingParams' penalties and min_tokens applied."""
-    p, logits = seq.params, logits.clone()
-    if p.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(seq.token_ids)), device=logits.device)
-        values = logits[seen]
-        logits[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
-    out = seq.output_token_ids
-    if out and (p.presence_penalty or p.frequency_penalty):
-        ids, counts = torch.tensor(out, device=logits.device).unique(return_counts=True)
-        logits[ids] -= p.presence_penalty + p.frequency_penalty * counts.to(logits.dtype)
-    if seq.num_output_tokens < p.min_tokens and stop_ids:
-        logits[torch.tensor(sorted(stop_ids), device=logits.device)] = float("-inf")
-    return logits
-
-
-def probabilities(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """The distribution `sample` draws from, for each row of `logits` [n, vocab]: one-hot at the argmax for a
-    greedy request (what speculative verification compares drafts against)."""
-    if p.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
-    return torch.stack([_filter_top_k_top_p(row / p.temperature, p.top_k, p.top_p).softmax(-1) for row in logits])
-
-
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> list[int]:
-    """One token per row of `logits` [B, vocab] (float32); a row's generator lives on the logits' device."""
-    tokens = logits.argmax(-1).tolist()  # greedy rows are done here, in one batched call
-    for i, p in enumerate(params):
-        if p.greedy:
-            continue
-        row = _filter_top_k_top_p(logits[i] / p.temperature, p.top_k, p.top_p)
-        probs = row.softmax(-1)
-        tokens[i] = int(torch.multinomial(probs, 1, generator=generators[i]))
-    return tokens
-
-
 @dataclass(frozen=True)
 class Logprob:
     logprob: float
     rank: int  # 1 for the most likely token
-
-
-def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[dict[int, Logprob]]:
-    """For row i of `logits` [n, vocab] and the token chosen there: {token: Logprob} for it and the `top` most
-    likely tokens (vLLM's shape: the chosen token is always in the dict, with its rank)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    out = []
-    for row, token in zip(logp, tokens):
-        chosen = float(row[token])
-        entry = {token: Logprob(chosen, 1 + int((row > row[token]).sum()))}
-        if top:
-            values, ids = row.topk(top)
-            for r, (v, t) in enumerate(zip(values.tolist(), ids.tolist()), start=1):
-                entry.setdefault(t, Logprob(v, r))
-        out.append(entry)
-    return out
 
 
 class Status(enum.Enum):
@@ -275,7 +225,7 @@ class Sequence:
         self.max_chunk: int | None = None  # most tokens per step (replay recomputes its window in chunks)
         self.block_table: list[int] = []
         self.finish_reason: str | None = None
-        self.stop_text: str | None = None  # the output text cut at a stop string, once one matched
+        self.detokenizer = None  # its text, decoded as it grows (lab.engine.output), if the model has a tokenizer
         self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
         self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
             [None] if params.prompt_logprobs is not None else None)

@@ -29,7 +29,6 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from lab.engine import LLM, SamplingParams
-from lab.engine.fanout import sibling_params
 from lab.engine.request import RequestOutput, Sequence, Status
 
 from .metrics import ServerMetrics
@@ -105,49 +104,34 @@ class AsyncLLM:
 
     async def generate(self, seq: Sequence) -> AsyncIterator[Delta]:
         """Queue a validated request and yield its deltas until it finishes; abandoning the iterator aborts it."""
-        q: asyncio.Queue = asyncio.Queue()
-        self._commands.put(("add", seq, q))
-        self._wake.set()
-        finished = False
-        try:
-            while not finished:
-                delta = await q.get()
-                finished = delta.finished
+        async with aclosing(self.generate_samples([seq])) as deltas:
+            async for _, delta in deltas:
                 yield delta
-        finally:
-            if not finished:
-                self._commands.put(("abort", seq.request_id, None))
-                self._wake.set()
 
     def validate_samples(self, prompt, params: SamplingParams) -> list[Sequence]:
         """`validate` for each of the request's `params.n` samples (sample i seeded with seed + i)."""
-        return [self.llm.make_sequence(prompt, p) for p in (params, *sibling_params(params))]
+        return [self.llm.make_sequence(prompt, p) for p in params.samples()]
 
     async def generate_samples(self, seqs: list[Sequence]) -> AsyncIterator[tuple[int, Delta]]:
-        """The deltas of several samples of one prompt, tagged with the sample's index. The first runs alone until
-        its first delta (its prompt is then in the prefix cache), so the others share its blocks, as
-        `lab.engine.fanout` arranges for `LLM.generate`. Abandoning the iterator aborts every sample."""
+        """The deltas of a request's samples (from `validate_samples`), tagged with the sample's index, until
+        every one has finished. The engine fans them out as it does for `LLM.generate` (`LLM.add_samples`: the
+        others wait until the first has computed the prompt, then share its blocks). Abandoning the iterator
+        aborts every sample, those still held included."""
         merged: asyncio.Queue = asyncio.Queue()
-
-        async def pump(i: int, seq: Sequence) -> None:
-            async with aclosing(self.generate(seq)) as deltas:
-                async for delta in deltas:
-                    await merged.put((i, delta))
-            await merged.put((i, None))
-
-        tasks, running = [asyncio.create_task(pump(0, seqs[0]))], len(seqs)
+        index = {seq.request_id: i for i, seq in enumerate(seqs)}
+        self._commands.put(("add", seqs, merged))
+        self._wake.set()
+        running = len(seqs)
         try:
-            while running:  # every sample's deltas end with None
-                i, delta = await merged.get()
-                if len(tasks) < len(seqs):  # the first sample has its first delta: queue the others
-                    tasks += [asyncio.create_task(pump(j, s)) for j, s in enumerate(seqs[1:], start=1)]
-                if delta is None:
-                    running -= 1
-                    continue
-                yield i, delta
+            while running:
+                rid, delta = await merged.get()
+                running -= delta.finished
+                yield index[rid], delta
         finally:
-            for t in tasks:
-                t.cancel()
+            if running:
+                for seq in seqs:
+                    self._commands.put(("abort", seq.request_id, None))
+                self._wake.set()
 
     # ---- the engine thread --------------------------------------------------------------------------
     def _warm_up(self) -> bool:
@@ -191,39 +175,38 @@ class AsyncLLM:
                 kind, arg, q = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if kind == "add":
-                self.llm.enqueue(arg)
-                self._streams[arg.request_id] = _Stream(arg, q)
+            if kind == "add":  # a request's samples, all delivered to one queue
+                self.llm.add_samples(arg)
+                self._streams.update((seq.request_id, _Stream(seq, q)) for seq in arg)
             elif arg in self._streams:  # abort
                 self.llm.abort(arg)
                 del self._streams[arg]
                 self.metrics.aborted.inc()
 
     def _publish(self, finished: dict[int, RequestOutput]) -> None:
-        tok = self.llm.tokenizer
+        """Send each stream what this step added: its new tokens and the text the request's detokenizer
+        (`lab.engine.output`, the engine's own) has for them; nothing is decoded here."""
         for rid, st in list(self._streams.items()):
             out = finished.get(rid)
             if out is not None and out.error is not None:  # its own rows failed the step (LLM._isolate)
-                self._loop.call_soon_threadsafe(st.queue.put_nowait, Delta([], "", True, out, error=out.error))
+                failure = Delta([], "", True, out, error=out.error)
+                self._loop.call_soon_threadsafe(st.queue.put_nowait, (rid, failure))
                 del self._streams[rid]
                 continue
             tokens = out.token_ids if out is not None else st.seq.output_token_ids
             if len(tokens) == st.sent_tokens and out is None:
                 continue
-            if out is not None and out.text is not None:
-                text = out.text  # cut at a stop string, if one matched
-            else:
-                text = tok.decode(tokens, skip_special_tokens=True) if tok is not None else ""
-            if out is None and text.endswith("\ufffd"):  # a character split across tokens: wait for the rest
-                continue
-            if out is None and st.seq.params.stop:  # hold back what could be the start of a stop string
-                hold = max(map(len, st.seq.params.stop)) - 1
-                text = text[:max(len(st.sent_text), len(text) - hold)]
+            detok = st.seq.detokenizer
+            if detok is not None and out is None:
+                detok.update(tokens)
+                if detok.read_offset < len(tokens):  # a character split across tokens: wait for the rest
+                    continue
+            text = detok.streamable(out is not None) if detok is not None else ""
             lps = out.logprobs if out is not None else st.seq.logprobs
             delta = Delta(tokens[st.sent_tokens:], text[len(st.sent_text):], out is not None, out,
                           logprobs=None if lps is None else lps[st.sent_tokens:len(tokens)])
             st.sent_tokens, st.sent_text = len(tokens), text
-            self._loop.call_soon_threadsafe(st.queue.put_nowait, delta)
+            self._loop.call_soon_threadsafe(st.queue.put_nowait, (rid, delta))
             if out is not None:
                 del self._streams[rid]
                 self.metrics.observe_finished(out)
@@ -233,7 +216,7 @@ class AsyncLLM:
             if st.seq.status is Status.RUNNING:
                 self.llm.abort(rid)
                 del self._streams[rid]
-                self._loop.call_soon_threadsafe(st.queue.put_nowait, Delta([], "", True, error=message))
+                self._loop.call_soon_threadsafe(st.queue.put_nowait, (rid, Delta([], "", True, error=message)))
                 self.metrics.failed.inc()
 
     @property

@@ -83,6 +83,7 @@ class _Sampling(BaseModel):
     repetition_penalty: float = Field(1.0, gt=0, le=2)  # vLLM's extension
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None  # OpenAI's: {"token id": bias in [-100, 100]}
     response_format: ResponseFormat | None = None  # OpenAI's structured output
     guided_json: dict | str | None = None  # vLLM's: a JSON schema (or its text)
     guided_regex: str | None = None
@@ -102,7 +103,17 @@ class _Sampling(BaseModel):
                               stop=self.stop or None, stop_token_ids=self.stop_token_ids or [],
                               logprobs=self.top_logprob_count, presence_penalty=self.presence_penalty,
                               frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
-                              min_tokens=self.min_tokens, n=self.n, structured_outputs=self.structured_outputs())
+                              min_tokens=self.min_tokens, n=self.n, logit_bias=self.token_biases(),
+                              structured_outputs=self.structured_outputs())
+
+    def token_biases(self) -> dict[int, float] | None:
+        """logit_bias with its keys (JSON strings) read as token ids (ValueError for one that is not)."""
+        if not self.logit_bias:
+            return None
+        wrong = [k for k in self.logit_bias if not k.isdecimal()]
+        if wrong:
+            raise ValueError(f"logit_bias keys are token ids (decimal strings), got {wrong[0]!r}")
+        return {int(k): v for k, v in self.logit_bias.items()}
 
     def structured_outputs(self) -> StructuredOutputsParams | None:
         """The one constraint among response_format and the guided_* fields (ValueError if several)."""

@@ -30,7 +30,8 @@ from torch import nn
 from lab.engine.block_manager import BlockManager
 from lab.engine.kv_store import build_kv_store
 from lab.engine.model_runner import ModelRunner
-from lab.engine.request import Sequence, Status, probabilities
+from lab.engine.request import Sequence, Status
+from lab.engine.sampler import probabilities
 from lab.models.llama import LlamaModel
 
 

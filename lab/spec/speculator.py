@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass, field
 
 from lab.engine.extension import EngineExtension
-from lab.engine.request import Sequence, Status, probabilities
+from lab.engine.request import Sequence, Status
+from lab.engine.sampler import probabilities
 from lab.models.llama import LlamaModel
 
 from .drafters import Draft, Drafter, ModelDrafter, NgramDrafter, layer_skip_model, quantized_copy
