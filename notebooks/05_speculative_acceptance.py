@@ -80,7 +80,7 @@ pd.DataFrame([{"category": c, "prompts": sum(p.category == c for p in prompts)}
 # %% [markdown]
 # ## 1. The costs: c and the verification step
 # The article's model charges one target step for verifying k drafts. The engine's verification is a
-# (k+1)-token forward over the cached prefix whose LM head runs on k + 1 rows; `lab.spec.measure` times it
+# (k+1)-token forward over the cached prefix whose LM head runs on k + 1 rows; `lab.speculative.measure` times it
 # (v(k) in plain steps) beside one draft forward (c). The n-gram drafter runs no model: its c is its lookup
 # time. Beside them, the roofline's floor under a target step and under v(k) on this device's ceilings, measured
 # in the dtype and on the device the target ran (`lab.hardware.probe_inference`, the weight read of a GEMV the
@@ -216,7 +216,7 @@ if INTERACTIVE:
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
 
-    from lab.spec import predicted_speedup
+    from lab.speculative import predicted_speedup
     from lab.widgets import panel
 
     def show(c, verify_cost):

@@ -74,7 +74,7 @@ def test_logprobs_equal_the_reference_models_log_softmax(smollm, llm):
 
 
 def test_speculative_requests_get_the_same_logprobs(smollm):
-    from lab.spec import SpeculativeConfig
+    from lab.speculative import SpeculativeConfig
 
     model, tok = smollm
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)

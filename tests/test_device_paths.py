@@ -13,7 +13,7 @@ import torch
 from lab.engine import LLM, SamplingParams
 from lab.models import load_model
 from lab.quant.rtn import QuantSpec
-from lab.spec import SpeculativeConfig
+from lab.speculative import SpeculativeConfig
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [1, 2, 3, 4, 5, 1, 2, 3]]
 
@@ -44,7 +44,7 @@ def generator_devices(monkeypatch):
 
 
 def _speculative(model, method):
-    from lab.spec import layer_skip_model
+    from lab.speculative import layer_skip_model
 
     if method == "plain":
         return None

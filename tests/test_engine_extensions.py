@@ -10,10 +10,10 @@
 import pytest
 
 from lab.engine import LLM, EngineConfig, SamplingParams
-from lab.engine.extension import EngineExtension
+from lab.engine.extension import EngineExtension, StepView
 from lab.quant.kv import KVCacheFormat, parse_format, parse_kv_cache_dtype
 from lab.replay import ReplayConfig
-from lab.spec import SpeculativeConfig
+from lab.speculative import SpeculativeConfig
 
 # Repetitive text: n-gram drafts are accepted often, so accepted drafts complete blocks.
 REPEAT = "Repeat this sentence four times: the quick brown fox jumps over the lazy dog."
@@ -86,10 +86,12 @@ class Recorder(EngineExtension):
     def __init__(self):
         self.calls, self.finished = [], []
 
-    def before_schedule(self, engine):
+    def before_schedule(self, step):
+        assert isinstance(step, StepView)  # the step hooks see a narrow view, never the LLM
         self.calls.append("before_schedule")
 
-    def after_schedule(self, engine, scheduled):
+    def after_schedule(self, step, scheduled):
+        assert isinstance(step, StepView)
         self.calls.append("after_schedule")
         return {}
 
@@ -100,7 +102,8 @@ class Recorder(EngineExtension):
     def on_finish(self, seq):
         self.finished.append((seq.request_id, seq.finish_reason))
 
-    def after_step(self, engine):
+    def after_step(self, step):
+        assert isinstance(step, StepView)
         self.calls.append("after_step")
 
     def stats(self):

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from lab.engine import LLM, EngineConfig, SamplingParams
 from lab.models import loader, prepack
-from lab.spec.drafters import layer_skip_model
+from lab.speculative.drafters import layer_skip_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,7 +73,7 @@ def test_a_quantized_drafter_runs_packed_from_a_prepacked_target(bf16_model):
     import copy
 
     from lab.quant.packed import PackedLinear
-    from lab.spec.drafters import quantized_copy
+    from lab.speculative.drafters import quantized_copy
 
     model, tok = bf16_model
     target = prepack.prepack(copy.deepcopy(model)) if prepack.available("cpu") else copy.deepcopy(model)

@@ -72,7 +72,7 @@ def test_formats_the_kernels_cannot_read_are_refused_by_name(smollm, fmt):
 def test_triton_backend_verifies_drafts_as_the_torch_backend(smollm):
     """Speculative rounds on the Triton backend: the verification is an extend chunk over the cached prefix
     (drafts + 1 query rows) and rejected drafts' slots are rewritten; greedy tokens equal plain torch decoding."""
-    from lab.spec import SpeculativeConfig
+    from lab.speculative import SpeculativeConfig
 
     model, tok = smollm
     prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Repeat exactly: one two three four "

@@ -1,4 +1,4 @@
-"""Speculative decoding in the engine (lab.spec.speculator) on the real model: greedy speculative output equals
+"""Speculative decoding in the engine (lab.speculative.speculator) on the real model: greedy speculative output equals
 plain greedy token for token, beside requests that do not speculate, under a tight token budget that withdraws
 drafts, and with the prefix cache (no rejected draft is ever hashed into it); the same for model drafters (the
 first layers, a quantized copy, a separate model), sampled outputs distributed as the target's (chi-square on
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from lab.engine import LLM, SamplingParams
-from lab.spec.drafters import NgramDrafter, layer_skip_model, quantized_copy
-from lab.spec.speculator import SpeculativeConfig
+from lab.speculative.drafters import NgramDrafter, layer_skip_model, quantized_copy
+from lab.speculative.speculator import SpeculativeConfig
 
 QUESTIONS = ["Repeat this sentence three times: the quick brown fox jumps over the lazy dog.",
              "Write a Python function that adds two numbers, then the same function with type hints.",
@@ -67,7 +67,7 @@ def test_prefix_cache_holds_no_rejected_draft(smollm, prompts, plain):
 
 
 def test_acceptance_metrics_by_position():
-    from lab.spec.speculator import SpecStats
+    from lab.speculative.speculator import SpecStats
 
     s = SpecStats()
     for drafted, accepted in ((4, 4), (4, 1), (4, 0), (2, 2)):
@@ -229,7 +229,7 @@ def test_speculation_on_a_quantized_pool_equals_plain_decoding_on_it(smollm, pro
 
 def test_policy_pause_doubles_after_each_failed_probe_and_resets():
     from lab.engine.request import Sequence
-    from lab.spec.speculator import Speculator
+    from lab.speculative.speculator import Speculator
 
     spec = Speculator(SpeculativeConfig(min_acceptance=0.5, probe_rounds=1, backoff_tokens=4, max_backoff_tokens=12),
                       None, 1, 16, 100)

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from lab.quant.calibration import SPEC_BENCH_PATH
-from lab.spec.measure import StepCosts
-from lab.spec.prompts import LAB_PROMPTS, MULTI_TURN, load_prompts
-from lab.spec.theory import expected_tokens_by_position, expected_tokens_per_round, predicted_run_speedup
+from lab.speculative.measure import StepCosts
+from lab.speculative.prompts import LAB_PROMPTS, MULTI_TURN, load_prompts
+from lab.speculative.theory import expected_tokens_by_position, expected_tokens_per_round, predicted_run_speedup
 from lab.intervals import Interval
 from lab.studies.spec_acceptance import SpecParams, policy_table, summarize
 from lab.studies.spec_acceptance_claims import CUT_OFF, _cut_off_row, break_even, claims_table, range_verdict
@@ -88,8 +88,8 @@ def test_predicted_run_speedup_counts_plain_steps_and_short_rounds():
 
 def test_step_costs_on_the_engine(smollm):
     from lab.engine import LLM
-    from lab.spec import SpeculativeConfig
-    from lab.spec.measure import forward_seconds, step_costs
+    from lab.speculative import SpeculativeConfig
+    from lab.speculative.measure import forward_seconds, step_costs
 
     model, tok = smollm
     llm = LLM(model, tokenizer=tok, num_kv_blocks=32, max_model_len=256,
@@ -214,7 +214,7 @@ def test_the_cut_off_is_where_the_formula_falls_to_1_1x_and_could_have_held():
     """Seeds/003 §5.1's "below a = 0.4 hardly worth it", by its own formula: the a at which k = 4, c = 0.05 reach
     1.1x (not the speedup at exactly 0.4); a dearer draft would put that point above 0.4 and the claim would hold."""
     from lab.ledger.rules import verdict
-    from lab.spec.theory import predicted_speedup
+    from lab.speculative.theory import predicted_speedup
 
     a = break_even(0.05, 4)
     assert predicted_speedup(a, 4, 0.05) == pytest.approx(1.1, abs=1e-6) and a < 0.3

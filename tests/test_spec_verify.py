@@ -1,11 +1,11 @@
-"""Speculative sampling (lab.spec.verify) is lossless: greedy drafts give plain greedy tokens, and sampled
+"""Speculative sampling (lab.speculative.verify) is lossless: greedy drafts give plain greedy tokens, and sampled
 outputs are distributed as the target's (chi-square, with a broken rule shown to fail the same test); the
-speedup model (lab.spec.theory) against a simulation of rounds."""
+speedup model (lab.speculative.theory) against a simulation of rounds."""
 
 import pytest
 import torch
 
-from lab.spec import best_k, conditional_acceptance, expected_tokens_per_round, predicted_speedup, verify
+from lab.speculative import best_k, conditional_acceptance, expected_tokens_per_round, predicted_speedup, verify
 
 
 def _one_hot(ids, vocab=8):
@@ -54,7 +54,7 @@ def test_sampled_tokens_are_distributed_as_the_target():
 
     # The same test catches a rule that is not lossless: accepting every draft gives q's distribution.
     def accept_all(draft, target, q_rows, generator):
-        from lab.spec.verify import Verification
+        from lab.speculative.verify import Verification
         return Verification(draft, len(draft), len(draft))
 
     wrong = torch.tensor([_generate(p, q, 3, length, g, accept_all) for _ in range(4000)])

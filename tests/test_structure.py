@@ -64,7 +64,7 @@ def test_sizes_fit_in_a_head(path):
 def test_the_engine_imports_no_feature():
     engine = [p for p in SOURCES if module_name(p).startswith("lab.engine")]
     assert engine
-    bad = {module_name(p): sorted(m for m in imports(p) if unit(m) in ("lab.spec", "lab.replay")) for p in engine}
+    bad = {module_name(p): sorted(m for m in imports(p) if unit(m) in ("lab.speculative", "lab.replay")) for p in engine}
     assert not {k: v for k, v in bad.items() if v}
 
 
@@ -81,7 +81,7 @@ def package_graph() -> dict[str, set[str]]:
 
 def test_no_cycles_between_lab_packages():
     graph = package_graph()
-    assert graph["lab.engine"] and graph["lab.spec"]  # the graph is not empty by mistake
+    assert graph["lab.engine"] and graph["lab.speculative"]  # the graph is not empty by mistake
 
     def reaches(start: str, goal: str) -> bool:
         seen, todo = set(), [start]

@@ -18,7 +18,7 @@ import pytest
 from lab.engine import LLM, SamplingParams, StructuredOutputsConfig, StructuredOutputsParams
 from lab.engine.grammar import grammars_for
 from lab.serve import ServerThread
-from lab.spec.speculator import SpeculativeConfig
+from lab.speculative.speculator import SpeculativeConfig
 
 # One intra-op thread (conftest's one_thread): measured beside another busy process on the 2 cores, this file took
 # 66 s with one thread and had not finished after 10 min with two (OpenMP's spinning threads).

@@ -165,7 +165,7 @@ def test_killed_worker_is_an_error_naming_its_rank(chat_prompt_ids, one_thread, 
 def test_ngram_speculation_then_a_worker_that_raises(chat_prompt_ids, reference, one_thread):
     import torch
 
-    from lab.spec import SpeculativeConfig
+    from lab.speculative import SpeculativeConfig
 
     llm = tp_engine(num_kv_blocks=64, speculative=SpeculativeConfig(method="ngram", k=4))
     assert tokens(llm.generate(chat_prompt_ids[:2], GREEDY)) == reference[:2]  # verification is lossless

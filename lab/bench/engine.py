@@ -153,7 +153,7 @@ def run_workload(llm, workload: Workload, prompts: list[list[int]]) -> dict:
 
 def verify_ratio(llm, context: int = 256, k: int = 4, repeats: int = 5) -> float:
     """A (k + 1)-row verification forward over `context` cached tokens against a one-row step."""
-    from lab.spec.measure import forward_seconds
+    from lab.speculative.measure import forward_seconds
 
     one = forward_seconds(llm.runner, llm.block_manager, context, 1, repeats)
     return forward_seconds(llm.runner, llm.block_manager, context, k + 1, repeats) / one

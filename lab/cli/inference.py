@@ -43,7 +43,7 @@ def _serve(args) -> int:
     kv_format = parse_kv_cache_dtype(args.kv_cache_dtype)  # a bad format is refused before the model loads
     speculative = None
     if args.speculative:
-        from lab.spec import SpeculativeConfig
+        from lab.speculative import SpeculativeConfig
         speculative = SpeculativeConfig(k=args.num_speculative_tokens, method=args.speculative)
     llm = LLM(args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, num_kv_blocks=args.num_kv_blocks,
@@ -102,7 +102,7 @@ def add_serve(sub) -> None:
     sv.add_argument("--no-chunked-prefill", action="store_true")
     sv.add_argument("--kv-cache-dtype", default="auto", help="auto, or a lab.quant.kv format: fp8_e4m3, int8, ...")
     sv.add_argument("--speculative", choices=("ngram", "layerskip", "quantized"), default=None,
-                    help="speculative decoding for every request (lab.spec)")
+                    help="speculative decoding for every request (lab.speculative)")
     sv.add_argument("--num-speculative-tokens", type=int, default=4, help="k: drafts per round")
     sv.add_argument("--warmup", action="store_true",
                     help="run one tiny request first; /ready answers 503 until it has run, /health 200 throughout")

@@ -10,7 +10,7 @@ def _spec(args) -> int:
     import torch
 
     from lab.models import load_model
-    from lab.spec.prompts import LAB_PROMPTS
+    from lab.speculative.prompts import LAB_PROMPTS
     from lab.studies import spec_acceptance as study
 
     p = study.SpecParams(DATA=args.data or "", PER_CATEGORY=args.per_category, MAX_TOKENS=args.max_tokens,

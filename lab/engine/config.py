@@ -52,7 +52,7 @@ class EngineConfig:
     # KVCacheFormat; static granularities need kv_scales (lab.quant.kv_calibration.KVScales).
     kv_cache_dtype: str | KVCacheFormat | None = "auto"
     kv_scales: object = None
-    speculative: object = None  # lab.spec.SpeculativeConfig
+    speculative: object = None  # lab.speculative.SpeculativeConfig
     replay: object = None  # lab.replay.ReplayConfig
     # grammar-constrained decoding for requests that ask for it (SamplingParams.structured_outputs); always built
     structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)

@@ -13,10 +13,15 @@ per-request state to the sequence (structured output's grammar matcher).
 
 One step, in order (`lab.engine.llm.LLM.step`):
 
-1. `before_schedule(engine)`: change sequences before the scheduler sees them: rewind
+The step hooks (`before_schedule`, `after_schedule`, `after_step`) receive a `StepView`, not the `LLM`: the
+running sequences, the KV pool's free share, lookup and queueing of a request. An extension sees what a step
+lets it change and nothing else (vLLM v1's schedulers and workers pass such narrow views too); `build(engine)`
+alone sees the whole engine, to validate the options against it once.
+
+1. `before_schedule(step)`: change sequences before the scheduler sees them: rewind
    `num_computed_tokens` to recompute a window (replay), append draft tokens to verify (speculation);
 2. the scheduler's one rule picks (sequence, tokens) pairs;
-3. `after_schedule(engine, scheduled) -> {request id: extra logit rows}`: undo what was not scheduled, and
+3. `after_schedule(step, scheduled) -> {request id: extra logit rows}`: undo what was not scheduled, and
    ask for the logits of more than the last row of a sequence (its drafts);
 4. the model runner runs the forward and returns the logits the step needs (`ModelOutput`);
 5. `mask_logits(seq, logits)`: every extension may mask, in place, the rows of a sequence whose step reached
@@ -33,7 +38,7 @@ One step, in order (`lab.engine.llm.LLM.step`):
    step with the tokens after it, as a chunk. Then the engine hashes the full blocks and finishes what stopped;
 7. `on_finish(seq)`: for every request that finished *or was aborted* (the engine calls it from the one
    place that ends requests, so no extension can miss one);
-8. `after_step(engine)`: bookkeeping once the step's tokens are in.
+8. `after_step(step)`: bookkeeping once the step's tokens are in.
 
 `stats()` is merged into `LLM.stats()`; `close()` runs on `LLM.close()` (hooks removed, pools released).
 An extension that moves `num_computed_tokens` backwards sets `rewinds = True`: two of them in one engine
@@ -51,6 +56,31 @@ if TYPE_CHECKING:
     from .request import Sequence
 
 
+class StepView:
+    """What a step hook may read and do; built once per engine (`LLM.step_view`)."""
+
+    def __init__(self, engine: LLM):
+        self._engine = engine
+
+    @property
+    def running(self) -> list[Sequence]:
+        """The scheduler's running sequences, in order: a hook may change a sequence, not the list."""
+        return self._engine.scheduler.running
+
+    def free_block_share(self) -> float:
+        """Free KV blocks over all blocks."""
+        bm = self._engine.block_manager
+        return bm.num_free_blocks / bm.num_blocks
+
+    def sequence(self, request_id: int) -> Sequence | None:
+        """The live sequence of a request, None once it ended."""
+        return self._engine.sequences.get(request_id)
+
+    def enqueue(self, seq: Sequence) -> None:
+        """Queue a validated sequence (a held sample of `n`)."""
+        self._engine.enqueue(seq)
+
+
 class EngineExtension:
     """Every hook is optional: the defaults do nothing."""
 
@@ -60,10 +90,10 @@ class EngineExtension:
     def check_request(self, seq: Sequence) -> None:
         """Validate a new request (ValueError refuses it) and attach per-request state; nothing is queued yet."""
 
-    def before_schedule(self, engine: LLM) -> None:
+    def before_schedule(self, step: StepView) -> None:
         pass
 
-    def after_schedule(self, engine: LLM, scheduled: list[tuple[Sequence, int]]) -> dict[int, int]:
+    def after_schedule(self, step: StepView, scheduled: list[tuple[Sequence, int]]) -> dict[int, int]:
         return {}
 
     def mask_logits(self, seq: Sequence, logits: torch.Tensor) -> None:
@@ -84,7 +114,7 @@ class EngineExtension:
     def on_finish(self, seq: Sequence) -> None:
         pass
 
-    def after_step(self, engine: LLM) -> None:
+    def after_step(self, step: StepView) -> None:
         pass
 
     def stats(self) -> dict:

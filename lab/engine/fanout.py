@@ -14,10 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .extension import EngineExtension
+from .extension import EngineExtension, StepView
 
 if TYPE_CHECKING:
-    from .llm import LLM
     from .request import Sequence
 
 
@@ -37,12 +36,12 @@ class FanOut(EngineExtension):
             if not self.held[first]:
                 del self.held[first]
 
-    def after_step(self, engine: LLM) -> None:
+    def after_step(self, step: StepView) -> None:
         for rid, siblings in list(self.held.items()):
-            first = engine.sequences.get(rid)
+            first = step.sequence(rid)
             if first is None or first.num_computed_tokens >= first.num_prompt_tokens:  # prompt done, or it ended
                 for seq in siblings:
-                    engine.enqueue(seq)
+                    step.enqueue(seq)
                 del self.held[rid]
 
     def stats(self) -> dict:

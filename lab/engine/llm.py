@@ -28,7 +28,7 @@ from lab.parallel.group import RankFailure
 from .block_manager import BlockManager
 from .chat import render
 from .config import EngineConfig
-from .extension import EngineExtension
+from .extension import EngineExtension, StepView
 from .fanout import FanOut
 from .model_runner import build_runner
 from .output import Detokenizer
@@ -45,7 +45,7 @@ class LLM:
         `tokenizer=`). Every option is a field of `lab.engine.config.EngineConfig` (vLLM's names: `dtype`,
         `block_size`, `max_model_len`, `max_num_seqs`, `max_num_batched_tokens`, `kv_cache_dtype`, ...).
 
-        `speculative=lab.spec.SpeculativeConfig(...)`: requests (whose SamplingParams.speculate) decode k drafted
+        `speculative=lab.speculative.SpeculativeConfig(...)`: requests (whose SamplingParams.speculate) decode k drafted
         tokens a round, verified losslessly. `replay=lab.replay.ReplayConfig(...)`: sequences about to decode may
         drop the KV of their last tokens and recompute it. Both are engine extensions (`extensions`).
         `tensor_parallel_size=N` or `pipeline_parallel_size=N`: the model split over this process and N - 1
@@ -62,6 +62,7 @@ class LLM:
         self.last_schedule = None
         self.extensions: dict[str, EngineExtension] = {}
         self.sampler = Sampler(self.eos_token_ids, self.extensions)
+        self.step_view = StepView(self)  # what extensions' step hooks see (lab.engine.extension)
         for ext in runner_extensions:  # a parallel group's stats and close
             self._add_extension(ext)
         for ext_config in c.extension_configs:
@@ -170,11 +171,11 @@ class LLM:
         run in the order `lab.engine.extension` documents. If the step raises, its requests are retried one at a
         time and only those that fail alone are finished, with finish_reason "error" (`_isolate`)."""
         for ext in self.extensions.values():
-            ext.before_schedule(self)
+            ext.before_schedule(self.step_view)
         out = self.scheduler.schedule()
         extra_rows = {}
         for ext in self.extensions.values():
-            extra_rows.update(ext.after_schedule(self, out.scheduled))
+            extra_rows.update(ext.after_schedule(self.step_view, out.scheduled))
         self.last_schedule = out  # for tracing: what this step ran (see lab.engine.trace)
         if not out.scheduled:
             return []
@@ -194,7 +195,7 @@ class LLM:
         finished = [o for seq, _ in out.scheduled
                     if seq.status is not Status.FINISHED and (o := self._append(seq, emitted.get(seq.request_id)))]
         for ext in self.extensions.values():
-            ext.after_step(self)
+            ext.after_step(self.step_view)
         return finished + failed
 
     def _execute(self, scheduled: list[tuple[Sequence, int]], extra_rows: dict) -> dict[int, Sampled]:

@@ -163,7 +163,7 @@ class RequestMetrics:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     num_preemptions: int = 0
-    speculation: object | None = None  # a lab.spec.speculator.SpecStats once the request had a speculative round
+    speculation: object | None = None  # a lab.speculative.speculator.SpecStats once the request had a speculative round
 
     @property
     def ttft(self) -> float | None:

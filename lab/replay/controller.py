@@ -88,16 +88,15 @@ class ReplayController(EngineExtension):
         self.totals = ReplayStats()  # every replay of every request
 
     # ---- engine hooks ----------------------------------------------------------------------------
-    def before_schedule(self, engine) -> None:
-        bm, running = engine.block_manager, engine.scheduler.running
-        self.before_step(running, bm.num_free_blocks / bm.num_blocks, self.kv_read_share(running))
+    def before_schedule(self, step) -> None:
+        self.before_step(step.running, step.free_block_share(), self.kv_read_share(step.running))
 
-    def after_schedule(self, engine, scheduled) -> dict[int, int]:
+    def after_schedule(self, step, scheduled) -> dict[int, int]:
         self.begin_step(scheduled)
         return {}
 
-    def after_step(self, engine) -> None:
-        self.end_step(engine.scheduler.running)
+    def after_step(self, step) -> None:
+        self.end_step(step.running)
 
     def on_finish(self, seq: Sequence) -> None:
         self.forget(seq.request_id)

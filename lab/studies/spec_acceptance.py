@@ -9,9 +9,9 @@ speculative run is checked to give the plain run's tokens. Per category:
 - mean accepted tokens per step (Spec-Bench's metric, the bonus or replacement token included);
 - c: the drafter's wall time per drafted token over the plain run's time per token (c_effective: what the
   run paid, catch-up prefill of the draft's own cache included), and one draft forward over one target forward
-  at the same context (c_forward, timed by `lab.spec.measure`);
+  at the same context (c_forward, timed by `lab.speculative.measure`);
 - the article's predicted speedup E / (k c + 1), the same with the measured verification cost v(k) in place of
-  its "1", both applied to the run's actual rounds (`lab.spec.theory.predicted_run_speedup`), and the measured
+  its "1", both applied to the run's actual rounds (`lab.speculative.theory.predicted_run_speedup`), and the measured
   wall-clock speedup: plain decode time over speculative decode time for the same prompts in the same run.
 """
 
@@ -27,11 +27,11 @@ from tqdm.auto import tqdm
 from lab.engine import LLM, SamplingParams
 from lab.quant.calibration import SPEC_BENCH_PATH, chat_token_ids
 from lab.runs import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
-from lab.spec.drafters import layer_skip_model, quantized_copy
-from lab.spec.measure import StepCosts, step_costs
-from lab.spec.prompts import TaskPrompt, load_prompts
-from lab.spec.speculator import DRAFTERS, SpeculativeConfig, SpecStats
-from lab.spec.theory import best_k, expected_tokens_by_position, expected_tokens_per_round, predicted_run_speedup
+from lab.speculative.drafters import layer_skip_model, quantized_copy
+from lab.speculative.measure import StepCosts, step_costs
+from lab.speculative.prompts import TaskPrompt, load_prompts
+from lab.speculative.speculator import DRAFTERS, SpeculativeConfig, SpecStats
+from lab.speculative.theory import best_k, expected_tokens_by_position, expected_tokens_per_round, predicted_run_speedup
 from lab.studies.spec_acceptance_claims import (  # noqa: F401  (notebook 05 calls them from here)
     claims_table, roofline_costs)
 from lab.studies.spec_acceptance_intervals import (  # noqa: F401  (notebook 05 calls drafter_comparison)
@@ -337,7 +337,7 @@ def policy_table(main: pd.DataFrame, threshold: float) -> pd.DataFrame:
 
 def adaptive_policy(p: SpecParams, model, tokenizer, prompts: list[TaskPrompt], drafter: str, drafts: dict,
                     plain: pd.DataFrame) -> pd.DataFrame:
-    """The per-request adaptive switch (lab.spec.speculator's min_acceptance) on one drafter."""
+    """The per-request adaptive switch (lab.speculative.speculator's min_acceptance) on one drafter."""
     ids, context = _token_ids(tokenizer, prompts, p.MAX_TOKENS)
     cfg = spec_config(drafter, p.K, p, drafts, min_acceptance=p.THRESHOLD, probe_rounds=4, backoff_tokens=16)
     llm = _engine(model, tokenizer, cfg)

@@ -1,6 +1,6 @@
 """The deployment article's claims on speculative decoding (seeds/003, section 5), checked (notebook 05).
 
-Its worked numbers are recomputed with `lab.spec.theory`; its claims about acceptance by task, the draft cost
+Its worked numbers are recomputed with `lab.speculative.theory`; its claims about acceptance by task, the draft cost
 ratio c and the cost of verification are set against the main run of `lab.studies.spec_acceptance` (its
 per-category table and step costs). Each row is a `lab.claims.claim_row`: the claim, the article's figure, what the
 lab computes or measures, and the verdict: holds or wrong, "not distinguishable" where the measurement's 95%
@@ -17,10 +17,10 @@ import pandas as pd
 
 from lab.claims import NOT_CHECKABLE, Bound, Number, Range, all_of, claim_row, from_flag, holds_cell, judged, shown
 from lab.intervals import NOT_DISTINGUISHABLE, Interval
-from lab.spec.drafters import weight_bytes_ratio
-from lab.spec.measure import StepCosts
-from lab.spec.speculator import SpeculativeConfig
-from lab.spec.theory import expected_tokens_per_round, predicted_speedup
+from lab.speculative.drafters import weight_bytes_ratio
+from lab.speculative.measure import StepCosts
+from lab.speculative.speculator import SpeculativeConfig
+from lab.speculative.theory import expected_tokens_per_round, predicted_speedup
 
 if TYPE_CHECKING:
     from lab.studies.spec_acceptance import SpecParams
@@ -51,7 +51,7 @@ RANDOM_TARGET = "a random-weight target: its acceptance says nothing about tasks
 
 
 def roofline_costs(model, context: int, ks, hw) -> dict:
-    """The roofline's floor under the costs `lab.spec.measure` times, on ceilings `hw` measured in the model's dtype
+    """The roofline's floor under the costs `lab.speculative.measure` times, on ceilings `hw` measured in the model's dtype
     on its device (`lab.hardware.probe_inference`): the one-token step at `context` cached tokens (weights and KV
     read once) in ms, whether it is memory- or compute-bound, and v(k), a (k + 1)-token verification's floor over
     the step's: 1.0 while verification stays memory-bound, which is the article's "cost 1 + k c"."""

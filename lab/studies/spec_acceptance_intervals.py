@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from lab.intervals import NOT_DISTINGUISHABLE, bootstrap, ratio_interval, ratio_of_sums, significance
-from lab.spec.speculator import SpecStats
+from lab.speculative.speculator import SpecStats
 
 TOLERANCE = 0.10  # "within 10%" of a prediction
 INTERVAL_METRICS = ("measured_speedup", "a", "accepted/drafted (vLLM)", "mean_accepted_tokens_per_step", "c_effective")

@@ -1,10 +1,10 @@
 """Speculative decoding in the engine: draft, let the scheduler's one rule verify, accept, roll back.
 
 Before a step, each running sequence about to decode (and whose request speculates) gets up to k drafted
-tokens appended to its token ids, from the drafter (`lab.spec.drafters`: n-gram lookup, the target's first
+tokens appended to its token ids, from the drafter (`lab.speculative.drafters`: n-gram lookup, the target's first
 layers, a quantized copy, or a separate model); the scheduler then gives it drafts + 1 tokens, so the target
 scores them all in one forward, a short prefill over the cached prefix (the extend attention of either
-backend). After the forward, `lab.spec.verify` accepts a prefix of the drafts and adds a replacement or bonus
+backend). After the forward, `lab.speculative.verify` accepts a prefix of the drafts and adds a replacement or bonus
 token; the rejected drafts are removed from the token ids and `num_computed_tokens` goes back to the last
 accepted one, so their KV slots are rewritten by later tokens and no block holding them is ever hashed into
 the prefix cache. A draft the scheduler did not schedule (budget, preemption) is withdrawn before the forward.
@@ -152,10 +152,10 @@ class Speculator(EngineExtension):
         self.failed_probes: dict[int, int] = {}  # request id -> probes failed in a row
 
     # ---- engine hooks ----------------------------------------------------------------------------
-    def before_schedule(self, engine) -> None:
-        self.propose(engine.scheduler.running)
+    def before_schedule(self, step) -> None:
+        self.propose(step.running)
 
-    def after_schedule(self, engine, scheduled: list[tuple[Sequence, int]]) -> dict[int, int]:
+    def after_schedule(self, step, scheduled: list[tuple[Sequence, int]]) -> dict[int, int]:
         return self.withdraw_unscheduled(scheduled)
 
     def process_logits(self, seq: Sequence, logits) -> list[int] | None:

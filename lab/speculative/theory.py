@@ -12,7 +12,7 @@ and costs k draft steps of relative cost c (draft step time / target step time) 
 
 The "1" is the article's assumption that verifying k + 1 tokens costs one target step. On a CPU (and at
 large batch on a GPU) a (k+1)-token forward costs more; `verify_cost` v(k), measured in target steps by
-`lab.spec.measure`, replaces it: speedup = E / (k c + v(k)).
+`lab.speculative.measure`, replaces it: speedup = E / (k c + v(k)).
 """
 
 from __future__ import annotations
