@@ -66,3 +66,16 @@ def test_archive_moves_every_superseded_run_under_earlier(tmp_path):
     assert [p.relative_to(tmp_path).as_posix() for p in moved] == ["01_x/earlier/20260101T000000Z-a"]
     assert {r["run_id"] for r in list_runs(tmp_path)} == {"20260102T000000Z-b", "20260103T000000Z-c",
                                                            "20260101T000000Z-d"}
+
+
+def test_no_latest_reference_run_in_the_repository_is_dirty():
+    """A run from a tree with uncommitted changes cannot be reproduced from its commit: the latest reference run of
+    every notebook must come from a clean tree (a stale one is shown, not refused: `lab runs --stale`)."""
+    from pathlib import Path
+
+    from lab.results_index import list_runs
+
+    root = Path(__file__).resolve().parents[1] / "results"
+    latest = {r["notebook"]: r for r in list_runs(root) if r["preset"] == "reference"}
+    assert len(latest) >= 10  # every study notebook has a committed reference run
+    assert [nb for nb, r in sorted(latest.items()) if r["params"].get("git_dirty")] == []

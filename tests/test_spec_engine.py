@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from lab.engine import LLM, SamplingParams
+from lab.engine.extension import EngineExtension
 from lab.speculative.drafters import NgramDrafter, layer_skip_model, quantized_copy
 from lab.speculative.speculator import SpeculativeConfig
 
@@ -50,6 +51,43 @@ def test_speculative_and_plain_requests_share_the_engine_and_a_tight_budget(smol
     params = [SamplingParams(max_tokens=MAX_NEW, temperature=0, speculate=i != 1) for i in range(3)]
     assert [o.token_ids for o in llm.generate(prompts, params)] == plain
     assert llm.stats()["spec_rounds"] > 0
+
+
+class _DraftWatcher(EngineExtension):
+    """Sees every verification step's logits: the drafts are in their own field, never among the tokens."""
+
+    name = "draft_watcher"
+
+    def __init__(self):
+        self.rounds, self.outputs = 0, {}
+
+    def mask_logits(self, seq, logits):
+        if logits.shape[0] > 1:
+            self.rounds += 1
+            assert len(seq.draft_token_ids) == logits.shape[0] - 1
+        self.outputs.setdefault(seq.request_id, []).append(list(seq.output_token_ids))
+
+    def on_finish(self, seq):
+        assert seq.draft_token_ids == []
+
+
+class _DraftWatcherConfig:
+    def build(self, engine):
+        return _DraftWatcher()
+
+
+def test_drafts_live_in_their_own_field_and_never_among_the_tokens(smollm, prompts, plain):
+    """What a step shows of a sequence's tokens is only what it emitted: at every step the output seen is a prefix of
+    the final (plain greedy) output, drafts included or not."""
+    model, tok = smollm
+    llm = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=512, speculative=SpeculativeConfig(k=4),
+              extensions=[_DraftWatcherConfig()])
+    outs = llm.generate(prompts, SamplingParams(max_tokens=MAX_NEW, temperature=0))
+    watcher = llm.extensions["draft_watcher"]
+    assert watcher.rounds > 0
+    for out, final in zip(outs, plain):
+        assert out.token_ids == final
+        assert all(seen == final[:len(seen)] for seen in watcher.outputs[out.request_id])
 
 
 def test_prefix_cache_holds_no_rejected_draft(smollm, prompts, plain):

@@ -19,7 +19,8 @@ lets it change and nothing else (vLLM v1's schedulers and workers pass such narr
 alone sees the whole engine, to validate the options against it once.
 
 1. `before_schedule(step)`: change sequences before the scheduler sees them: rewind
-   `num_computed_tokens` to recompute a window (replay), append draft tokens to verify (speculation);
+   `num_computed_tokens` to recompute a window (replay), propose drafts to verify in `seq.draft_token_ids`
+   (speculation);
 2. the scheduler's one rule picks (sequence, tokens) pairs;
 3. `after_schedule(step, scheduled) -> {request id: extra logit rows}`: undo what was not scheduled, and
    ask for the logits of more than the last row of a sequence (its drafts);

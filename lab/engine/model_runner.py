@@ -86,7 +86,7 @@ class ModelRunner:
         for seq, n in scheduled:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
             table = seq.block_table[:-(-end // bs)]
-            ids.extend(seq.token_ids[start:end])
+            ids.extend(seq.tokens_to_compute(start, end))
             positions.extend(range(start, end))
             slots.extend(self.slots(seq, start, end))
             if n == 1:
@@ -137,7 +137,7 @@ class ModelRunner:
                 picked.extend(range(end - n, end - n + last - start))
             else:
                 prompt_rows.append(None)
-            if seq.num_computed_tokens + n != len(seq):
+            if n != seq.num_wanted_tokens:  # the step stops short of the sequence's end: no logits
                 rows.append(None)
                 continue
             first = end - 1 - extra_rows.get(seq.request_id, 0)

@@ -6,9 +6,11 @@ is drawn is `lab.engine.sampler`'s).
   in the batch. `structured_outputs` constrains the output to a grammar (`lab.engine.grammar`), whose mask is
   applied before sampling (`lab.engine.structured`).
 - `Sequence`: its tokens, how many have KV in the cache, its blocks. One number drives scheduling (the vLLM v1
-  rule): `num_computed_tokens`. A sequence wants `len(token_ids) - num_computed_tokens` more tokens through the
-  model; a prompt wants many (prefill, possibly in chunks), a decoding sequence wants one. Preemption by
-  recompute just sets it to zero.
+  rule): `num_computed_tokens`. A sequence wants `len(token_ids) + len(draft_token_ids) - num_computed_tokens`
+  more tokens through the model; a prompt wants many (prefill, possibly in chunks), a decoding sequence wants
+  one, a speculating one also its drafts. Preemption by recompute just sets it to zero. Drafts live in their own
+  field (vLLM v1's `Request.spec_token_ids`), never in `token_ids`, which hold only verified tokens: what is
+  hashed, detokenized or returned never sees a draft.
 - `RequestOutput` and `RequestMetrics`: what a finished request returns, with its timestamps and latencies.
 """
 
@@ -222,6 +224,7 @@ class Sequence:
         self.cache_salt = cache_salt
         self.status = Status.WAITING
         self.num_computed_tokens = 0
+        self.draft_token_ids: list[int] = []  # proposed for this step's verification (lab.speculative), not yet tokens
         self.max_chunk: int | None = None  # most tokens per step (replay recomputes its window in chunks)
         self.block_table: list[int] = []
         self.finish_reason: str | None = None
@@ -257,7 +260,14 @@ class Sequence:
 
     @property
     def num_wanted_tokens(self) -> int:
-        return len(self.token_ids) - self.num_computed_tokens
+        return len(self.token_ids) + len(self.draft_token_ids) - self.num_computed_tokens
+
+    def tokens_to_compute(self, start: int, end: int) -> list[int]:
+        """Positions [start, end) of the verified tokens followed by the drafts: what a step feeds the model."""
+        n = len(self.token_ids)
+        if end <= n:
+            return self.token_ids[start:end]
+        return self.token_ids[start:] + self.draft_token_ids[max(start - n, 0):end - n]
 
     @property
     def max_len(self) -> int:

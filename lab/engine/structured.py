@@ -193,11 +193,11 @@ class StructuredOutputs(EngineExtension):
         if state is None:
             return
         start = time.perf_counter()
-        # The rows after the first verify the sequence's last tokens: drafts the matcher has not accepted.
-        drafts = seq.token_ids[len(seq) - logits.shape[0] + 1:]
-        if seq.num_output_tokens - len(drafts) != state.num_tokens:
+        # The rows after the first verify the sequence's drafts, which the matcher has not accepted.
+        drafts = seq.draft_token_ids[:logits.shape[0] - 1]
+        if seq.num_output_tokens != state.num_tokens:
             raise RuntimeError(f"request {seq.request_id}: the grammar matcher has accepted {state.num_tokens} "
-                               f"tokens but the sequence holds {seq.num_output_tokens - len(drafts)}")
+                               f"tokens but the sequence holds {seq.num_output_tokens}")
         self.forbidden_drafts += state.mask(logits, drafts)
         self.masked_rows += logits.shape[0]
         self.mask_seconds += time.perf_counter() - start

@@ -193,7 +193,7 @@ class Speculator(EngineExtension):
         self.draft_seconds += time.perf_counter() - t
         for seq, _ in requests:
             if (draft := drafts.get(seq.request_id)) is not None:
-                seq.token_ids.extend(draft.tokens)
+                seq.draft_token_ids = list(draft.tokens)
                 self.drafts[seq.request_id] = (seq, draft)
 
     def withdraw_unscheduled(self, scheduled: list[tuple[Sequence, int]]) -> dict[int, int]:
@@ -202,8 +202,7 @@ class Speculator(EngineExtension):
         for rid, (seq, draft) in list(self.drafts.items()):
             d = len(draft.tokens)
             keep = min(d, max(given.get(rid, 0) - 1, 0)) if seq.status is Status.RUNNING else 0
-            if keep < d:
-                del seq.token_ids[len(seq) - (d - keep):]
+            del seq.draft_token_ids[keep:]
             if keep:
                 self.drafts[rid] = (seq, Draft(draft.tokens[:keep], None if draft.probs is None else
                                                draft.probs[:keep]))
@@ -216,9 +215,9 @@ class Speculator(EngineExtension):
         sequence back to its accepted prefix and return the tokens to emit (accepted drafts, then one more)."""
         _, draft = self.drafts.pop(seq.request_id)
         d = len(draft.tokens)
-        base = len(seq) - d
+        base = len(seq)
         v = verify(draft.tokens, probabilities(logits, seq.params), draft.probs, seq.generator(logits.device))
-        del seq.token_ids[base:]
+        seq.draft_token_ids = []
         seq.num_computed_tokens = base + v.num_accepted  # the KV of rejected drafts is dropped
         self.totals.record(d, v.num_accepted)
         if seq.metrics.speculation is None:
@@ -248,6 +247,7 @@ class Speculator(EngineExtension):
     def finish(self, seq: Sequence) -> None:
         """The request finished or was aborted: forget its drafts and policy state."""
         self.drafts.pop(seq.request_id, None)
+        seq.draft_token_ids = []
         self.probes.pop(seq.request_id, None)
         self.paused_until.pop(seq.request_id, None)
         self.failed_probes.pop(seq.request_id, None)
