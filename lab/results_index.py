@@ -26,18 +26,23 @@ def run_preset(params: dict) -> str:
 
 
 def list_runs(root: Path) -> list[dict]:
-    """Every run under `root`, oldest first, with its notebook, id, metrics and plots."""
+    """Every finished run under `root`, oldest first, with its notebook, id, metrics and plots. A run still
+    executing has no metrics.json yet, and a failed one records `"status": "failed"` there (`lab.run_notebook`):
+    neither is a result, so neither can become a notebook's latest run (nor be moved by `archive`)."""
     runs = []
     for params in sorted(root.glob("*/*/params.json")):
         run_dir = params.parent
         metrics_path = run_dir / "metrics.json"
+        metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else None
+        if metrics is None or metrics.get("status") == "failed":
+            continue
         runs.append({
             "notebook": run_dir.parent.name,
             "run_id": run_dir.name,
             "dir": run_dir,
             "params": (record := json.loads(params.read_text())),
             "preset": run_preset(record),
-            "metrics": json.loads(metrics_path.read_text()) if metrics_path.exists() else {},
+            "metrics": metrics,
             "plots": sorted(p.name for p in run_dir.glob("*.png")),
         })
     return sorted(runs, key=lambda r: (r["notebook"], r["run_id"]))

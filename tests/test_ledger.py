@@ -151,7 +151,7 @@ def _copy_runs(dst):
     """The latest reference runs' params and tables, without their notebooks and plots."""
     for name, run in latest_reference_runs(results_root()).items():
         (dst / name / run.name).mkdir(parents=True)
-        for f in [run / "params.json", *run.glob("*.csv")]:
+        for f in [run / "params.json", run / "metrics.json", *run.glob("*.csv")]:
             shutil.copy(f, dst / name / run.name / f.name)
     return latest_reference_runs(dst)
 

@@ -79,7 +79,7 @@ def test_a_claim_wrong_by_argument_carries_its_argument_into_the_ledger_and_is_c
         claim_row("a claim", "1", "", BY_ARGUMENT)  # no argument, no verdict
     for name, run in latest_reference_runs(results_root()).items():
         (tmp_path / name / run.name).mkdir(parents=True)
-        for f in [run / "params.json", *run.glob("*.csv")]:
+        for f in [run / "params.json", run / "metrics.json", *run.glob("*.csv")]:
             shutil.copy(f, tmp_path / name / run.name / f.name)
     table = latest_reference_runs(tmp_path)["04_replay_break_even"] / "claims.csv"
     with table.open(newline="") as f:

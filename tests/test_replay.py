@@ -183,6 +183,7 @@ def test_an_engine_that_is_gone_leaves_no_hooks_on_the_shared_model(smollm):
     share one), so the hooks must go with the engine, or every later engine on that model pays for them."""
     model, tok = smollm
     qkv = [layer.self_attn.qkv_proj for layer in model.layers]
+    gc.collect()  # an earlier test's engine still awaiting collection would take its hooks away mid-test
     before = [len(m._forward_pre_hooks) for m in qkv]
     llm = LLM(model, tokenizer=tok, num_kv_blocks=16, max_model_len=64,
               replay=ReplayConfig(window=4, always=True, min_position=0.0, source="hidden"))

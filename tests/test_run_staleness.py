@@ -62,10 +62,31 @@ def test_archive_moves_every_superseded_run_under_earlier(tmp_path):
         d = tmp_path / nb / run
         d.mkdir(parents=True)
         (d / "params.json").write_text(json.dumps({"parameters": {"PRESET": preset}}))
+        (d / "metrics.json").write_text("{}")
     moved = archive(tmp_path)
     assert [p.relative_to(tmp_path).as_posix() for p in moved] == ["01_x/earlier/20260101T000000Z-a"]
     assert {r["run_id"] for r in list_runs(tmp_path)} == {"20260102T000000Z-b", "20260103T000000Z-c",
                                                            "20260101T000000Z-d"}
+
+
+def test_a_run_still_executing_or_failed_is_not_a_result(tmp_path):
+    """A reference run in progress (no metrics.json yet) or one that failed must not become the notebook's latest
+    run: the ledger, the docs and the report would read an empty run, and `archive` would move the finished one."""
+    import json
+
+    from lab.results_index import archive, list_runs, reference_states
+
+    for run, metrics in (("20260101T000000Z-a", {"duration_s": 1}), ("20260102T000000Z-b", None),
+                         ("20260103T000000Z-c", {"status": "failed", "error": "boom"})):
+        d = tmp_path / "01_x" / run
+        d.mkdir(parents=True)
+        (d / "params.json").write_text(json.dumps({"parameters": {"PRESET": "reference"}}))
+        if metrics is not None:
+            (d / "metrics.json").write_text(json.dumps(metrics))
+    assert [r["run_id"] for r in list_runs(tmp_path)] == ["20260101T000000Z-a"]
+    assert reference_states(tmp_path, tmp_path)["01_x"][0].name == "20260101T000000Z-a"
+    assert archive(tmp_path) == []
+    assert (tmp_path / "01_x" / "20260102T000000Z-b").is_dir()
 
 
 def test_no_latest_reference_run_in_the_repository_is_dirty():
