@@ -25,16 +25,18 @@ def run_preset(params: dict) -> str:
     return values.get("PRESET") or ("smoke" if values.get("SMOKE") else "reference")
 
 
-def list_runs(root: Path) -> list[dict]:
+def list_runs(root: Path, include_failed: bool = False) -> list[dict]:
     """Every finished run under `root`, oldest first, with its notebook, id, metrics and plots. A run still
-    executing has no metrics.json yet, and a failed one records `"status": "failed"` there (`lab.run_notebook`):
-    neither is a result, so neither can become a notebook's latest run (nor be moved by `archive`)."""
+    executing has no metrics.json yet and is never listed; a failed one records `"status": "failed"` there
+    (`lab.run_notebook`) and is listed only with `include_failed` (the index shows its error). Neither is a
+    result, so neither can become a notebook's latest run for the ledger, the docs or the report, nor be moved
+    by `archive`."""
     runs = []
     for params in sorted(root.glob("*/*/params.json")):
         run_dir = params.parent
         metrics_path = run_dir / "metrics.json"
         metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else None
-        if metrics is None or metrics.get("status") == "failed":
+        if metrics is None or (metrics.get("status") == "failed" and not include_failed):
             continue
         runs.append({
             "notebook": run_dir.parent.name,
@@ -98,7 +100,7 @@ def _metric_lines(metrics: dict) -> list[str]:
 
 def write_index(root: Path) -> Path:
     latest = {}
-    runs = list_runs(root)
+    runs = list_runs(root, include_failed=True)  # a failed run's row shows its error
     for r in runs:
         latest[(r["notebook"], r["preset"])] = r  # sorted by run id, so the last one wins
     order = {p: i for i, p in enumerate(PRESET_ORDER)}
