@@ -60,6 +60,15 @@ def _render_notebook(run_dir: Path, out: Path) -> Path | None:
     return target
 
 
+def _drop_superseded_notebooks(out: Path, shown: list[Path]) -> None:
+    """Remove the rendered notebooks of runs the site no longer shows (a newer run replaced them), so that a
+    rebuilt site holds only what its page links to."""
+    keep = {f"{run.parent.name}__{run.name}.html" for run in shown}
+    for page in (out / "notebooks").glob("*.html"):
+        if page.name not in keep:
+            page.unlink()
+
+
 def _provenance(run_dir: Path, h: Headline) -> str:
     params = json.loads((run_dir / "params.json").read_text())
     machine = f"{params.get('cpu', '?')} ({params.get('cpu_cores', '?')} cores)" + (
@@ -121,6 +130,7 @@ def build(results: Path, out: Path | None = None, quick: bool = False, repo: Pat
     repo = repo or Path(__file__).resolve().parents[1]
     states = reference_states(results, repo)
     reference, quick_runs = _latest(results, "reference"), _latest(results, "quick") if quick else {}
+    _drop_superseded_notebooks(out, [*reference.values(), *quick_runs.values()])
     sections = []
     for nb, study in STUDIES.items():
         if nb not in reference and nb not in quick_runs:
