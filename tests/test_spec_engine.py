@@ -243,6 +243,17 @@ def test_bad_speculative_settings_are_refused(smollm):
             speculative=SpeculativeConfig(method="model", draft_model=other))
 
 
+@pytest.mark.parametrize("changed", [{"repetition_penalty": 1.2}, {"presence_penalty": 0.5}, {"min_tokens": 2},
+                                     {"logit_bias": {5: 1.0}}])
+def test_a_request_whose_logits_a_processor_changes_is_refused_speculation_but_served_plain(smollm, prompts, changed):
+    """Verification compares drafts with the unprocessed distribution: such a request must say speculate=False."""
+    model, tok = smollm
+    llm = LLM(model, tokenizer=tok, num_kv_blocks=16, max_model_len=128, speculative=SpeculativeConfig())
+    with pytest.raises(ValueError, match="speculative verification does not do yet"):
+        llm.make_sequence(prompts[2], SamplingParams(max_tokens=2, **changed))
+    assert llm.make_sequence(prompts[2], SamplingParams(max_tokens=2, speculate=False, **changed)).params.speculate is False
+
+
 def test_speculation_on_a_quantized_pool_equals_plain_decoding_on_it(smollm, prompts):
     """int8 per-token codes and scales live in each token's slot: a rolled-back draft's are rewritten. Plain
     decoding reads the pool through the batched decode attention, verification through a chunk's attention: on

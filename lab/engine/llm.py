@@ -33,7 +33,7 @@ from .fanout import FanOut
 from .model_runner import build_runner
 from .output import Detokenizer
 from .request import RequestOutput, SamplingParams, Sequence, Status
-from .sampler import Sampled, Sampler, token_logprobs
+from .sampler import Sampled, Sampler, processed, token_logprobs
 from .scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class LLM:
         c = self.config
         if not ids:
             raise ValueError("the prompt is empty: at least one token is needed")
-        if params.penalized and params.speculate and "speculative" in self.extensions:
+        if processed(params) and params.speculate and "speculative" in self.extensions:
             raise ValueError("penalties, min_tokens and logit_bias change the logits before sampling, which "
                              "speculative verification does not do yet: send this request with speculate=False")
         if params.logit_bias and max(params.logit_bias) >= self.model.config.vocab_size:

@@ -115,13 +115,6 @@ class SamplingParams:
                         for i in range(1, self.n))]
 
     @property
-    def penalized(self) -> bool:
-        """Whether the sampler's logits processors change this request's logits (penalties, min_tokens,
-        logit_bias: `lab.engine.sampler.PROCESSORS`)."""
-        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.min_tokens or self.logit_bias)
-
-    @property
     def greedy(self) -> bool:
         # Below vLLM's _SAMPLING_EPS a temperature is greedy: logits / 1e-40 overflow to inf and NaN probabilities.
         return self.temperature < SAMPLING_EPS or self.top_k == 1

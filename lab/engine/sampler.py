@@ -75,6 +75,11 @@ PROCESSORS = (  # (does this request need it, what it does)
 )
 
 
+def processed(params: SamplingParams) -> bool:
+    """Whether a logits processor changes this request's logits (speculative verification runs none yet)."""
+    return any(wanted(params) for wanted, _ in PROCESSORS)
+
+
 # ---- choosers -----------------------------------------------------------------------------------------------
 def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Rows of `logits` [n, vocab] with what falls outside each row's top-k and top-p at -inf (k <= 0 or >= vocab
