@@ -6,7 +6,9 @@
 - the kernels import only torch, triton, numpy, the standard library and the low-level formats module
   lab.quant.kv;
 - no study imports another study (shared helpers live in lab modules); a study may be split into parts named
-  after it (`spec_acceptance_claims` is part of `spec_acceptance`).
+  after it (`spec_acceptance_claims` is part of `spec_acceptance`);
+- no two test modules share a file name: without packages, pytest imports each test file under its base name, so
+  tests/test_report.py and tests/browser/test_report.py stopped collection in CI (stop 44).
 """
 
 import ast
@@ -114,3 +116,13 @@ def test_studies_do_not_import_each_other():
         others = {m for m in imports(path) if m.startswith("lab.studies.") and m != me
                   and not m.startswith(me + "_") and not me.startswith(m + "_")}
         assert not others, f"{path.name} imports {sorted(others)}"
+
+
+def test_no_two_test_modules_share_a_name():
+    """pytest's default (prepend) import mode names a test module by its file name alone; two equal names under
+    tests/ make the second one an "import file mismatch" error the moment both are collected."""
+    by_name = collections.defaultdict(list)
+    for path in (ROOT / "tests").rglob("*.py"):
+        if path.name != "conftest.py":
+            by_name[path.name].append(str(path.relative_to(ROOT)))
+    assert {n: ps for n, ps in by_name.items() if len(ps) > 1} == {}
