@@ -1,7 +1,9 @@
 """Which reference runs no longer match the code (issue 35 item 5): a run is *dirty* when its tree had uncommitted
 changes to code (`params.json`'s `git_dirty`), and *stale* when its notebook, or a `lab.studies` module the notebook
 imports (directly or through another study module), changed after the run's commit. A stale run is shown, not
-refused: a small code change should not force hours of reruns, but a reader must see it.
+refused: a small code change should not force hours of reruns, but a reader must see it. The notebook counts by
+its code cells only: its markdown (how to run it on another model, a caveat reworded) changes nothing a run
+measured, so a reference run of hours does not turn stale over prose.
 """
 
 from __future__ import annotations
@@ -48,6 +50,22 @@ def changed_since(repo: Path, commit: str, paths: list[str]) -> list[str] | None
     return [line for line in out.stdout.splitlines() if line]
 
 
+def code_cells(text: str) -> str:
+    """The code of a jupytext percent-format notebook: its markdown cells dropped (a cell runs from one `# %%`
+    line to the next; markdown cells are `# %% [markdown]`), then the cell markers and blank lines, so splitting
+    or joining cells does not count as a change either."""
+    cells = re.split(r"(?m)^(?=# %%)", text)
+    code = "".join(c for c in cells if not c.startswith("# %% [markdown]"))
+    return "\n".join(line for line in code.splitlines() if line.strip() and not line.startswith("# %%"))
+
+
+def _notebook_code_changed(repo: Path, commit: str, path: str) -> bool:
+    then = _git(repo, "show", f"{commit}:{path}")
+    if then.returncode:  # the notebook did not exist at that commit
+        return True
+    return code_cells(then.stdout) != code_cells((repo / path).read_text())
+
+
 def run_state(run: dict, repo: Path) -> list[str]:
     """Why a run (a `lab.results_index.list_runs` entry) does not match the code: "dirty", "stale: <paths>",
     "unknown commit <c>"; empty when it matches."""
@@ -59,6 +77,8 @@ def run_state(run: dict, repo: Path) -> list[str]:
         return reasons + [f"stale: notebooks/{run['notebook']}.py no longer exists"]
     paths = [f"notebooks/{run['notebook']}.py", *studies_used(notebook, repo)]
     changed = changed_since(repo, params.get("git_commit", ""), paths)
+    if changed and paths[0] in changed and not _notebook_code_changed(repo, params["git_commit"], paths[0]):
+        changed.remove(paths[0])  # its markdown only
     if changed is None:
         reasons.append(f"unknown commit {params.get('git_commit')!r}: cannot tell what changed since")
     elif changed:

@@ -46,6 +46,17 @@ def test_a_run_is_stale_only_when_what_it_ran_changed(tmp_path):
     assert state.startswith("stale") and "lab/studies/pkg/__init__.py" in state
 
 
+def test_a_notebook_whose_markdown_alone_changed_is_not_stale(tmp_path):
+    repo, commit = _repo(tmp_path)
+    notebook = repo / "notebooks" / "01_x.py"
+    code = notebook.read_text()
+    notebook.write_text(f"# %% [markdown]\n# How to run it on your model\n\n# %%\n{code}")
+    assert run_state(_run(commit), repo) == []
+    notebook.write_text(f"# %% [markdown]\n# How to run it on your model\n\n# %%\n{code}x = 1\n")
+    (state,) = run_state(_run(commit), repo)
+    assert state.startswith("stale") and "notebooks/01_x.py" in state
+
+
 def test_a_dirty_run_and_an_unknown_commit_are_said(tmp_path):
     repo, commit = _repo(tmp_path)
     assert run_state(_run(commit, dirty=True), repo)[0].startswith("dirty")
