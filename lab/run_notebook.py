@@ -112,7 +112,9 @@ def run_environment(path: Path, params: dict, root: Path | None = None):
     The variables are restored afterwards, a failure is recorded in metrics.json (then re-raised) and the
     results index is refreshed either way. `lab run` executes through papermill (`run_notebook`) or in this
     process (`lab.run_script`); both go through here, so a run looks the same whichever executed it."""
-    root = Path(root) if root else results_root()
+    # Absolute once, here: both executors change into the notebooks folder, where a relative path (the GPU
+    # suite's `--results-dir results/gpu`, a relative LAB_RESULTS_DIR) would point somewhere else.
+    root = (Path(root) if root else results_root()).absolute()
     run_dir = root / path.stem / new_run_id()
     run_dir.mkdir(parents=True)
     previous = {k: os.environ.get(k) for k in ("LAB_RUN_DIR", "LAB_RESULTS_DIR", EXPLICIT_ENV)}

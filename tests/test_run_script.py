@@ -186,3 +186,19 @@ def test_describe_failure_names_papermills_cell():
     assert describe_failure(e) == "cell 14 (In [9]): ValueError: 'yerr' must not contain negative values"
     assert describe_failure(RuntimeError("kernel died\nDeadKernelError: exit 137")) == \
         "RuntimeError: DeadKernelError: exit 137"
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+def test_a_relative_results_directory_is_resolved_where_it_was_given(tmp_path, results, monkeypatch, how):
+    """`--results-dir results/gpu` (the GPU suite's default) or a relative LAB_RESULTS_DIR: the run changes into
+    the notebooks folder, so the path is taken relative to where the user stood, once, before it does."""
+    path = write_script(tmp_path, PARAMETERS, RECORD)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    if how == "environment":
+        monkeypatch.setenv("LAB_RESULTS_DIR", "rel/results")
+    run_dir = run_script(str(path), root=Path("rel/results") if how == "argument" else None)
+    assert run_dir.is_absolute() and run_dir.parent == work / "rel" / "results" / "study"
+    assert seen(run_dir)["A"] == 1 and (run_dir / "script.log").exists()
+    assert (work / "rel" / "results" / "README.md").exists()
