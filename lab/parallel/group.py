@@ -33,6 +33,7 @@ import torch.multiprocessing as mp
 from lab.models import prepack
 
 from .collectives import Collectives, open_store
+from .spawning import check_main_module, log_tail, remove_logs, start_logged
 from .sharding import plan_shards, shard_for_rank, shard_model, weight_bytes
 from .worker import WorkerSpec, run_worker, serve_steps, to_device
 
@@ -77,10 +78,12 @@ class WorkerGroup:
         self.rank_bytes: list[dict] = []
         self.steps, self.step_seconds, self.last_step = 0, 0.0, {}
         self._finalizer, self._threads = None, None
+        self.logs: list = []  # each worker's stderr (lab.parallel.spawning)
 
     def start(self, module, make_attention, kv_bytes: int, build, serve) -> None:
         """Spawn ranks 1 .. N - 1, each building its part with `build` and running steps with `serve` (see
         `WorkerSpec`); returns once every rank has connected. `module` and `kv_bytes` are rank 0's part."""
+        check_main_module(self.kind)
         if self.device.type == "cpu":
             self._threads = torch.get_num_threads()  # restored by close
             torch.set_num_threads(1)  # rank 0 too: N ranks of one thread each share the cores
@@ -94,8 +97,7 @@ class WorkerGroup:
         self.processes = [ctx.Process(target=run_worker, args=(r, spec, self.events), daemon=True,
                                       name=f"lab-rank{r}") for r in range(1, self.world)]
         self._finalizer = weakref.finalize(self, _stop, self.processes)
-        for p in self.processes:
-            p.start()
+        self.logs = start_logged(self.processes)
         self._wait_ready()
         self.comm.connect_store(store)
         self.rank_bytes = self.comm.all_gather_object({"weight_bytes": weight_bytes(module), "kv_bytes": kv_bytes,
@@ -140,7 +142,9 @@ class WorkerGroup:
             failure = RankFailure(f"{self.kind} rank {rank} raised: {trace.strip().splitlines()[-1]}")
         elif dead:
             rank, code = dead[0]
-            failure = RankFailure(f"{self.kind} rank {rank} died (exit code {code})")
+            tail = log_tail(self.logs[rank - 1] if rank <= len(self.logs) else None)
+            failure = RankFailure(f"{self.kind} rank {rank} died (exit code {code})"
+                                  + (f"; the end of its stderr ({self.logs[rank - 1]}):\n{tail}" if tail else ""))
         else:
             failure = RankFailure(f"a {self.kind} collective failed or timed out ({self.timeout:.0f} s): {error}")
         if self._finalizer is not None:
@@ -195,6 +199,8 @@ class WorkerGroup:
                 except RankFailure:
                     pass  # _failure has stopped them already
             self._finalizer()
+            if self.comm.error is None:
+                remove_logs(self.logs)
         if self._threads is not None:
             torch.set_num_threads(self._threads)
             self._threads = None
