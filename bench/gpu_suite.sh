@@ -24,7 +24,10 @@
 # prints the plan and stops.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}
+# The interpreter: $PYTHON, else the active virtual environment's, else python3 (said before any step runs).
+if [[ -n "${PYTHON:-}" ]]; then PY=$PYTHON; py_from='$PYTHON'
+elif [[ -n "${VIRTUAL_ENV:-}" ]]; then PY=$VIRTUAL_ENV/bin/python; py_from='the active virtual environment'
+else PY=python3; py_from='python3 on PATH: no $PYTHON and no active virtual environment'; fi
 BUDGET_S=${BUDGET_S:-480}
 dry=0; plan_only=0; pack=""
 while [[ $# -gt 0 ]]; do
@@ -73,9 +76,18 @@ if (( total > BUDGET_S )); then
   exit 3
 fi
 (( plan_only )) && exit 0
+echo "python: $PY ($py_from)"
 if (( ! dry )); then
   "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'CUDA is not available: use --dry-run')"
   source bench/gpu_prepare.sh
+fi
+# Every package a step imports, named before the first step spends any of the budget.
+missing=$("$PY" -c "import importlib.util as u
+names = ('torch', 'triton', 'numpy', 'transformers', 'safetensors', 'matplotlib', 'pandas', 'lab')
+print(' '.join(n for n in names if u.find_spec(n) is None))") || missing="(the interpreter did not run)"
+if [[ -n "$missing" ]]; then
+  echo "$PY lacks what the suite imports: $missing (set \$PYTHON to the project's interpreter, e.g. .venv/bin/python)" >&2
+  exit 4
 fi
 mkdir -p "$out"
 

@@ -215,6 +215,25 @@ def test_gpu_suite_refuses_a_plan_over_its_budget(tmp_path):
     assert not (tmp_path / "gpu" / "preflight.json").exists()
 
 
+def test_gpu_suite_names_its_interpreter_and_what_it_lacks_before_any_step(tmp_path):
+    """$PYTHON, else the active virtual environment's python, else python3, printed; a missing package is named
+    before the first step (the suite used to stop at `import torch` with nothing said)."""
+    bare = tmp_path / "bare-python"  # this interpreter without its site-packages: no torch, no numpy
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    out = _suite(tmp_path, "--dry-run", PYTHON=str(bare))
+    assert out.returncode == 4 and f"python: {bare} ($PYTHON)" in out.stdout
+    assert f"{bare} lacks what the suite imports: torch triton numpy" in out.stderr
+    assert not (tmp_path / "gpu").exists()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(bare)
+    out = subprocess.run(["bash", str(ROOT / "bench" / "gpu_suite.sh"), "--dry-run"], cwd=ROOT, capture_output=True,
+                         text=True, env={**env, "VIRTUAL_ENV": str(venv), "OUT_DIR": str(tmp_path / "gpu")})
+    assert out.returncode == 4 and f"python: {venv}/bin/python (the active virtual environment)" in out.stdout
+
+
 def test_gpu_prepare_reassembles_the_carried_model_and_refuses_a_damaged_one(tmp_path):
     """The device machine gets the 98 MB GGUF in parts over several calls (bench/gpu_carry.sh): the suite
     joins them where `lab.models` looks for the embedded model, and refuses a copy whose sha256 differs."""
