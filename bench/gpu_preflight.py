@@ -32,6 +32,7 @@ import torch
 from kernels_gpu_sweep import DRY_RUN_SWEEP
 from kernels_gpu_timing import Bench
 from lab.provenance import provenance
+from lab.bench.caselog import CaseLog
 from lab.runs import json_safe
 
 GPU_CHECK_SWEEP = dataclasses.replace(DRY_RUN_SWEEP, device="cuda", dtype="bfloat16", decode_num_splits=None,
@@ -103,7 +104,7 @@ def seeded_sampling(device: torch.device) -> dict:
     return {"tokens": draws[0], "device": str(llm.device)}
 
 
-def run(dry_run: bool) -> dict:
+def run(dry_run: bool, log: CaseLog | None = None) -> dict:
     device = torch.device("cpu" if dry_run else "cuda")
     checks = [("versions", lambda: versions(device)), ("kernels_compiled", lambda: kernels_compiled(dry_run)),
               ("kernel_checks", lambda: kernel_checks(dry_run)), ("engine_backends", lambda: engine_backends(device)),
@@ -116,6 +117,8 @@ def run(dry_run: bool) -> dict:
         except Exception as e:  # every check runs and is reported, whatever an earlier one did
             detail, ok = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-2000:]}, False
         results.append({"check": name, "ok": ok, "seconds": time.perf_counter() - t, **detail})
+        if log is not None:
+            log.write("check", results[-1])  # kept if the suite stops this step before preflight.json
         print(f"{'ok  ' if ok else 'FAIL'} {name:<17} {results[-1]['seconds']:6.1f} s"
               + ("" if ok else f"  {detail['error'][:300]}"))
     return {"dry_run": dry_run, "ok": all(r["ok"] for r in results), "seconds": time.perf_counter() - started,
@@ -132,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     elif not torch.cuda.is_available():
         print("bench/gpu_preflight.py checks a GPU, and CUDA is not available: use --dry-run", file=sys.stderr)
         return 2
-    result = run(args.dry_run)
     args.out.mkdir(parents=True, exist_ok=True)
+    result = run(args.dry_run, CaseLog(args.out / "preflight.jsonl"))
     (args.out / "preflight.json").write_text(json.dumps(json_safe(result), indent=1, allow_nan=False) + "\n")
     print(f"pre-flight {'passed' if result['ok'] else 'FAILED'} in {result['seconds']:.0f} s: "
           f"{args.out / 'preflight.json'}")

@@ -107,7 +107,15 @@ for s in "${steps[@]}"; do
     timeout --kill-after=10 "$limit" bash -c "$cmd" || { rc=$?; (( rc == 124 || rc == 137 )) && status="timed out" || status="failed ($rc)"; }
   fi
   [[ $status == ok ]] || failed=$(( failed + 1 ))
-  timings+=("\"$name\": {\"estimate_s\": $est, \"limit_s\": $limit, \"measured_s\": $(( $(date +%s) - t )), \"status\": \"$status\"}")
+  # What a step kept case by case (lab.bench.caselog), so a step stopped at its limit still shows its cases.
+  declare -A case_logs=([preflight]=preflight [kernels]=kernels_gpu [engine]=bench_engine)
+  kept=""
+  if [[ -n "${case_logs[$name]:-}" && -f "$out/${case_logs[$name]}.jsonl" ]]; then
+    n=$(wc -l <"$out/${case_logs[$name]}.jsonl")
+    kept=", \"case_log\": \"${case_logs[$name]}.jsonl\", \"cases_kept\": $n"
+    [[ $status == ok ]] || echo "   $name: $n case(s) kept in $out/${case_logs[$name]}.jsonl; ${case_logs[$name]}.json (the whole result) is missing" >&2
+  fi
+  timings+=("\"$name\": {\"estimate_s\": $est, \"limit_s\": $limit, \"measured_s\": $(( $(date +%s) - t )), \"status\": \"$status\"$kept}")
   if [[ $name == preflight && $status != ok ]]; then
     echo "the pre-flight failed ($status): the suite stops here (see $out/preflight.json)" >&2
     break

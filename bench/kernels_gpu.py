@@ -53,6 +53,7 @@ from kernels_gpu_prefill import bench_prefill
 from kernels_gpu_report import evaluate_targets, g4, print_summary
 from kernels_gpu_sweep import DRY_RUN_SWEEP, GPU_SWEEP, Sweep
 from kernels_gpu_timing import Bench, measure_copy, measure_matmul
+from lab.bench.caselog import CaseLog
 from lab.provenance import cpu_model, provenance
 from lab.runs import json_safe
 
@@ -62,14 +63,15 @@ from lab.runs import json_safe
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(sweep: Sweep, dry_run: bool) -> dict:
+def run(sweep: Sweep, dry_run: bool, log: CaseLog | None = None) -> dict:
     torch.manual_seed(0)
     started = time.perf_counter()
-    bench = Bench.create(sweep)
+    bench = Bench.create(sweep, log)
     device_name = (torch.cuda.get_device_name(bench.device) if bench.cuda
                    else f"CPU, Triton interpreter ({cpu_model()})")
     print(f"device: {device_name}{' (DRY RUN: not GPU figures)' if dry_run else ''}")
     copy, matmul = measure_copy(bench), measure_matmul(bench)
+    bench.log.write("peers", {"copy": copy, "matmul": matmul})
     print(f"copy bandwidth: {g4(copy['bytes_per_s'] / 1e9)} GB/s (best of {sweep.repeats}, "
           f"{copy['buffer_bytes'] / 1024**2:.0f} MiB read + written)")
     print(f"{sweep.dtype} matmul: {g4(matmul['flops_per_s'] / 1e12)} TFLOP/s ({matmul['n']}^3, "
@@ -114,9 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or ROOT / "results" / ("kernels_gpu_dry_run" if args.dry_run else "kernels_gpu")
     sweep = DRY_RUN_SWEEP if args.dry_run else GPU_SWEEP
-    result = run(sweep, args.dry_run)
-    print_summary(result)
     out.mkdir(parents=True, exist_ok=True)
+    result = run(sweep, args.dry_run, CaseLog(out / "kernels_gpu.jsonl"))
+    print_summary(result)
     (out / "kernels_gpu.json").write_text(json.dumps(json_safe(result), indent=1, allow_nan=False) + "\n")
     plot(result, sweep, out / "kernels_gpu.png")
     print(f"\nwrote {out / 'kernels_gpu.json'} and {out / 'kernels_gpu.png'} ({result['wall_seconds']:.0f} s)")

@@ -87,11 +87,13 @@ def bench_decode(bench: Bench, copy_bw: float) -> tuple[dict, list[dict]]:
         if not fits:
             continue
         checks.append(check_decode(bench, heads, fmt))
+        bench.log.write("decode_check", checks[-1])
         cache = filled_cache(bench, heads, fmt, max(c.batch * cdiv(c.context, sweep.block_size) for c in fits)
                              * sweep.block_size)
         for case in fits:
             p = time_decode(bench, cache, case, copy_bw)
             points.append(p)
+            bench.log.write("decode", p)
             print_row([heads.name, fmt, p["batch"], tokens_label(p["context"]), p["num_splits"], g4(p["ms"]),
                         g4(p["bytes_per_s"] / 1e9), g4(copy_bw / 1e9), f"{p['fraction_of_copy']:.1%}"])
         del cache

@@ -80,6 +80,8 @@ def time_prefill(bench: Bench, cache, qlen: int, context: int, matmul: float) ->
 def bench_prefill(bench: Bench, matmul: float) -> tuple[dict, list[dict]]:
     sweep = bench.sweep
     checks = check_prefill(bench)
+    for check in checks:
+        bench.log.write("prefill_check", check)
     cases = [(n, n) for n in sweep.prefill_lengths] + list(sweep.prefill_chunks)
     cache = filled_cache(bench, sweep.heads, "plain", max(n for _, n in cases))
     points = []
@@ -87,6 +89,7 @@ def bench_prefill(bench: Bench, matmul: float) -> tuple[dict, list[dict]]:
     for qlen, context in cases:
         p = time_prefill(bench, cache, qlen, context, matmul)
         points.append(p)
+        bench.log.write("prefill", p)
         print_row([tokens_label(qlen), tokens_label(context), g4(p["triton_ms"]), g4(p["triton_flops_per_s"] / 1e12),
                     g4(p["sdpa_ms"]), g4(p["sdpa_flops_per_s"] / 1e12), f"{p['ratio_vs_sdpa']:.1%}",
                     f"{p['triton_fraction_of_matmul']:.1%}"])

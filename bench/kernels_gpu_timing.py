@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels_gpu_sweep import Sweep
+from lab.bench.caselog import CaseLog
 
 
 @dataclass
@@ -24,12 +25,13 @@ class Bench:
     device: torch.device
     dtype: torch.dtype
     flush: torch.Tensor
+    log: CaseLog  # every finished case, as a JSON line (a step stopped at its time limit keeps them)
 
     @staticmethod
-    def create(sweep: Sweep) -> "Bench":
+    def create(sweep: Sweep, log: CaseLog | None = None) -> "Bench":
         device = torch.device(sweep.device)
         return Bench(sweep, device, getattr(torch, sweep.dtype),
-                     torch.empty(sweep.flush_bytes, dtype=torch.uint8, device=device))
+                     torch.empty(sweep.flush_bytes, dtype=torch.uint8, device=device), log or CaseLog(None))
 
     @property
     def cuda(self) -> bool:

@@ -171,6 +171,8 @@ def _suite(tmp_path, *args, **env):
 
 
 def test_gpu_suite_dry_run(tmp_path):
+    from lab.bench.caselog import read_cases
+
     """The suite's steps on the CPU at toy sizes: the pre-flight's checks pass, every file is written, the plan
     is printed with its estimate, a notebook runs in-process at its smoke preset, suite.json records each step
     as ok, and the pack holds them all (at most 8 files come back from the device)."""
@@ -191,6 +193,16 @@ def test_gpu_suite_dry_run(tmp_path):
     suite = json.loads((tmp_path / "gpu" / "suite.json").read_text())
     assert list(suite["steps"]) == ["preflight", "kernels", "engine", "01_memory_accounting"]
     assert all(s["status"] == "ok" for s in suite["steps"].values())
+    # each step's cases, kept line by line as they finished (issue 38 item 2), match its whole result
+    kept = {name: read_cases(tmp_path / "gpu" / f"{name}.jsonl") for name in ("preflight", "kernels_gpu", "bench_engine")}
+    assert [c["check"] for c in kept["preflight"]] == [c["check"] for c in preflight["checks"]]
+    kernels = json.loads((tmp_path / "gpu" / "kernels_gpu.json").read_text())
+    assert [c for c in kept["kernels_gpu"] if c["kind"] == "decode"] == [
+        {"kind": "decode", **p} for p in kernels["decode"]["points"]]
+    assert {(c["variant"], c["workload"]) for c in kept["bench_engine"]} == {("eager-auto", w) for w in
+                                                                             ("decode-1", "offline-32x128", "prefill-2k")}
+    assert [suite["steps"][s]["cases_kept"] for s in ("preflight", "kernels", "engine")] == [
+        len(kept[n]) for n in ("preflight", "kernels_gpu", "bench_engine")]
     plan = sum(s["estimate_s"] for s in suite["steps"].values())
     assert f"total      {plan} s of a 480 s budget" in out.stdout
     with tarfile.open(tmp_path / "gpu.tar.gz") as tar:

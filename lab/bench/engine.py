@@ -160,7 +160,7 @@ def verify_ratio(llm, context: int = 256, k: int = 4, repeats: int = 5) -> float
 
 
 def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: float = 1.0,
-                profile_dir=None) -> dict:
+                profile_dir=None, log=None) -> dict:
     """Every workload on one engine variant, each beside its bound from ceilings measured in its dtype; with
     `profile_dir`, each workload then runs once more under the profiler (`lab.bench.profile`)."""
     from lab.hardware import probe_inference
@@ -182,6 +182,8 @@ def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: 
         measured_s = measured["step_s"] * (w.max_tokens - 1) if w.metric == "step_ms" else measured["seconds"]
         bound_s = bound["decode_bound_s"] if w.metric == "step_ms" else bound["bound_s"]
         out["workloads"][w.name] = {**measured, **bound, "fraction_of_roofline": bound_s / measured_s}
+        if log is not None:
+            log.write("engine", {"variant": variant.label, "workload": w.name, **out["workloads"][w.name]})
         if profile_dir is not None:
             from pathlib import Path
 
@@ -200,8 +202,9 @@ def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: 
 def run_engine_bench(model: str = "smollm2-135m", variants=tuple(VARIANTS), workloads=tuple(WORKLOADS),
                      transformers_dtypes=("float32", "auto"), peer_url: str | None = None,
                      peer_model: str | None = None, scale: float = 1.0, max_tokens: int | None = None,
-                     profile_dir=None) -> dict:
-    """The whole benchmark: each engine variant, then the peers, on the same workloads in one process.
+                     profile_dir=None, log=None) -> dict:
+    """The whole benchmark: each engine variant, then the peers, on the same workloads in one process; `log` (a
+    `lab.bench.caselog.CaseLog`) gets each engine workload and each peer as it finishes.
     `workloads`: names of `WORKLOADS` or `Workload`s; `scale` shrinks the long prompt and `max_tokens` caps the
     tokens out (smoke runs); `profile_dir`: write each engine workload's per-operator profile there."""
     from lab.bench.peers import run_transformers, run_url_peer
@@ -213,9 +216,13 @@ def run_engine_bench(model: str = "smollm2-135m", variants=tuple(VARIANTS), work
     result = {"model": model, "threads": torch.get_num_threads(), "cpu_busy_at_start": busy, "engines": [],
               "peers": []}
     for name in variants:
-        result["engines"].append(run_variant(VARIANTS[name], ws, model, scale, profile_dir))
+        result["engines"].append(run_variant(VARIANTS[name], ws, model, scale, profile_dir, log))
     for dtype in transformers_dtypes:
         result["peers"].append(run_transformers(model, dtype, ws, scale))
+        if log is not None:
+            log.write("peer", result["peers"][-1])
     if peer_url:
         result["peers"].append(run_url_peer(peer_url, peer_model or model, model, ws, scale))
+        if log is not None:
+            log.write("peer", result["peers"][-1])
     return result

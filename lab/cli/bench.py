@@ -7,6 +7,7 @@ from pathlib import Path
 
 
 def _bench_engine(args) -> int:
+    from lab.bench.caselog import CaseLog
     from lab.bench.engine import run_engine_bench
     from lab.bench.engine_report import format_result, plot_fractions, targets
     from lab.provenance import provenance
@@ -14,7 +15,8 @@ def _bench_engine(args) -> int:
     result = run_engine_bench(model=args.model, variants=args.variants.split(","), workloads=args.workloads.split(","),
                               transformers_dtypes=[d for d in args.transformers.split(",") if d],
                               peer_url=args.peer_url, peer_model=args.peer_model, scale=args.scale,
-                              max_tokens=args.max_tokens, profile_dir=args.profile)
+                              max_tokens=args.max_tokens, profile_dir=args.profile,
+                              log=CaseLog(Path(args.json).with_suffix(".jsonl") if args.json else None))
     result["targets"] = targets(result)
     print(format_result(result))
     if args.json:
@@ -96,7 +98,8 @@ def add_bench(sub) -> None:
     eng.add_argument("--peer-model", default=None, help="the model name that server serves (default --model)")
     eng.add_argument("--scale", type=float, default=1.0, help="shrink the long prompt (smoke runs)")
     eng.add_argument("--max-tokens", type=int, default=None, help="cap every workload's tokens out (smoke runs)")
-    eng.add_argument("--json", default=None, help="also write the result with provenance to this JSON file")
+    eng.add_argument("--json", default=None, help="also write the result with provenance to this JSON file, and "
+                                                  "each workload as it finishes to the same name in .jsonl")
     eng.add_argument("--plot", default=None, help="write the fractions of the roofline as a PNG here")
     eng.add_argument("--profile", default=None, metavar="DIR",
                      help="after timing, run each engine workload once under torch.profiler and write its "
