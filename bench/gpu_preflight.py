@@ -5,9 +5,10 @@ mismatch costs the whole loan. The checks, in order, each timed:
 
 1. versions: torch, its CUDA, Triton, the device's name and memory;
 2. `lab.kernels` imports, and is compiled, not interpreted (`TRITON_INTERPRET` unset on a GPU);
-3. each kernel against its float32 reference in bfloat16 on small shapes: decode for every cache format and
-   a GQA layout, and prefill (the checks of `bench/kernels_gpu.py`, on its dry-run shapes, with its tolerance
-   in units of bfloat16's last place);
+3. each kernel against its float32 reference on small shapes, in bfloat16 and float16, for head_dim 16, 64
+   and 128 (`CHECK_LAYOUTS`): decode with the split-KV merge running and for every cache format, and prefill
+   (the checks of `bench/kernels_gpu.py`, with its tolerance in units of the dtype's last place); SDPA, the
+   prefill's peer, is reported when it misses, never fatal;
 4. the engine on both attention backends gives the same greedy tokens (`random:tiny`, in float32);
 5. a seeded sampled request draws the same tokens twice, on the engine's device (a CPU generator beside CUDA
    probabilities made every seeded request fail).
@@ -29,14 +30,15 @@ from pathlib import Path
 
 import torch
 
-from kernels_gpu_sweep import DRY_RUN_SWEEP
+from kernels_gpu_sweep import DRY_RUN_SWEEP, Heads
 from kernels_gpu_timing import Bench
 from lab.provenance import provenance
 from lab.bench.caselog import CaseLog
 from lab.runs import json_safe
 
+# On CUDA the wrapper picks the split count (what the engine gets); 600 tokens make it split (>= 3 of 256).
 GPU_CHECK_SWEEP = dataclasses.replace(DRY_RUN_SWEEP, device="cuda", dtype="bfloat16", decode_num_splits=None,
-                                      tolerance_ulps=4, flush_bytes=1024**2)
+                                      decode_check_contexts=(600, 37, 5), tolerance_ulps=4, flush_bytes=1024**2)
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 9, 10], [1, 2, 3, 4, 5, 1, 2, 3]]
 
 
@@ -62,17 +64,36 @@ def kernels_compiled(dry_run: bool) -> dict:
     return {"interpreted": interpreted}
 
 
+# The head layouts every check covers: the sweep's tiny one, SmolLM2's (head_dim 64, 3 query heads per KV head)
+# and a head_dim-128 one (Llama 3's); the lab's kernels specialise on head_dim, so each is its own compile.
+CHECK_LAYOUTS = (DRY_RUN_SWEEP.heads, Heads("smollm2-like", 9, 3, 64), Heads("hd128", 8, 2, 128))
+GPU_CHECK_DTYPES = ("bfloat16", "float16")  # the serving dtypes; a dry run checks float32
+
+
 def kernel_checks(dry_run: bool) -> dict:
-    from kernels_gpu_decode import check_decode, decode_groups
+    """Decode and prefill against their float32 references for each layout and each 16-bit dtype (float32 in a
+    dry run), decode with the split-KV merge running (a 600-token context: on CUDA the default split count is
+    1 up to 256 tokens); the quantized cache formats on the tiny layout. Only the lab's kernels can fail it:
+    SDPA, the prefill's peer, is reported when it misses the tolerance, as a fact about the peer."""
+    from kernels_gpu_decode import check_decode
     from kernels_gpu_prefill import check_prefill
 
-    sweep = DRY_RUN_SWEEP if dry_run else GPU_CHECK_SWEEP
-    bench = Bench.create(sweep)
-    checks = [check_decode(bench, heads, fmt) for heads, fmt in decode_groups(sweep)] + check_prefill(bench)
-    failed = [c for c in checks if not c["ok"]]
+    base = DRY_RUN_SWEEP if dry_run else GPU_CHECK_SWEEP
+    checks = []
+    for dtype in (("float32",) if dry_run else GPU_CHECK_DTYPES):
+        for heads in CHECK_LAYOUTS:
+            bench = Bench.create(dataclasses.replace(base, dtype=dtype, heads=heads))
+            formats = ("plain", "fp8_e4m3", "int8") if heads == base.heads else ("plain",)
+            checks += [dict(check_decode(bench, heads, fmt), dtype=dtype) for fmt in formats]
+            checks += [dict(c, dtype=dtype) for c in check_prefill(bench)]
+    merged = [c for c in checks if c["kernel"] == "paged_decode_attention" and c["shape"]["num_splits"] > 1]
+    if not merged:
+        raise RuntimeError("no decode check ran the split-KV merge (every check took one split)")
+    failed = [c for c in checks if not c["ok"] and c["kernel"] != "scaled_dot_product_attention"]
     if failed:
         raise RuntimeError(f"{len(failed)} kernel check(s) out of tolerance: {failed}")
-    return {"checks": checks}
+    peer_misses = [c for c in checks if not c["ok"] and c["kernel"] == "scaled_dot_product_attention"]
+    return {"checks": checks, "split_kv_merge_checks": len(merged), "peer_misses": peer_misses}
 
 
 def _engine(device: torch.device, backend: str):

@@ -1,0 +1,65 @@
+"""The GPU pre-flight's kernel checks (issue 38 item 3): head_dim 16, 64 and 128, each 16-bit dtype, the split-KV
+merge actually running, and SDPA (a peer) reported rather than fatal. Run here in the CPU interpreter (`lab` sets
+TRITON_INTERPRET on a machine without CUDA) in float16, which the interpreter computes as the GPU's contract
+asks; bfloat16 is not faithful in the interpreter, so its check waits for a GPU."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture
+def preflight(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import gpu_preflight
+
+    monkeypatch.setattr(gpu_preflight, "GPU_CHECK_DTYPES", ("float16",))
+    return gpu_preflight
+
+
+def _on_cpu(preflight, monkeypatch, **changes):
+    monkeypatch.setattr(preflight, "GPU_CHECK_SWEEP", dataclasses.replace(preflight.GPU_CHECK_SWEEP, device="cpu",
+                                                                          **changes))
+
+
+def test_every_layout_and_the_split_kv_merge_are_checked(preflight, monkeypatch):
+    _on_cpu(preflight, monkeypatch, decode_num_splits=3)  # the interpreter's own default is one split
+    result = preflight.kernel_checks(dry_run=False)
+    decode = [c for c in result["checks"] if c["kernel"] == "paged_decode_attention"]
+    assert {(c["heads"], c["kv_format"]) for c in decode} == {
+        ("tiny", "plain"), ("tiny", "fp8_e4m3"), ("tiny", "int8"), ("smollm2-like", "plain"), ("hd128", "plain")}
+    assert {c["dtype"] for c in result["checks"]} == {"float16"} and all(c["ok"] for c in result["checks"])
+    assert result["split_kv_merge_checks"] == len(decode) and result["peer_misses"] == []
+    prefill = {c["heads"] for c in result["checks"] if c["kernel"] == "paged_prefill_attention"}
+    assert prefill == {"tiny", "smollm2-like", "hd128"}
+
+
+def test_a_check_set_that_never_splits_is_refused(preflight, monkeypatch):
+    _on_cpu(preflight, monkeypatch)  # split count left to the wrapper: one split on a CPU
+    with pytest.raises(RuntimeError, match="no decode check ran the split-KV merge"):
+        preflight.kernel_checks(dry_run=False)
+
+
+def test_sdpa_missing_its_tolerance_is_reported_not_fatal(preflight, monkeypatch):
+    import kernels_gpu_prefill
+
+    _on_cpu(preflight, monkeypatch, decode_num_splits=3)
+    real = kernels_gpu_prefill.check_prefill
+
+    def sdpa_misses(bench):
+        return [dict(c, ok=False) if c["kernel"] == "scaled_dot_product_attention" else c for c in real(bench)]
+
+    monkeypatch.setattr(kernels_gpu_prefill, "check_prefill", sdpa_misses)
+    result = preflight.kernel_checks(dry_run=False)
+    assert len(result["peer_misses"]) == 3 and all(c["kernel"] == "scaled_dot_product_attention"
+                                                   for c in result["peer_misses"])
+
+    def prefill_misses(bench):
+        return [dict(c, ok=False) if c["kernel"] == "paged_prefill_attention" else c for c in real(bench)]
+
+    monkeypatch.setattr(kernels_gpu_prefill, "check_prefill", prefill_misses)
+    with pytest.raises(RuntimeError, match="3 kernel check"):  # the lab's own kernel still fails the pre-flight
+        preflight.kernel_checks(dry_run=False)
