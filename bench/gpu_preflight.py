@@ -3,7 +3,8 @@
 A session is lent 15 minutes of GPU time in all, so a suite that dies at minute four on an import or a device
 mismatch costs the whole loan. The checks, in order, each timed:
 
-1. versions: torch, its CUDA, Triton, the device's name and memory;
+1. versions: torch, its CUDA, Triton, transformers, the device's name and memory, and what differs from the
+   versions the CPU tests pass with (reported; a Triton older than the oldest checked is refused);
 2. `lab.kernels` imports, and is compiled, not interpreted (`TRITON_INTERPRET` unset on a GPU);
 3. each kernel against its float32 reference on small shapes, in bfloat16 and float16, for head_dim 16, 64
    and 128 (`CHECK_LAYOUTS`): decode with the split-KV merge running and for every cache format, and prefill
@@ -42,11 +43,34 @@ GPU_CHECK_SWEEP = dataclasses.replace(DRY_RUN_SWEEP, device="cuda", dtype="bfloa
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 9, 10], [1, 2, 3, 4, 5, 1, 2, 3]]
 
 
+# What the CPU test suite passes with here (the Makefile pins torch; triton and transformers as installed then),
+# and the oldest Triton whose compiled kernels were checked here: Triton 3.6.0 (the device image's) installed
+# beside torch 2.13 compiles all 38 launches for sm_90 and sm_80, but the replay kernel and the int8 per-token
+# prefill at head_dim 128 spill registers there (docs/gpu.md, "Versions"), and its interpreter cannot run them.
+TESTED_WITH = {"torch": "2.13.0", "triton": "3.9.0", "transformers": "5.24.0"}
+MIN_TRITON = (3, 6)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("+")[0].split(".")[:2] if x.isdigit())
+
+
 def versions(device: torch.device) -> dict:
+    """The versions found, what differs from `TESTED_WITH` (said, not fatal), and a refusal below MIN_TRITON."""
+    import transformers
     import triton
 
-    out = {"torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
-           "triton_interpret": os.environ.get("TRITON_INTERPRET")}
+    found = {"torch": torch.__version__.split("+")[0], "triton": triton.__version__,
+             "transformers": transformers.__version__}
+    out = {**found, "cuda": torch.version.cuda, "triton_interpret": os.environ.get("TRITON_INTERPRET"),
+           "tested_with": TESTED_WITH,
+           "differs": {k: {"found": v, "tested": TESTED_WITH[k]} for k, v in found.items() if v != TESTED_WITH[k]}}
+    if out["differs"].get("triton") and _release(triton.__version__) < (3, 9):
+        out["note"] = ("Triton before 3.9: the replay kernel and the int8 per-token prefill at head_dim 128 spill "
+                       "registers (checked with 3.6.0); their timings may suffer, their results do not")
+    if _release(triton.__version__) < MIN_TRITON:
+        raise RuntimeError(f"Triton {triton.__version__} is older than {'.'.join(map(str, MIN_TRITON))}, the "
+                           f"oldest whose compile of lab.kernels was checked; install triton>=3.6")
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         out |= {"device": props.name, "memory_GiB": props.total_memory / 2**30,

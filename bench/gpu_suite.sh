@@ -121,7 +121,14 @@ for s in "${steps[@]}"; do
     break
   fi
 done
-(IFS=,; echo "{\"dry_run\": $( (( dry )) && echo true || echo false ), \"budget_s\": $BUDGET_S, \"steps\": {${timings[*]}}}") \
+# The versions the pre-flight found and what differed from those the tests pass with, for whoever reads suite.json.
+versions=$("$PY" -c "import json, sys
+try:
+    c = next(c for c in map(json.loads, open(sys.argv[1])) if c.get('check') == 'versions')
+    print(json.dumps({k: c.get(k) for k in ('torch', 'triton', 'transformers', 'cuda', 'differs', 'note') if k in c}))
+except (OSError, StopIteration, ValueError):
+    print('null')" "$out/preflight.jsonl" 2>/dev/null || echo null)
+(IFS=,; echo "{\"dry_run\": $( (( dry )) && echo true || echo false ), \"budget_s\": $BUDGET_S, \"versions\": $versions, \"steps\": {${timings[*]}}}") \
   >"$out/suite.json"
 echo "gpu suite: $(( $(date +%s) - start )) s (plan $total s), $failed step(s) not ok, results in $out"
 if [[ -n "$pack" ]]; then

@@ -164,6 +164,27 @@ def test_engine_bench_at_toy_sizes_reports_bounds_fractions_and_targets(tmp_path
     assert "of roofline" in format_result(result)
 
 
+def test_engine_bench_times_the_triton_backend_beside_the_torch_one(tmp_path, capsys):
+    """`lab bench engine --backend torch,triton` (issue 38 item 4): each variant on both attention backends, the
+    Triton one in the interpreter here (toy sizes: the path, not a timing); a backend it lacks is refused."""
+    from lab.bench.caselog import read_cases
+    from lab.cli import main
+
+    out = tmp_path / "bench.json"
+    assert main(["bench", "engine", "--model", "random:tiny", "--variants", "eager-float32", "--backend",
+                 "torch,triton", "--workloads", "decode-1,prefill-2k", "--transformers", "", "--scale", "0.02",
+                 "--max-tokens", "3", "--json", str(out)]) == 0
+    engines = json.loads(out.read_text())["result"]["engines"]
+    assert [(e["variant"], e["attention_backend"]) for e in engines] == [
+        ("eager-float32", "torch"), ("eager-float32+triton", "triton")]
+    assert all(w["value"] > 0 and w["bound_s"] > 0 for e in engines for w in e["workloads"].values())
+    assert {c["variant"] for c in read_cases(out.with_suffix(".jsonl"))} == {"eager-float32", "eager-float32+triton"}
+    capsys.readouterr()
+    assert main(["bench", "engine", "--model", "random:tiny", "--variants", "eager-float32", "--backend",
+                 "torch,cuda", "--transformers", ""]) == 2
+    assert "attention backend 'cuda' is not one of ('torch', 'triton')" in capsys.readouterr().err
+
+
 def _suite(tmp_path, *args, **env):
     return subprocess.run(["bash", str(ROOT / "bench" / "gpu_suite.sh"), *args], cwd=ROOT, capture_output=True,
                           text=True, env={**os.environ, "OUT_DIR": str(tmp_path / "gpu"), "PYTHON": sys.executable,
@@ -193,6 +214,7 @@ def test_gpu_suite_dry_run(tmp_path):
     suite = json.loads((tmp_path / "gpu" / "suite.json").read_text())
     assert list(suite["steps"]) == ["preflight", "kernels", "engine", "01_memory_accounting"]
     assert all(s["status"] == "ok" for s in suite["steps"].values())
+    assert suite["versions"]["torch"] == preflight["checks"][0]["torch"] and "differs" in suite["versions"]
     # each step's cases, kept line by line as they finished (issue 38 item 2), match its whole result
     kept = {name: read_cases(tmp_path / "gpu" / f"{name}.jsonl") for name in ("preflight", "kernels_gpu", "bench_engine")}
     assert [c["check"] for c in kept["preflight"]] == [c["check"] for c in preflight["checks"]]

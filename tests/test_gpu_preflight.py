@@ -63,3 +63,20 @@ def test_sdpa_missing_its_tolerance_is_reported_not_fatal(preflight, monkeypatch
     monkeypatch.setattr(kernels_gpu_prefill, "check_prefill", prefill_misses)
     with pytest.raises(RuntimeError, match="3 kernel check"):  # the lab's own kernel still fails the pre-flight
         preflight.kernel_checks(dry_run=False)
+
+
+def test_versions_say_what_differs_from_the_tested_ones_and_refuse_a_triton_too_old(preflight, monkeypatch):
+    """The device image has torch 2.11 / Triton 3.6 where the tests run 2.13 / 3.9 (issue 38 item 9)."""
+    import torch
+    import triton
+
+    same = preflight.versions(torch.device("cpu"))
+    assert same["tested_with"] == preflight.TESTED_WITH and set(same) >= {"torch", "triton", "transformers"}
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu128")
+    image = preflight.versions(torch.device("cpu"))
+    assert image["differs"]["triton"] == {"found": "3.6.0", "tested": preflight.TESTED_WITH["triton"]}
+    assert image["differs"]["torch"]["found"] == "2.11.0" and "spill registers" in image["note"]
+    monkeypatch.setattr(triton, "__version__", "3.5.1")
+    with pytest.raises(RuntimeError, match="Triton 3.5.1 is older than 3.6"):
+        preflight.versions(torch.device("cpu"))

@@ -15,7 +15,9 @@ Engine variants (`VARIANTS`) differ in dtype ("auto" is the serving dtype, `lab.
 compiled steps (`enforce_eager`), and weights (packed int4 through torch's CPU kernel, `lab.quant.packed`).
 The peers run the same workloads in the same process on the same weights: `transformers`' generate in each
 dtype, and any OpenAI-compatible server given by `peer_url` (a vLLM the user started) (`lab.bench.peers`).
-Each variant also times a speculative verification forward (5 rows: k = 4 drafts) against a one-row step.
+`backends=("torch", "triton")` (`--backend torch,triton`) runs each variant on both attention backends, so the lab's
+Triton kernels are timed inside the engine beside the PyTorch reference (on a CPU they run in Triton's
+interpreter: a check of the path at toy sizes, not a timing). Each variant also times a speculative verification forward (5 rows: k = 4 drafts) against a one-row step.
 """
 
 from __future__ import annotations
@@ -60,6 +62,18 @@ class Variant:
     dtype: str = "auto"
     enforce_eager: bool = True
     int4: bool = False  # decoder linears and LM head RTN-quantized to 4 bits (group 64) and packed
+    attention_backend: str = "torch"  # "triton": the lab's kernels read the paged pool in place (`--backend`)
+
+
+BACKENDS = ("torch", "triton")
+
+
+def with_backend(variant: Variant, backend: str) -> Variant:
+    """`variant` on another attention backend, labelled so (the torch backend keeps the plain label)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"attention backend {backend!r} is not one of {BACKENDS}")
+    label = variant.label if backend == "torch" else f"{variant.label}+{backend}"
+    return dataclasses.replace(variant, label=label, attention_backend=backend)
 
 
 VARIANTS = {
@@ -123,7 +137,7 @@ def build_engine(variant: Variant, model: str, workload_max_len: int, max_num_se
     blocks = max_num_seqs * -(-workload_max_len // 16)
     options = dict(dtype=variant.dtype, max_model_len=workload_max_len, max_num_seqs=max_num_seqs,
                    max_num_batched_tokens=max(2048, workload_max_len), num_kv_blocks=blocks,
-                   enforce_eager=variant.enforce_eager)
+                   enforce_eager=variant.enforce_eager, attention_backend=variant.attention_backend)
     if not variant.int4:
         return LLM(model, **options)
     from lab.models import load_model
@@ -163,16 +177,17 @@ def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: 
                 profile_dir=None, log=None) -> dict:
     """Every workload on one engine variant, each beside its bound from ceilings measured in its dtype; with
     `profile_dir`, each workload then runs once more under the profiler (`lab.bench.profile`)."""
-    from lab.hardware import probe_inference
+    from lab.hardware import model_ceilings
 
     longest = [max(2, int(w.prompt_tokens * scale)) if w.prompt_tokens else 96 for w in workloads]  # chat: < 96
     max_len = max(n + w.max_tokens for n, w in zip(longest, workloads))
     llm = build_engine(variant, model, int(max_len) + 16, max(w.num_requests for w in workloads))
     dtype = llm.model.embed_tokens.weight.dtype
-    ceilings = probe_inference(dtype)
+    ceilings = model_ceilings(llm.model)  # shaped like the model: an 8B model's GEMV leaves a GPU's L2
     size = ModelBytes.of(llm.model, kv_bytes_per_token=llm.runner.kv_cache_bytes / (
         llm.block_manager.num_blocks * llm.config.block_size))
-    out = {"variant": variant.label, "dtype": str(dtype).removeprefix("torch."), "device": str(llm.device), "ceilings": {
+    out = {"variant": variant.label, "dtype": str(dtype).removeprefix("torch."), "device": str(llm.device),
+           "attention_backend": llm.config.attention_backend, "ceilings": {
         "read_GBps": ceilings.mem_bandwidth / 1e9, "gemm_GFLOPs": ceilings.peak_flops / 1e9,
         "source": ceilings.source}, "weight_MB": size.weight_bytes / 1e6, "workloads": {}}
     for w in workloads:
@@ -202,9 +217,10 @@ def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: 
 def run_engine_bench(model: str = "smollm2-135m", variants=tuple(VARIANTS), workloads=tuple(WORKLOADS),
                      transformers_dtypes=("float32", "auto"), peer_url: str | None = None,
                      peer_model: str | None = None, scale: float = 1.0, max_tokens: int | None = None,
-                     profile_dir=None, log=None) -> dict:
+                     profile_dir=None, log=None, backends=("torch",)) -> dict:
     """The whole benchmark: each engine variant, then the peers, on the same workloads in one process; `log` (a
-    `lab.bench.caselog.CaseLog`) gets each engine workload and each peer as it finishes.
+    `lab.bench.caselog.CaseLog`) gets each engine workload and each peer as it finishes; `backends`: each variant
+    runs on each attention backend named.
     `workloads`: names of `WORKLOADS` or `Workload`s; `scale` shrinks the long prompt and `max_tokens` caps the
     tokens out (smoke runs); `profile_dir`: write each engine workload's per-operator profile there."""
     from lab.bench.peers import run_transformers, run_url_peer
@@ -215,8 +231,9 @@ def run_engine_bench(model: str = "smollm2-135m", variants=tuple(VARIANTS), work
         ws = [dataclasses.replace(w, max_tokens=min(w.max_tokens, max(2, max_tokens))) for w in ws]
     result = {"model": model, "threads": torch.get_num_threads(), "cpu_busy_at_start": busy, "engines": [],
               "peers": []}
-    for name in variants:
-        result["engines"].append(run_variant(VARIANTS[name], ws, model, scale, profile_dir, log))
+    runs = [with_backend(VARIANTS[name], backend) for name in variants for backend in backends]  # refused first
+    for variant in runs:
+        result["engines"].append(run_variant(variant, ws, model, scale, profile_dir, log))
     for dtype in transformers_dtypes:
         result["peers"].append(run_transformers(model, dtype, ws, scale))
         if log is not None:

@@ -35,7 +35,7 @@ def targets(result: dict) -> list[dict]:
             out.append({"target": what, "measured": value, "needed": (">=" if higher_is_better else "<=", target),
                         "met": value >= target if higher_is_better else value <= target})
 
-    serving = next((e["dtype"] for e in result["engines"] if e["variant"].endswith("-auto")), None)
+    serving = next((e["dtype"] for e in result["engines"] if "-auto" in e["variant"]), None)
     for dtype in {"float32", serving} - {None}:
         ours, peer = _best(result, "offline-32x128", dtype), _peer(result, f"transformers-{dtype}")
         if ours and peer:

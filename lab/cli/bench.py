@@ -16,7 +16,8 @@ def _bench_engine(args) -> int:
                               transformers_dtypes=[d for d in args.transformers.split(",") if d],
                               peer_url=args.peer_url, peer_model=args.peer_model, scale=args.scale,
                               max_tokens=args.max_tokens, profile_dir=args.profile,
-                              log=CaseLog(Path(args.json).with_suffix(".jsonl") if args.json else None))
+                              log=CaseLog(Path(args.json).with_suffix(".jsonl") if args.json else None),
+                              backends=tuple(b for b in args.backend.split(",") if b))
     result["targets"] = targets(result)
     print(format_result(result))
     if args.json:
@@ -98,6 +99,8 @@ def add_bench(sub) -> None:
     eng.add_argument("--peer-model", default=None, help="the model name that server serves (default --model)")
     eng.add_argument("--scale", type=float, default=1.0, help="shrink the long prompt (smoke runs)")
     eng.add_argument("--max-tokens", type=int, default=None, help="cap every workload's tokens out (smoke runs)")
+    eng.add_argument("--backend", default="torch", help="attention backend(s), of torch,triton (comma-separated: "
+                                                        "each variant on each; triton times the lab's kernels)")
     eng.add_argument("--json", default=None, help="also write the result with provenance to this JSON file, and "
                                                   "each workload as it finishes to the same name in .jsonl")
     eng.add_argument("--plot", default=None, help="write the fractions of the roofline as a PNG here")
