@@ -268,3 +268,24 @@ def test_an_empty_batch_is_refused_and_vectors_of_token_ids_are_prompts():
         llm.generate([], greedy(2))
     want = llm.generate([prompt(7)], greedy(3))[0].token_ids
     assert llm.generate([torch.tensor(prompt(7))], greedy(3))[0].token_ids == want
+
+
+def test_text_no_tokenizer_can_encode_is_named_and_refused_at_the_door(smollm):
+    """A lone surrogate ("\\ud800", valid in JSON and in a Python str) is not Unicode text: the tokenizer raised a
+    TypeError about its input type. Now each place it can come in is a ValueError naming it (issue 37, item 5)."""
+    from lab.engine import StructuredOutputsParams
+
+    model, tok = smollm
+    llm = LLM(model, tokenizer=tok, num_kv_blocks=16, max_model_len=128, max_num_seqs=2)
+    with pytest.raises(ValueError, match=r"prompts\[1\]: prompt contains '\\ud800' at character 1"):
+        llm.generate(["ok", "a\ud800"], greedy(2))
+    with pytest.raises(ValueError, match=r"messages\[0\]\.content contains '\\udfff'"):
+        llm.chat([{"role": "user", "content": "x\udfff"}], greedy(2))
+    with pytest.raises(ValueError, match=r"stop\[1\] contains '\\ud800'"):
+        SamplingParams(stop=["x", "\ud800"])
+    with pytest.raises(ValueError, match=r"choice\[0\] contains '\\ud800'"):
+        StructuredOutputsParams(choice=["\ud800"])
+    with pytest.raises(ValueError, match=r"prompts\[0\]: cache_salt contains '\\ud800'"):
+        llm.generate([{"prompt_token_ids": [1, 2], "cache_salt": "a\ud800"}], greedy(2))
+    assert_untouched(llm)
+    assert llm.generate(["The capital of France is"], greedy(3))[0].text  # still serving

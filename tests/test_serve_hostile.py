@@ -148,3 +148,61 @@ def test_random_streams_of_valid_and_invalid_requests(server, reference, stream)
         else:
             assert 400 <= r.status_code < 500, (body, r.status_code, r.text[:200])
     assert _healthy_and_idle(server)
+
+
+# ---- text no tokenizer can encode (issue 37, item 5), on the real model's tokenizer --------------------
+
+@pytest.fixture(scope="module")
+def text_server(smollm):
+    model, tok = smollm
+    with ServerThread(LLM(model, tokenizer=tok, num_kv_blocks=32, max_model_len=256, max_num_seqs=2)) as srv:
+        yield srv
+
+
+SMOL = "smollm2-135m"
+_CHAT = f'"model": "{SMOL}", "max_tokens": 2'
+_TOOL = '{"type": "function", "function": {"name": "f", "description": %s, "parameters": {"type": "object"}}}'
+BAD_TEXT = [  # (path, raw body, the field the 400 must name); "\\ud800" is JSON's escape of a lone surrogate
+    ("chat", '{%s, "messages": [{"role": "user", "content": "a\\ud800"}]}' % _CHAT, "messages[0].content"),
+    ("chat", '{%s, "messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}' % _CHAT,
+     "messages[0].content[0].text"),
+    ("chat", '{%s, "messages": [{"role": "user", "content": "a"}], "stop": ["x", "\\ud800"]}' % _CHAT, "stop[1]"),
+    ("chat", '{%s, "messages": [{"role": "user", "content": "a"}], "tools": [%s], "tool_choice": "none"}'
+     % (_CHAT, _TOOL % '"\\ud800"'), "tools[0].function.description"),
+    ("chat", '{%s, "messages": [{"role": "user", "content": "a", "name": "\\ud800"}]}' % _CHAT, "messages[0].name"),
+    ("completions", '{%s, "prompt": "a\\ud800b"}' % _CHAT, "prompt"),
+    ("completions", '{%s, "prompt": "a", "stop": "\\ud800"}' % _CHAT, "stop"),
+    ("completions", '{%s, "prompt": "a", "guided_choice": ["yes", "\\ud800"]}' % _CHAT, "guided_choice[1]"),
+    ("completions", '{%s, "prompt": "a", "response_format": {"type": "json_schema", "json_schema": {"name": "x", '
+     '"schema": {"type": "object", "properties": {"\\ud800": {"type": "string"}}}}}}' % _CHAT,
+     "response_format.json_schema.schema.properties"),
+]
+RAW_BAD_BODIES = [  # bytes that are not UTF-8 text: invalid bytes, and a surrogate encoded as UTF-8 bytes
+    (f'{{"model": "{SMOL}", "prompt": "a'.encode() + b"\xff\xfe" + b'"}', "UTF-8"),
+    (f'{{"model": "{SMOL}", "prompt": "a'.encode() + b"\xed\xa0\x80" + b'"}', "prompt"),
+    (f'{{"model": "{SMOL}", "prompt": "a'.encode() + b"\xc3" + b'"}', "UTF-8"),  # a character cut short
+]
+
+
+@pytest.mark.parametrize("path, body, param", BAD_TEXT, ids=[b[2] for b in BAD_TEXT])
+def test_text_no_tokenizer_can_encode_is_a_400_naming_the_field(text_server, path, body, param):
+    url = text_server.url + ("/v1/chat/completions" if path == "chat" else "/v1/completions")
+    r = httpx.post(url, content=body.encode(), headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400, r.text[:300]
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and ("ud800" in err["message"] or "udfff" in err["message"]), err
+    assert err["param"] == param and err["message"].startswith(param), err
+    good = httpx.post(text_server.url + "/v1/chat/completions", timeout=60, json={
+        "model": SMOL, "max_tokens": 3, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]})
+    assert good.status_code == 200 and good.json()["choices"][0]["message"]["content"], good.text
+    assert _healthy_and_idle(text_server)
+
+
+@pytest.mark.parametrize("body, words", RAW_BAD_BODIES)
+def test_a_body_that_is_not_utf8_text_is_a_400(text_server, body, words):
+    r = httpx.post(text_server.url + "/v1/completions", content=body, headers={"content-type": "application/json"},
+                   timeout=60)
+    assert r.status_code == 400, r.text[:300]
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and words in err["message"], err
+    assert _healthy_and_idle(text_server)

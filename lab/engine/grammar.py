@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .text import check_text, check_texts
+
 MAX_CACHED = 256  # compiled grammars kept per tokenizer (least recently used first out)
 KINDS = ("json", "regex", "grammar", "choice", "json_object")
 
@@ -58,7 +60,13 @@ class StructuredOutputsParams:
         if self.choice is not None and (not isinstance(self.choice, (list, tuple)) or not self.choice
                                         or not all(isinstance(c, str) and c for c in self.choice)):
             raise ValueError(f"choice must be a non-empty list of non-empty strings, got {self.choice!r}")
+        for name in ("regex", "grammar"):
+            if getattr(self, name) is not None:
+                check_text(getattr(self, name), name)
+        for i, c in enumerate(self.choice or ()):
+            check_text(c, f"choice[{i}]")
         if self.json is not None:
+            check_texts(self.json, "json")
             self.schema_text()  # a schema that is not JSON is refused here, at the door
 
     def schema_text(self) -> str:

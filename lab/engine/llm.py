@@ -35,6 +35,7 @@ from .output import Detokenizer
 from .request import RequestOutput, SamplingParams, Sequence, Status
 from .sampler import Sampled, Sampler, processed, token_logprobs
 from .scheduler import Scheduler
+from .text import check_text
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ class LLM:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this model has no tokenizer (a random:<preset> model?); pass token ids")
+            check_text(prompt, "prompt")  # else the tokenizer's TypeError, naming neither request nor field
             return self.tokenizer.encode(prompt, add_special_tokens=False), salt
         if hasattr(prompt, "tolist") and not isinstance(prompt, (list, tuple)):  # a torch or numpy vector
             prompt = prompt.tolist()
@@ -118,6 +120,10 @@ class LLM:
         params = params or SamplingParams()
         ids, salt = self._tokenize(prompt)
         salt = cache_salt if cache_salt is not None else salt
+        if salt is not None:
+            if not isinstance(salt, str):
+                raise ValueError(f"cache_salt must be a string, got {type(salt).__name__}")
+            check_text(salt, "cache_salt")  # it is hashed as UTF-8 when the request's blocks are
         c = self.config
         if not ids:
             raise ValueError("the prompt is empty: at least one token is needed")

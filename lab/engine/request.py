@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .grammar import StructuredOutputsParams
+from .text import check_text
 
 SAMPLING_EPS = 1e-5  # vLLM's: a temperature below it samples greedily
 
@@ -81,6 +82,8 @@ class SamplingParams:
         if stops is not None:
             if not isinstance(stops, (list, tuple)) or not all(isinstance(x, str) and x for x in stops):
                 raise ValueError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
+            for i, x in enumerate(stops):  # text that is not Unicode could never match the decoded output
+                check_text(x, "stop" if isinstance(self.stop, str) else f"stop[{i}]")
             self.stop = list(stops)
         _integer("n", self.n, 1, 64)
         _number("presence_penalty", self.presence_penalty, -2.0, 2.0)

@@ -9,8 +9,11 @@ list of token ids. Logprobs come in OpenAI's shapes (chat's `logprobs`/`top_logp
 `min_tokens`/`repetition_penalty` as the engine's SamplingParams. Structured output: OpenAI's `response_format`
 (`text`, `json_object`, `json_schema`) and vLLM's `guided_json`, `guided_regex`, `guided_grammar` and
 `guided_choice`, on both endpoints, become the engine's `StructuredOutputsParams` (`lab.engine.structured`); a
-schema, regex or grammar that does not compile is a 400 naming the problem. A field the server does not know is
-refused with a 400 naming it rather than ignored. A client that disconnects mid-stream has its request aborted.
+schema, regex or grammar that does not compile is a 400 naming the problem. Tool calling (`tools`, `tool_choice`,
+`parallel_tool_calls`, assistant `tool_calls` and `tool` messages) is `lab.serve.tools`'. A field the server does
+not know is refused with a 400 naming it rather than ignored; so is text no tokenizer can encode (a lone surrogate,
+`lab.engine.text`) in any field, and a body that is not UTF-8. A client that disconnects mid-stream has its
+request aborted.
 """
 
 from __future__ import annotations
@@ -19,165 +22,31 @@ import json
 import time
 from contextlib import aclosing, asynccontextmanager
 from itertools import accumulate
-from typing import Literal
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from starlette.exceptions import HTTPException
 
-from lab.engine import SamplingParams, StructuredOutputsParams
 from lab.engine.chat import render
+from lab.engine.text import BadText, check_texts
 
 from .async_engine import AsyncLLM
-
-
-class JsonSchemaFormat(BaseModel):
-    """OpenAI's response_format.json_schema. `strict` is accepted and always in force: the grammar is exact."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    name: str
-    description: str | None = None
-    schema_: dict | None = Field(None, alias="schema")  # None: any JSON object
-    strict: bool | None = None
-
-
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-    @model_validator(mode="after")
-    def _schema_with_its_type(self):
-        if (self.type == "json_schema") != (self.json_schema is not None):
-            raise ValueError("json_schema is given exactly when type is json_schema")
-        return self
-
-    def constraint(self) -> dict:
-        """As StructuredOutputsParams fields ({} for text)."""
-        if self.type == "text":
-            return {}
-        if self.type == "json_object" or self.json_schema.schema_ is None:
-            return {"json_object": True}
-        return {"json": self.json_schema.schema_}
-
-
-class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)  # "5" is not a number: wrongly typed fields are refused
-    model: str
-    max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=-1)  # vLLM's -1, like 0, disables it
-    seed: int | None = None
-    stream: bool = False
-    stream_options: dict | None = None
-    ignore_eos: bool = False
-    return_token_ids: bool = False
-    user: str | None = None  # metadata: accepted, not used
-    stop: str | list[str] | None = None  # stop strings (excluded from the text, as OpenAI and vLLM do)
-    stop_token_ids: list[int] | None = None  # vLLM's extension
-    n: int = Field(1, ge=1, le=64)  # parallel samples, sharing the prompt's KV blocks
-    min_tokens: int = Field(0, ge=0)  # vLLM's extension
-    repetition_penalty: float = Field(1.0, gt=0, le=2)  # vLLM's extension
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None  # OpenAI's: {"token id": bias in [-100, 100]}
-    response_format: ResponseFormat | None = None  # OpenAI's structured output
-    guided_json: dict | str | None = None  # vLLM's: a JSON schema (or its text)
-    guided_regex: str | None = None
-    guided_grammar: str | None = None  # EBNF (GBNF's dialect) with a root rule
-    guided_choice: list[str] | None = None  # the output is exactly one of these strings
-
-    @field_validator("stream_options")
-    @classmethod
-    def _only_usage(cls, v):
-        if v is not None and set(v) - {"include_usage"}:
-            raise ValueError(f"stream_options supports include_usage only, got {sorted(v)}")
-        return v
-
-    def sampling_params(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                              max_tokens=self.max_tokens, seed=self.seed, ignore_eos=self.ignore_eos,
-                              stop=self.stop or None, stop_token_ids=self.stop_token_ids or [],
-                              logprobs=self.top_logprob_count, presence_penalty=self.presence_penalty,
-                              frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
-                              min_tokens=self.min_tokens, n=self.n, logit_bias=self.token_biases(),
-                              structured_outputs=self.structured_outputs())
-
-    def token_biases(self) -> dict[int, float] | None:
-        """logit_bias with its keys (JSON strings) read as token ids (ValueError for one that is not)."""
-        if not self.logit_bias:
-            return None
-        wrong = [k for k in self.logit_bias if not k.isdecimal()]
-        if wrong:
-            raise ValueError(f"logit_bias keys are token ids (decimal strings), got {wrong[0]!r}")
-        return {int(k): v for k, v in self.logit_bias.items()}
-
-    def structured_outputs(self) -> StructuredOutputsParams | None:
-        """The one constraint among response_format and the guided_* fields (ValueError if several)."""
-        asked = {f"guided_{k}": {k: v} for k in ("json", "regex", "grammar", "choice")
-                 if (v := getattr(self, f"guided_{k}")) is not None}
-        if self.response_format is not None and self.response_format.type != "text":
-            asked["response_format"] = self.response_format.constraint()
-        if len(asked) > 1:
-            raise ValueError(f"send one structured-output constraint; got {', '.join(asked)}")
-        return StructuredOutputsParams(**next(iter(asked.values()))) if asked else None
-
-    @property
-    def top_logprob_count(self) -> int | None:
-        """How many top logprobs each token needs (None: no logprobs)."""
-        return None
-
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.get("include_usage"))
-
-
-class CompletionRequest(_Sampling):
-    prompt: str | list[int]
-    echo: Literal[False] = False
-    logprobs: int | None = Field(None, ge=0, le=5)  # the legacy API's: top logprobs per token
-
-    @property
-    def top_logprob_count(self) -> int | None:
-        return self.logprobs
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)  # "5" is not a number: wrongly typed fields are refused
-    role: str  # checked by lab.engine.chat (system, developer, user, assistant)
-    content: str | list  # a string or OpenAI's list of parts (text parts only)
-    name: str | None = None  # OpenAI's participant name: metadata, not sent to the template
-
-
-class ChatCompletionRequest(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-
-    @property
-    def top_logprob_count(self) -> int | None:
-        return (self.top_logprobs or 0) if self.logprobs else None
-
-    @model_validator(mode="after")
-    def _one_max_tokens(self):
-        if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs: true")
-        if self.max_completion_tokens is not None:
-            if "max_tokens" in self.model_fields_set and self.max_tokens != self.max_completion_tokens:
-                raise ValueError(f"max_tokens={self.max_tokens} and max_completion_tokens="
-                                 f"{self.max_completion_tokens} disagree; send one")
-            self.max_tokens = self.max_completion_tokens
-        return self
+from .protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from .tools import Reader, ToolError, ToolPlan
 
 
 def _error(status: int, message: str, code: str | None = None, param: str | None = None) -> JSONResponse:
     kind = "server_error" if status >= 500 else "invalid_request_error"  # OpenAI's types
+    message, param = (None if x is None else _printable(x) for x in (message, param))
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
                         status_code=status)
+
+
+def _printable(text: str) -> str:
+    """`text` with any character UTF-8 cannot encode (an echoed lone surrogate) written as its escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _sse(obj) -> str:
@@ -203,6 +72,7 @@ def create_app(engine: AsyncLLM, model_name: str) -> FastAPI:
     app = FastAPI(title="Inference Lab", lifespan=lifespan)
     app.state.engine, app.state.model_name = engine, model_name
     app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(HTTPException, _http_error)
     app.include_router(router)
     return app
 
@@ -216,6 +86,16 @@ async def _invalid(request: Request, exc: RequestValidationError):
         return _error(400, f"the body is not valid JSON: {error} at character {at}")
     where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
     return _error(400, f"{where or 'body'}: {first.get('msg')} (got {first.get('input')!r})"[:500], param=where)
+
+
+async def _http_error(request: Request, exc: HTTPException):
+    """Starlette's and FastAPI's own errors (an unknown route, a body that cannot be read) in OpenAI's shape."""
+    if isinstance(exc.__cause__, UnicodeDecodeError):
+        request.app.state.engine.metrics.rejected.inc()
+        return _error(400, f"the body is not UTF-8 text: {exc.__cause__}")
+    response = _error(exc.status_code, str(exc.detail))
+    response.headers.update(exc.headers or {})  # a 405's Allow
+    return response
 
 
 @router.get("/health")
@@ -247,21 +127,36 @@ async def metrics(request: Request):
     return Response(request.app.state.engine.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
+def _refused(request: Request, e: ValueError, param: str | None) -> JSONResponse:
+    request.app.state.engine.metrics.rejected.inc()
+    return _error(400, str(e), param=getattr(e, "where", None) or getattr(e, "param", None) or param)
+
+
 @router.post("/v1/completions")
 async def completions(request: Request, body: CompletionRequest):
+    try:
+        check_texts(body.model_dump(by_alias=True, exclude_unset=True), "")
+    except BadText as e:
+        return _refused(request, e, None)
     return await _serve(request, body, body.prompt, chat=False)
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request, body: ChatCompletionRequest):
+    state = request.app.state
+    tokenizer = state.engine.llm.tokenizer
     try:
-        prompt = render(request.app.state.engine.llm.tokenizer, [m.model_dump() for m in body.messages])
+        check_texts(body.model_dump(by_alias=True, exclude_unset=True), "")
+        body._tools = ToolPlan.of(body.tools, body.tool_choice, body.parallel_tool_calls, tokenizer, state.model_name)
+        prompt = render(tokenizer, [m.model_dump() for m in body.messages], tools=body._tools.rendered())
+    except (BadText, ToolError) as e:
+        return _refused(request, e, None)
     except ValueError as e:
-        return _error(400, str(e), param="messages")
+        return _refused(request, e, "messages")
     return await _serve(request, body, prompt, chat=True)
 
 
-async def _serve(request: Request, body: _Sampling, prompt, chat: bool):
+async def _serve(request: Request, body: SamplingRequest, prompt, chat: bool):
     engine, model_name = request.app.state.engine, request.app.state.model_name
     if engine.failed:  # the engine thread has stopped: queueing the request would leave it waiting forever
         return _error(503, f"the server cannot serve: {engine.failed}")
@@ -273,7 +168,7 @@ async def _serve(request: Request, body: _Sampling, prompt, chat: bool):
         seqs = engine.validate_samples(prompt, body.sampling_params())
     except ValueError as e:
         engine.metrics.rejected.inc()
-        return _error(400, str(e))
+        return _error(400, str(e), param=getattr(e, "param", None))
     kind = "chat.completion" if chat else "text_completion"
     head = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{seqs[0].request_id}", "created": int(time.time()),
             "model": model_name}
@@ -297,8 +192,8 @@ async def _serve(request: Request, body: _Sampling, prompt, chat: bool):
     for i, final in enumerate(finals):
         choice = {"index": i, "finish_reason": final.finish_reason,
                   "logprobs": _logprobs(engine.llm.tokenizer, tokens[i], lps[i], chat, body.top_logprob_count)}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": "".join(text[i])}
+        if chat:  # the text as content, or read as tool calls (lab.serve.tools)
+            choice["message"], choice["finish_reason"] = Reader(body._tools).whole("".join(text[i]), final.finish_reason)
         else:
             choice["text"] = "".join(text[i])
         if body.return_token_ids:
@@ -307,9 +202,10 @@ async def _serve(request: Request, body: _Sampling, prompt, chat: bool):
     return {**head, "object": kind, "choices": choices, "usage": _usage(finals)}
 
 
-async def _stream(engine: AsyncLLM, seqs, body: _Sampling, chat: bool, head: dict):
+async def _stream(engine: AsyncLLM, seqs, body: SamplingRequest, chat: bool, head: dict):
     kind = "chat.completion.chunk" if chat else "text_completion"
     started, finals = set(), [None] * len(seqs)
+    readers = [Reader(body._tools) if chat else None for _ in seqs]  # content, or tool calls (lab.serve.tools)
     # A disconnect cancels or closes this generator; closing the engine's streams then aborts the requests.
     async with aclosing(engine.generate_samples(seqs)) as deltas:
         async for i, delta in deltas:
@@ -322,8 +218,8 @@ async def _stream(engine: AsyncLLM, seqs, body: _Sampling, chat: bool, head: dic
             logprobs = _logprobs(engine.llm.tokenizer, delta.token_ids, delta.logprobs or [], chat,
                                  body.top_logprob_count)
             if chat:
-                msg = {"content": delta.text, **({"role": "assistant"} if i not in started else {})}
-                choice = {"index": i, "delta": msg, "finish_reason": reason, "logprobs": logprobs}
+                msg = {**({"role": "assistant"} if i not in started else {}), **readers[i].feed(delta.text, delta.finished)}
+                choice = {"index": i, "delta": msg, "finish_reason": readers[i].reason(reason), "logprobs": logprobs}
             else:
                 choice = {"index": i, "text": delta.text, "finish_reason": reason, "logprobs": logprobs}
             if body.return_token_ids:
