@@ -23,6 +23,10 @@
 # preset (the tests run it); NOTEBOOKS="01_memory_accounting ..." picks the notebooks (default: all). --plan
 # prints the plan and stops.
 set -euo pipefail
+# Paths a user gives (OUT_DIR, --pack, GPU_MODEL_DIR) are taken from where they stood, once, before the suite
+# changes into the checkout; the defaults are the checkout's results/gpu and .gpu_model.
+caller=$PWD
+absolute() { [[ -z "$1" || "$1" == /* ]] && printf '%s' "$1" || printf '%s/%s' "$caller" "$1"; }
 cd "$(dirname "$0")/.."
 # The interpreter: $PYTHON, else the active virtual environment's, else python3 (said before any step runs).
 if [[ -n "${PYTHON:-}" ]]; then PY=$PYTHON; py_from='$PYTHON'
@@ -39,11 +43,14 @@ while [[ $# -gt 0 ]]; do
   esac
   shift
 done
+pack=$(absolute "$pack")
+[[ -n "${OUT_DIR:-}" ]] && OUT_DIR=$(absolute "$OUT_DIR")
+[[ -n "${GPU_MODEL_DIR:-}" ]] && export GPU_MODEL_DIR=$(absolute "$GPU_MODEL_DIR")
 if (( dry )); then
-  out=${OUT_DIR:-results/gpu_dry_run}
+  out=${OUT_DIR:-$PWD/results/gpu_dry_run}
   model=random:tiny; smoke=(--scale 0.02 --max-tokens 4); flag=(--dry-run); preset=smoke
 else
-  out=${OUT_DIR:-results/gpu}
+  out=${OUT_DIR:-$PWD/results/gpu}
   model=random:llama-3-8b; smoke=(); flag=(); preset=gpu
 fi
 

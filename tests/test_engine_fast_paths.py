@@ -186,9 +186,11 @@ def test_engine_bench_times_the_triton_backend_beside_the_torch_one(tmp_path, ca
 
 
 def _suite(tmp_path, *args, **env):
-    return subprocess.run(["bash", str(ROOT / "bench" / "gpu_suite.sh"), *args], cwd=ROOT, capture_output=True,
-                          text=True, env={**os.environ, "OUT_DIR": str(tmp_path / "gpu"), "PYTHON": sys.executable,
-                                          **env}, timeout=900)
+    """The suite run from `tmp_path` with relative paths only (OUT_DIR=gpu; a --pack given relative): they must
+    land where the caller stood, although the suite and every notebook step change directory (issue 38 item 1)."""
+    return subprocess.run(["bash", str(ROOT / "bench" / "gpu_suite.sh"), *args], cwd=tmp_path, capture_output=True,
+                          text=True, env={**os.environ, "OUT_DIR": "gpu", "PYTHON": sys.executable, **env},
+                          timeout=900)
 
 
 def test_gpu_suite_dry_run(tmp_path):
@@ -199,7 +201,7 @@ def test_gpu_suite_dry_run(tmp_path):
     as ok, and the pack holds them all (at most 8 files come back from the device)."""
     import tarfile
 
-    out = _suite(tmp_path, "--dry-run", "--pack", str(tmp_path / "gpu.tar.gz"), NOTEBOOKS="01_memory_accounting")
+    out = _suite(tmp_path, "--dry-run", "--pack", "gpu.tar.gz", NOTEBOOKS="01_memory_accounting")
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     files = ("preflight.json", "kernels_gpu.json", "kernels_gpu.png", "bench_engine.json", "bench_engine.png",
              "suite.json")
