@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .atomic import write_atomic
+
 HEADER = """# Results
 
 Measured results, written by `make run` (`lab run all`) and `lab run NOTEBOOK`. Each run directory
@@ -99,6 +101,18 @@ def _metric_lines(metrics: dict) -> list[str]:
 
 
 def write_index(root: Path) -> Path:
+    """Rewrite `root`/README.md from the runs on disk. Concurrent runs (a sweep's points) take turns under a
+    lock on `root`/.index.lock, so each index lists every run finished before it, and the file is replaced
+    atomically, so no reader sees half of one."""
+    import fcntl
+
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".index.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _write_index(root)
+
+
+def _write_index(root: Path) -> Path:
     latest = {}
     runs = list_runs(root, include_failed=True)  # a failed run's row shows its error
     for r in runs:
@@ -119,8 +133,7 @@ def write_index(root: Path) -> Path:
         state = "; ".join(f"**{why.split(':')[0]}**" for why in run_state(r, repo)) or "yes"
         lines.append(f"| {name} | {label} | [{r['run_id']}]({rel}/) | {state} | {count} | {metrics} | {plots} |")
     path = root / "README.md"
-    root.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
+    write_atomic(path, "\n".join(lines) + "\n")
     return path
 
 

@@ -19,6 +19,7 @@ import traceback
 from pathlib import Path
 
 from .results_index import write_index
+from .atomic import write_atomic
 from .runs import EXPLICIT_ENV, new_run_id, results_root
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
@@ -126,7 +127,8 @@ def run_environment(path: Path, params: dict, root: Path | None = None):
         # The whole traceback: the index shows its last line (the exception), and in-process runs keep the
         # script's file and line (papermill's error text ends with the cell's own traceback).
         error = "".join(traceback.format_exception(e))[-2000:]
-        (run_dir / "metrics.json").write_text(json.dumps({"status": "failed", "error": error}, indent=2))
+        write_atomic(run_dir / "metrics.json", json.dumps({"status": "failed", "error": error}, indent=2))
+        e.run_dir = run_dir  # a sweep links a failed point to the directory it made
         raise
     finally:
         for k, v in previous.items():

@@ -25,6 +25,7 @@ import secrets
 import time
 from pathlib import Path
 
+from .atomic import write_atomic
 from .provenance import provenance
 
 _ROOT = Path(__file__).resolve().parents[1]
@@ -174,7 +175,7 @@ class Run:
         path = self.dir / "metrics.json"
         current = json.loads(path.read_text()) if path.exists() else {}
         current.update(metrics)
-        path.write_text(json.dumps(current, indent=2, default=float) + "\n")
+        write_atomic(path, json.dumps(current, indent=2, default=float) + "\n")
         return current
 
     def finish(self) -> Path:

@@ -150,15 +150,26 @@ def run_point(notebook: str, params: dict, root: str) -> dict:
 
     The metrics travel back in the outcome: on a cluster the run directory is on the worker's disk."""
     start = time.perf_counter()
+    node = _ray_node()
     try:
         run_dir = run_notebook(notebook, params, root=Path(root))
-    except Exception as e:  # the point failed; the sweep goes on
-        return {"status": "failed", "run_dir": None, "metrics": {},
-                "error": f"{type(e).__name__}: {e}"[-2000:], "seconds": time.perf_counter() - start}
+    except Exception as e:  # the point failed; the sweep goes on, and its run directory (if made) is linked
+        made = getattr(e, "run_dir", None)
+        return {"status": "failed", "run_dir": str(Path(made).relative_to(root)) if made else None, "metrics": {},
+                "error": f"{type(e).__name__}: {e}"[-2000:], "seconds": time.perf_counter() - start, "node": node}
     metrics_path = run_dir / "metrics.json"
     metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
     return {"status": "done", "run_dir": str(run_dir.relative_to(root)), "metrics": flat_metrics(metrics),
-            "error": None, "seconds": time.perf_counter() - start}
+            "error": None, "seconds": time.perf_counter() - start, "node": node}
+
+
+def _ray_node() -> str | None:
+    """The Ray node this point runs on (its id), None outside a Ray worker."""
+    if "ray" not in sys.modules:
+        return None
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
 def _run_in_process(spec: SweepSpec, todo: list[dict], root: Path):
@@ -274,7 +285,7 @@ def points_table(spec: SweepSpec, points: list[dict]):
     import pandas as pd
 
     rows = [{**{n: p["params"][n] for n in spec.swept}, "status": p["status"], "run_dir": p["run_dir"],
-             "error": _last_line(p["error"]) or None, **p["metrics"]} for p in points]
+             "node": p.get("node"), "error": _last_line(p["error"]) or None, **p["metrics"]} for p in points]
     return pd.DataFrame(rows)
 
 
