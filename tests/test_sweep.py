@@ -145,5 +145,7 @@ def test_a_failing_point_is_recorded_and_the_others_finish(tmp_path, capsys):
     [sweep_dir] = (tmp_path / "sweeps" / NOTEBOOK).iterdir()
     table = pd.read_csv(sweep_dir / "points.csv")
     assert list(table["status"]) == ["failed", "done"]
-    assert "NUM_REQUESTS" in table["error"][0] and pd.isna(table["run_dir"][0])
+    assert "NUM_REQUESTS" in table["error"][0]
+    # the failed point links the run directory it made, whose metrics.json holds the error (issue 38 item 8)
+    assert json.loads((tmp_path / table["run_dir"][0] / "metrics.json").read_text())["status"] == "failed"
     assert "1 done, 1 failed" in capsys.readouterr().out
