@@ -1,7 +1,7 @@
 """The peers `lab bench engine` times beside the engine, on the same workloads in the same run.
 
-- `transformers`: `AutoModelForCausalLM.generate` on the same weights (the converted checkpoint the lab loads)
-  in the same dtype, greedy, exactly `max_tokens` new tokens (min_new_tokens), prompts left-padded into one
+- `transformers`: `AutoModelForCausalLM.generate` on the same weights (the converted checkpoint the lab loads; for
+  a `random:` model, the engine's random weights handed over by `lab.models.hf_export`) in the same dtype, greedy, exactly `max_tokens` new tokens (min_new_tokens), prompts left-padded into one
   batch. A decode step is timed as (time for m tokens - time for 1 token) / (m - 1).
 - an OpenAI-compatible server at a URL (a vLLM, SGLang or `lab serve` the user started): the same token-id
   prompts sent at once, streamed; TTFT and TPOT per request (`lab.bench.serve.run_prompts`).
@@ -17,12 +17,22 @@ from lab.bench.engine import Workload, metric_of, prompt_ids
 from lab.timing import sync
 
 
+def _batch(tok, prompts: list[list[int]]) -> dict:
+    """The prompts left-padded into one batch (by the tokenizer; without one, with id 0 and the same mask)."""
+    if tok is not None:
+        return dict(tok.pad({"input_ids": prompts}, padding=True, return_tensors="pt"))
+    n = max(map(len, prompts))
+    ids = torch.tensor([[0] * (n - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (n - len(p)) + [1] * len(p) for p in prompts])
+    return {"input_ids": ids, "attention_mask": mask}
+
+
 def _hf_generate(hf, tok, prompts: list[list[int]], max_tokens: int) -> float:
-    batch = tok.pad({"input_ids": prompts}, padding=True, return_tensors="pt").to(hf.device)
+    batch = {k: v.to(hf.device) for k, v in _batch(tok, prompts).items()}
     sync()
     t = time.perf_counter()
     hf.generate(**batch, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
-                pad_token_id=tok.pad_token_id)
+                pad_token_id=tok.pad_token_id if tok is not None else 0)
     sync()
     return time.perf_counter() - t
 
@@ -35,15 +45,21 @@ def run_transformers(model: str, dtype: str, workloads: list[Workload], scale: f
 
     device = default_device()  # the engine's: a peer on another device would compare devices, not engines
     torch_dtype = parse_dtype(dtype) or default_dtype(device)
-    model_dir = resolve_model_dir(model)  # the converted checkpoint the lab loads, and its tokenizer
-    tok = load_tokenizer(model_dir)
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).to(device).eval()
-    tok.padding_side = "left"
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
+    if model.startswith("random:"):  # the engine's random weights (same preset, same seed), in transformers' model
+        from lab.models import load_model
+        from lab.models.hf_export import to_transformers
+
+        hf, tok = to_transformers(load_model(model, dtype=torch_dtype, device=device)[0]), None
+    else:
+        model_dir = resolve_model_dir(model)  # the converted checkpoint the lab loads, and its tokenizer
+        tok = load_tokenizer(model_dir)
+        hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).to(device).eval()
+        tok.padding_side = "left"
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token
     out = {"peer": f"transformers-{str(torch_dtype).removeprefix('torch.')}", "device": str(device), "workloads": {}}
     for w in workloads:
-        prompts = prompt_ids(w, tok, hf.config.vocab_size, scale)
+        prompts = prompt_ids(w, tok, hf.config.vocab_size, scale)  # random ids where there is no tokenizer
         _hf_generate(hf, tok, prompts, min(4, w.max_tokens))  # warm-up
         seconds = _hf_generate(hf, tok, prompts, w.max_tokens)
         step_s = None
