@@ -91,7 +91,8 @@ def default_num_blocks(model, block_size: int, max_model_len: int, max_num_seqs:
 def build_kv_store(model, num_blocks: int, block_size: int, kv_format: KVCacheFormat | None = None,
                    kv_scales=None, max_num_seqs: int = 1):
     """The pool for `model`: plain in its dtype, or quantized (with `max_num_seqs` staging lanes if it stages)."""
-    c, w = model.config, model.layers[0].input_layernorm.weight  # a pipeline stage may hold no embedding
+    # A pipeline stage may hold no embedding; every norm layout has post_attention_layernorm (OLMo 2 has no input norm).
+    c, w = model.config, model.layers[0].post_attention_layernorm.weight
     layers, heads = pool_dims(model)
     shape = (layers, num_blocks, block_size, heads, c.head_dim)
     if kv_format is None:

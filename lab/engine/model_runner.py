@@ -150,7 +150,13 @@ class ModelRunner:
     # ---- for extensions that rebuild KV outside a forward (HCache replay, lab.replay.hidden) ------------
     def observe_attention_inputs(self, fn) -> list:
         """Call fn(layer index, x) with each layer's attention input x [step tokens, hidden] (after its RMSNorm,
-        what the QKV projection multiplies) during every forward; returns the handles to remove."""
+        what the QKV projection multiplies) during every forward; returns the handles to remove. Refused for a
+        family whose keys are more than the K projection and a full RoPE (what `rebuild_kv` recomputes)."""
+        c = self.model.config
+        if c.family.qk_norm != "none" or c.rotary_dim != c.head_dim:
+            raise ValueError(f"rebuilding K/V from layer inputs covers keys made by the K projection and RoPE over "
+                             f"the whole head; {c.architecture}'s keys also pass "
+                             f"{'a k_norm' if c.family.qk_norm != 'none' else 'a partial RoPE'}: use token replay")
         return [layer.self_attn.qkv_proj.register_forward_pre_hook(lambda module, args, i=i: fn(i, args[0]))
                 for i, layer in enumerate(self.model.layers)]
 

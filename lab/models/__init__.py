@@ -1,4 +1,5 @@
-"""The lab's model (Llama family) and how to load it; see `loader.load_model`."""
+"""The lab's model (the Llama block and the families of `families.FAMILIES`) and how to load it; see
+`loader.load_model`."""
 
 from . import prepack
 from .config import SUPPORTED_ARCHITECTURES, ModelConfig

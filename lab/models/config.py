@@ -1,8 +1,9 @@
-"""Model shape: the few numbers of a Llama-family `config.json` that the lab's model needs.
+"""Model shape: the few numbers of a `config.json` that the lab's model needs.
 
 The fields follow Hugging Face's names so a `config.json` maps onto them directly. `head_dim` is
 taken from the config when present and only otherwise derived as hidden_size / num_attention_heads
-(several models, Gemma and Qwen3 among them, have a head_dim that is not that quotient).
+(several models, Gemma and Qwen3 among them, have a head_dim that is not that quotient). What an
+architecture changes in the Llama block is its `Family` (`lab.models.families`), read from `FAMILIES`.
 """
 
 from __future__ import annotations
@@ -11,10 +12,15 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-# Architectures the lab's model implements: the Llama block (RMSNorm, RoPE, GQA, SwiGLU), with
-# Qwen2's bias on the q/k/v projections and Mistral's sliding window only where it never binds.
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+from .families import FAMILIES, Family
+
+# Architectures the lab's model implements: the Llama block (RMSNorm, RoPE, GQA, SwiGLU) and the variations of
+# it that `FAMILIES` states (q/k norms, OLMo 2's post-norm layout, mixtures of experts, Qwen2's q/k/v bias).
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
+# The fields only a mixture-of-experts config has (`lab.models.moe`); left out of a dense model's config.json.
+MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+              "decoder_sparse_step", "mlp_only_layers")
 
 
 @dataclass
@@ -34,6 +40,15 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     sliding_window: int | None = None
+    hidden_act: str = "silu"
+    partial_rotary_factor: float = 1.0  # RoPE turns only the first fraction of each head (Phi-4-mini: 0.75)
+    # mixture of experts (Mixtral calls num_experts num_local_experts; its experts are intermediate_size wide)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int | None = None
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     extra: dict = field(default_factory=dict, repr=False)
@@ -59,6 +74,42 @@ class ModelConfig:
         rope_type = (self.rope_scaling or {}).get("rope_type", (self.rope_scaling or {}).get("type", "default"))
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}")
+        if self.hidden_act != "silu":  # every family here gates its MLP with SiLU (SwiGLU)
+            raise ValueError(f"unsupported hidden_act {self.hidden_act!r}; the lab's MLP is SwiGLU ('silu')")
+        if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim < 2 or self.rotary_dim % 2:
+            raise ValueError(f"partial_rotary_factor {self.partial_rotary_factor} must be in (0, 1] and turn an "
+                             f"even number of each head's {self.head_dim} features (it turns {self.rotary_dim})")
+        if self.family.mlp == "moe":
+            self._check_experts()
+
+    def _check_experts(self) -> None:
+        self.mlp_only_layers = list(self.mlp_only_layers or [])
+        if self.moe_intermediate_size is None:  # Mixtral's experts are as wide as a dense MLP
+            self.moe_intermediate_size = self.intermediate_size
+        if self.num_experts < 1:
+            raise ValueError(f"{self.architecture} needs num_experts >= 1, got {self.num_experts}")
+        if not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok {self.num_experts_per_tok} must be in [1, num_experts "
+                             f"{self.num_experts}]")
+        if self.decoder_sparse_step < 1:
+            raise ValueError(f"decoder_sparse_step {self.decoder_sparse_step} must be >= 1 (every k-th layer is "
+                             f"sparse)")
+
+    @property
+    def family(self) -> Family:
+        return FAMILIES[self.architecture]
+
+    @property
+    def rotary_dim(self) -> int:
+        """Features of each head that RoPE turns: the first `partial_rotary_factor` of them (as transformers
+        rounds it: int(head_dim * factor)); the rest pass through unrotated."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer `layer` has a mixture of experts rather than a dense MLP: every
+        `decoder_sparse_step`-th layer (1-based) outside `mlp_only_layers`, as Qwen3-MoE's config says."""
+        return (self.family.mlp == "moe" and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -72,19 +123,25 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, d: dict) -> ModelConfig:
-        archs = d.get("architectures") or [d.get("model_type", "?")]
+        # A config without `architectures` (transformers' config classes leave it unset) is named by its model_type.
+        by_type = {f.model_type: arch for arch, f in FAMILIES.items()}
+        archs = d.get("architectures") or [by_type.get(d.get("model_type"), d.get("model_type", "?"))]
         known = {f for f in cls.__dataclass_fields__ if f not in ("architecture", "extra")}
         kwargs = {k: d[k] for k in known if k in d}
-        # transformers 5 moves rope_theta into `rope_parameters`; accept both spellings.
+        # transformers 5 moves rope_theta (and the partial rotary factor) into `rope_parameters`; accept both.
         rope_params = d.get("rope_parameters") or {}
-        if "rope_theta" not in kwargs and "rope_theta" in rope_params:
-            kwargs["rope_theta"] = rope_params["rope_theta"]
+        for name in ("rope_theta", "partial_rotary_factor"):
+            if name not in kwargs and name in rope_params:
+                kwargs[name] = rope_params[name]
         if kwargs.get("rope_scaling") is None and rope_params.get("rope_type", "default") != "default":
             kwargs["rope_scaling"] = rope_params
         if not d.get("use_sliding_window", True):
             kwargs["sliding_window"] = None
-        if archs[0] == "Qwen2ForCausalLM":  # Qwen2 always has q/k/v biases; its config does not say so
-            kwargs.setdefault("attention_bias", True)
+        if "num_experts" not in kwargs and "num_local_experts" in d:  # Mixtral's name (and transformers 5's)
+            kwargs["num_experts"] = d["num_local_experts"]
+        defaults = FAMILIES[archs[0]].config_defaults if archs[0] in FAMILIES else {}
+        for name, value in defaults.items():
+            kwargs.setdefault(name, value)  # what the family's config.json leaves implicit
         return cls(architecture=archs[0], extra={k: v for k, v in d.items() if k not in known}, **kwargs)
 
     @classmethod
@@ -94,7 +151,16 @@ class ModelConfig:
     def to_hf_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k not in ("architecture", "extra")}
         d["architectures"] = [self.architecture]
-        d["model_type"] = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
-                           "Qwen2ForCausalLM": "qwen2"}[self.architecture]
-        d["rope_parameters"] = {"rope_type": "default", "rope_theta": self.rope_theta, **(self.rope_scaling or {})}
+        d["model_type"] = self.family.model_type
+        rope = {"rope_type": "default", "rope_theta": self.rope_theta, **(self.rope_scaling or {})}
+        if self.partial_rotary_factor == 1.0:
+            del d["partial_rotary_factor"]
+        else:
+            rope["partial_rotary_factor"] = self.partial_rotary_factor
+        d["rope_parameters"] = rope
+        if self.family.mlp == "moe":
+            d["num_local_experts"] = self.num_experts  # the name transformers 5 and lab.memory read
+        else:
+            for name in MOE_FIELDS:
+                del d[name]
         return d

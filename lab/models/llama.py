@@ -11,6 +11,10 @@ which stores k, v wherever its cache lives (a paged block pool in the engine, a 
 
 q/k/v and gate/up are fused into one matrix each at load time: one GEMM instead of three (two)
 on the same input, the single largest saving for a small model on a CPU.
+
+The other families the lab runs (Qwen3, OLMo 2, Phi-3, Mixtral, Qwen3-MoE) are this block with the differences
+their `Family` states (`lab.models.families`): q/k norms in `Attention`, the norm layout in `DecoderLayer`, a
+mixture of experts (`lab.models.moe`) in place of the MLP, and checkpoint names in `load_hf_state_dict`.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .moe import SparseMoE
 
 
 class AttentionContext(Protocol):
@@ -48,8 +53,9 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies theta^(-2i/d), with Llama 3's frequency-dependent scaling if configured."""
-    d = config.head_dim
+    """Inverse frequencies theta^(-2i/d) over the d = `rotary_dim` features RoPE turns, with Llama 3's
+    frequency-dependent scaling if configured."""
+    d = config.rotary_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     scaling = config.rope_scaling or {}
     if scaling.get("rope_type", scaling.get("type")) == "llama3":
@@ -65,13 +71,14 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotates pairs (i, i + d/2) of each head by position * inv_freq[i] (the Hugging Face layout)."""
+    """Rotates pairs (i, i + d/2) of each head's first d = `rotary_dim` features by position * inv_freq[i] (the
+    Hugging Face layout); with a partial rotary factor (Phi-4-mini) the features after d pass unrotated."""
 
     def __init__(self, config: ModelConfig, max_positions: int):
         super().__init__()
         self.config, self.max_positions = config, max_positions
-        self.register_buffer("cos", torch.empty(max_positions, config.head_dim // 2), persistent=False)
-        self.register_buffer("sin", torch.empty(max_positions, config.head_dim // 2), persistent=False)
+        self.register_buffer("cos", torch.empty(max_positions, config.rotary_dim // 2), persistent=False)
+        self.register_buffer("sin", torch.empty(max_positions, config.rotary_dim // 2), persistent=False)
         self.reset_tables()
 
     def reset_tables(self) -> None:
@@ -95,7 +102,11 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """[x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin], as x * cos + [x2, x1] * [-sin, sin]."""
+    """[x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin], as x * cos + [x2, x1] * [-sin, sin], over the first
+    cos.shape[-1] features of each head; any after them (a partial rotary factor) pass through."""
+    rot = cos.shape[-1]
+    if rot < x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :rot], cos, signed_sin), x[..., rot:]), -1)
     xf = x.float()
     half = xf.shape[-1] // 2
     return torch.addcmul(xf * cos, torch.cat((xf[..., half:], xf[..., :half]), -1), signed_sin).to(x.dtype)
@@ -109,47 +120,81 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = self.n_heads * self.d, self.n_kv * self.d
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        # q/k norms before RoPE: over each head's d features (Qwen3), or over all heads' at once (OLMo 2).
+        self.qk_norm = config.family.qk_norm
+        if self.qk_norm != "none":
+            per_head = self.qk_norm == "per_head"
+            self.q_norm = RMSNorm(self.d if per_head else self.q_size, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.d if per_head else self.kv_size, config.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], ctx: AttentionContext) -> torch.Tensor:
         qkv = self.qkv_proj(x)
+        qk = qkv[:, :self.q_size + self.kv_size]
+        if self.qk_norm == "full":
+            qk = torch.cat((self.q_norm(qk[:, :self.q_size]), self.k_norm(qk[:, self.q_size:])), -1)
+        qk = qk.view(-1, self.n_heads + self.n_kv, self.d)
+        if self.qk_norm == "per_head":
+            qk = torch.cat((self.q_norm(qk[:, :self.n_heads]), self.k_norm(qk[:, self.n_heads:])), 1)
         # q and k sit side by side in qkv: rotate them in one pass, as heads n_heads + n_kv.
-        qk = apply_rope(qkv[:, :self.q_size + self.kv_size].view(-1, self.n_heads + self.n_kv, self.d), *rope)
-        q, k = qk.split([self.n_heads, self.n_kv], dim=1)
+        q, k = apply_rope(qk, *rope).split([self.n_heads, self.n_kv], dim=1)
         out = ctx.attend(self.layer, q, k, qkv[:, self.q_size + self.kv_size:].view(-1, self.n_kv, self.d))
         return self.o_proj(out.reshape(-1, self.q_size))
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate).mul_(up))
 
 
+def feed_forward(config: ModelConfig, layer: int) -> nn.Module:
+    """Layer `layer`'s MLP: a mixture of SwiGLU experts where the config makes the layer sparse, else one."""
+    if not config.is_moe_layer(layer):
+        return MLP(config.hidden_size, config.intermediate_size)
+    experts = [MLP(config.hidden_size, config.moe_intermediate_size) for _ in range(config.num_experts)]
+    return SparseMoE(config.hidden_size, experts, config.num_experts_per_tok, config.norm_topk_prob)
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int):
+    """Pre-norm (Llama): x + attn(norm(x)), then + mlp(norm(.)). Post-norm (OLMo 2): x + norm(attn(x)), then
+    + norm(mlp(.)), with no norm on the block's input; the module names are the checkpoints'. `layer` is the
+    layer's index in the whole model (whether its MLP is sparse), `kv_layer` its index in the KV pool it writes
+    (another for a pipeline stage, whose pool holds its own layers only)."""
+
+    def __init__(self, config: ModelConfig, layer: int, kv_layer: int | None = None):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, layer)
+        self.post_norm = config.family.norm_layout == "post"
+        if not self.post_norm:
+            self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer if kv_layer is None else kv_layer)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        if self.post_norm:
+            self.post_feedforward_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = feed_forward(config, layer)
 
     def forward(self, x, rope, ctx):
+        if self.post_norm:
+            x = x + self.post_attention_layernorm(self.self_attn(x, rope, ctx))
+            return x + self.post_feedforward_layernorm(self.mlp(x))
         x = x + self.self_attn(self.input_layernorm(x), rope, ctx)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, max_positions: int | None = None):
+    def __init__(self, config: ModelConfig, max_positions: int | None = None, first_layer: int = 0):
+        """`config.num_hidden_layers` layers; `first_layer`: the whole model's index of the first (a pipeline
+        stage holds layers first_layer ..), which decides which of them are sparse."""
         super().__init__()
         self.config = config
         self.rope = RotaryEmbedding(config, max_positions or config.max_position_embeddings)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, first_layer + i, kv_layer=i)
+                                    for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
@@ -182,10 +227,13 @@ class LlamaModel(nn.Module):
         return self.lm_head(hidden).float()
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Load Hugging Face names (q_proj, k_proj, v_proj, gate_proj, up_proj), fusing as we go."""
+        """Load Hugging Face names (q_proj, k_proj, v_proj, gate_proj, up_proj), fusing as we go; the family's
+        `checkpoint_names` first rename what it calls otherwise. Already fused matrices (Phi-3's qkv_proj and
+        gate_up_proj) carry the lab's own names and load as they are."""
         tensors, parts = {}, {}
+        renames = self.config.family.checkpoint_names
         for name, w in state.items():
-            *module, proj, kind = name.removeprefix("model.").split(".")
+            *module, proj, kind = (renames.get(p, p) for p in name.removeprefix("model.").split("."))
             if proj in _FUSED_INTO:
                 target, i = _FUSED_INTO[proj]
                 parts.setdefault(".".join([*module, target, kind]), {})[i] = w

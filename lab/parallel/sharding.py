@@ -18,6 +18,11 @@ degree does not divide; the lab accepts the imbalance, which shows as rank 0 wai
 With more ranks than KV heads each KV head is replicated on N / n_kv ranks (N must be a multiple of n_kv) that
 split its g query heads evenly (g must be a multiple of N / n_kv). Anything else is refused with the numbers.
 
+Families (`lab.models.families`): per-head q/k norms (Qwen3) act on whole heads and are replicated like the other
+norms; Phi-3 is the Llama layer. OLMo 2's q/k norms span all heads (a rank would need the others' sums of squares)
+and a mixture of experts would be split by experts, which the lab does not do: both are refused by name
+(`check_shardable`).
+
 A shard is a `LlamaModel` built from a per-rank config (its heads, features, vocabulary slice), so its layers and
 its KV pool have the rank's shapes; its `config` is then set back to the whole model's, which is what the engine
 and its extensions reason about (the vocabulary, the layer count).
@@ -32,7 +37,8 @@ import torch
 from torch import nn
 
 from lab.memory import ModelShape
-from lab.models.llama import LlamaModel
+from lab.models.families import FAMILIES
+from lab.models.llama import LlamaModel, RMSNorm
 
 from .layers import GatheredLMHead, RowParallelLinear, VocabParallelEmbedding
 
@@ -54,9 +60,27 @@ class RankShard:
     vocab: tuple[int, int]
 
 
+def shardable(family) -> bool:
+    """Whether tensor parallelism can split a layer of `family` by heads and features alone."""
+    return family.qk_norm != "full" and family.mlp == "dense"
+
+
+def check_shardable(config) -> None:
+    """ValueError naming the architecture, why, and the ones that shard, for a family `shardable` refuses."""
+    family = config.family
+    if shardable(family):
+        return
+    why = ("its q/k norms span all heads, which a rank holding some heads cannot compute alone"
+           if family.qk_norm == "full" else "a mixture of experts would be split by experts, which the lab does not do")
+    raise ValueError(f"tensor parallelism cannot shard {config.architecture}: {why}; it shards "
+                     f"{', '.join(a for a, f in FAMILIES.items() if shardable(f))}")
+
+
 def plan_shards(config, world: int) -> list[RankShard]:
     """Each rank's share of a model of `config` (a `lab.models.ModelConfig`) at tensor-parallel degree `world`;
-    ValueError with the numbers when the heads cannot be split into whole KV groups."""
+    ValueError with the numbers when the heads cannot be split into whole KV groups, and with the architecture
+    when its layers cannot be split at all (`check_shardable`)."""
+    check_shardable(config)
     return plan(config.num_attention_heads, config.num_key_value_heads, config.intermediate_size,
                 config.vocab_size, world)
 
@@ -118,9 +142,9 @@ def _layer_tensors(layer, config, shard: RankShard) -> dict[str, torch.Tensor]:
     k = slice(q_size + k.start, q_size + k.stop)
     v = slice(k.start + kv_size, k.stop + kv_size)
     inter = config.intermediate_size
-    out = {
-        "input_layernorm.weight": layer.input_layernorm.weight,
-        "post_attention_layernorm.weight": layer.post_attention_layernorm.weight,
+    # Every norm is replicated: the layer's, and per-head q/k norms, which act on each (whole) head alike.
+    out = {f"{name}.weight": m.weight for name, m in layer.named_modules() if isinstance(m, RMSNorm)}
+    out |= {
         "self_attn.qkv_proj.weight": torch.cat([attn.qkv_proj.weight[s] for s in (q, k, v)]),
         "self_attn.o_proj.weight": attn.o_proj.weight[:, q],
         "mlp.gate_up_proj.weight": torch.cat([mlp.gate_up_proj.weight[i0:i1],
@@ -148,7 +172,11 @@ def shard_model(model: LlamaModel, shard: RankShard, comm) -> LlamaModel:
     device = model.embed_tokens.weight.device
     net = net.to_empty(device=device)
     net.rope.reset_tables()
-    net.load_state_dict({k: w.contiguous().clone() for k, w in state.items()}, strict=False, assign=True)
+    missing, unexpected = net.load_state_dict({k: w.contiguous().clone() for k, w in state.items()}, strict=False,
+                                              assign=True)
+    if unexpected or any(k.startswith("layers.") for k in missing):  # an unsliced tensor would stay garbage
+        raise ValueError(f"the shard's layers do not match the model's: missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]}")
     net.tie_weights()
     net.store_weights_transposed()
     net.embed_tokens = VocabParallelEmbedding(net.embed_tokens.weight, v0, comm)

@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 
 from .gguf_grids import fake_quantize_gguf
-from .layerwise import LINEAR_STEPS
+from .layerwise import LINEAR_STEPS, check_linears
 from .rtn import MIN_SCALE, QuantSpec, fake_quantize, from_grid, to_grid
 
 
@@ -88,6 +88,7 @@ def _rtn(bits: int, group: int) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def _linears(model: nn.Module, layers: tuple[int, ...] | None) -> list[tuple[int, nn.Linear]]:
+    check_linears(model)
     return [(i, layer.get_submodule(name)) for i, layer in enumerate(model.layers)
             if layers is None or i in layers for name in LINEAR_STEPS]
 

@@ -23,6 +23,25 @@ from torch import nn
 LINEAR_STEPS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
+def check_linears(model: nn.Module) -> None:
+    """`LINEAR_STEPS` name a dense layer's linears: refuse a mixture of experts (E of each, and a router) by name
+    rather than quantize part of it."""
+    c = model.config
+    if c.family.mlp != "dense":
+        raise ValueError(f"lab.quant quantizes dense decoder layers; {c.architecture} has a mixture of experts, "
+                         f"whose experts and router it does not walk")
+
+
+def check_sequential(model: nn.Module) -> None:
+    """`CalibrationPass.sequential` recomputes the residual stream of the pre-norm layer: refuse other layouts (and
+    mixtures of experts) by name."""
+    check_linears(model)
+    c = model.config
+    if c.family.norm_layout != "pre":
+        raise ValueError(f"calibrated quantization (GPTQ, AWQ) walks the pre-norm layer x + f(norm(x)); "
+                         f"{c.architecture} is {c.family.norm_layout}-norm")
+
+
 class IndependentSequences:
     """An `AttentionContext` for `batch` sequences of `length` tokens laid end to end in one flat
     batch of batch * length tokens, each attending causally within itself. One forward, no cache."""
@@ -56,6 +75,7 @@ class CalibrationPass:
     def __init__(self, model: nn.Module, calib_token_ids: list[list[int]], layers: list[int] | None = None):
         if not calib_token_ids or any(len(ids) == 0 for ids in calib_token_ids):
             raise ValueError("calib_token_ids must hold at least one non-empty sequence")
+        check_sequential(model)
         self.n_layers = len(model.layers)
         self.chosen = sorted(set(range(self.n_layers) if layers is None else layers))
         if not self.chosen or self.chosen[0] < 0 or self.chosen[-1] >= self.n_layers:

@@ -23,7 +23,7 @@ import torch
 from .formats import save_quantized
 from .gguf_grids import BLOCK, GRIDS, dequantize_gguf, quantize_gguf
 from .gptq import GPTQConfig, gptq_quantize_model
-from .layerwise import LINEAR_STEPS
+from .layerwise import LINEAR_STEPS, check_linears
 from .rtn import QuantSpec, dequantize, quantize
 
 GGUF_METHODS = tuple(f"gguf-{g}" for g in GRIDS)
@@ -77,7 +77,8 @@ class QuantJob:
 
 def decoder_linears(model, layers: tuple[int, ...] | None = None) -> dict[str, torch.nn.Linear]:
     """The decoder linears by lab module name, of `layers` (None: every layer; an index past the model's
-    last layer is refused)."""
+    last layer is refused, and so is a mixture of experts: `check_linears`)."""
+    check_linears(model)
     n = len(model.layers)
     if layers is not None and max(layers) >= n:
         raise ValueError(f"layers={layers!r}: the model has {n} decoder layers (indices 0 to {n - 1})")
