@@ -142,3 +142,29 @@ def test_random_preset_and_unknown_names():
         load_model("random:no-such-shape")
     with pytest.raises(ValueError, match="smollm2-135m"):
         load_model("no-such-model")
+
+
+def test_checkpoints_as_people_have_them_sharded_with_generation_eos(tmp_path):
+    """Issue 37 item 2: a checkpoint in several safetensors shards (with model.safetensors.index.json) loads as one,
+    and generation_config.json's EOS list (a chat model's end-of-turn tokens) joins config.json's."""
+    import json as _json
+
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig, LlamaConfig
+
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, eos_token_id=2)
+    hf = _save_tiny_hf(tmp_path / "one", config)
+    hf.save_pretrained(tmp_path, max_shard_size="40KB")  # in shards
+    GenerationConfig(eos_token_id=[2, 7, 9]).save_pretrained(tmp_path)
+    index = _json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) > 2 and all((tmp_path / s).exists() for s in shards), shards
+    # a file the index does not name (left by an earlier save) is not read: the index says what the model is
+    save_file({"model.norm.weight": torch.zeros(3)}, tmp_path / "model.safetensors")
+    model, _ = load_model(tmp_path, device="cpu", dtype=torch.float32)
+    ids = list(range(3, 60))
+    with torch.inference_mode():
+        theirs = hf(torch.tensor([ids])).logits[0]
+    assert (forward_logits(model, ids) - theirs).abs().max().item() <= 1e-4
+    assert model.config.eos_token_ids == [2, 7, 9]

@@ -146,7 +146,18 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, path: str | Path) -> ModelConfig:
-        return cls.from_hf_dict(json.loads(Path(path).read_text()))
+        """A `config.json`; a `generation_config.json` beside it adds its EOS ids, which is where chat models list
+        the end-of-turn tokens (Llama 3 Instruct: config.json names 128001, generation_config.json 128001, 128008
+        and 128009); transformers' `generate` stops at those, and so does the engine."""
+        path = Path(path)
+        d = json.loads(path.read_text())
+        generation = path.with_name("generation_config.json")
+        if generation.exists():
+            extra = json.loads(generation.read_text()).get("eos_token_id")
+            if extra is not None:
+                ids = [*_as_list(d.get("eos_token_id")), *_as_list(extra)]
+                d["eos_token_id"] = list(dict.fromkeys(ids))  # both, in order, once each
+        return cls.from_hf_dict(d)
 
     def to_hf_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k not in ("architecture", "extra")}
@@ -164,3 +175,7 @@ class ModelConfig:
             for name in MOE_FIELDS:
                 del d[name]
         return d
+
+
+def _as_list(ids) -> list:
+    return [] if ids is None else list(ids) if isinstance(ids, (list, tuple)) else [ids]

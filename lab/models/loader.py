@@ -160,6 +160,24 @@ def load_model(model: str | os.PathLike = "smollm2-135m", dtype: torch.dtype | s
     return net, tokenizer
 
 
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: those its `model.safetensors.index.json` names when it is sharded
+    (a file the index does not name, left by an earlier save, is not the model), else every *.safetensors."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        import json
+
+        files = [model_dir / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        missing = [f.name for f in files if not f.exists()]
+        if missing:
+            raise ValueError(f"{index} names shards that are not there: {missing[:5]}")
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{model_dir} has no *.safetensors weights")
+    return files
+
+
 def _load(model, dtype: torch.dtype, device: torch.device, max_positions: int | None, seed: int):
     from safetensors.torch import load_file
 
@@ -180,9 +198,7 @@ def _load(model, dtype: torch.dtype, device: torch.device, max_positions: int | 
         return net.eval(), None
     model_dir = resolve_model_dir(model)
     config = ModelConfig.from_json(model_dir / "config.json")
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{model_dir} has no *.safetensors weights")
+    files = checkpoint_files(model_dir)
     with torch.device("meta"):
         net = LlamaModel(config, max_positions)
     state = {}
