@@ -206,3 +206,21 @@ def test_torch_dtypes_have_their_account_names():
     assert [dtype_name(d) for d in (torch.float32, torch.float16, torch.bfloat16)] == ["fp32", "fp16", "bf16"]
     with pytest.raises(ValueError, match="int8"):
         dtype_name(torch.int8)
+
+
+def test_a_qwen3_moe_config_counts_its_experts_and_its_dense_layers():
+    """Hub Qwen3-MoE configs name the experts `num_experts` and keep some layers dense (`mlp_only_layers`,
+    `decoder_sparse_step`); the account read neither, so it counted no experts at all."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                            num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                            num_experts=6, num_experts_per_tok=2, decoder_sparse_step=2, mlp_only_layers=[3])
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(config)
+    s = ModelShape.from_hf_config(config.to_dict() | {"architectures": ["Qwen3MoeForCausalLM"]})
+    assert (s.num_experts, s.experts_per_token, s.first_dense_layers) == (6, 2, 4)  # layer 1 alone is sparse
+    total = sum(p.numel() for p in hf.parameters())
+    # the account leaves out Qwen3's per-head q/k norms (2 x head_dim a layer): 160 of ~80K parameters
+    assert abs(param_counts(s)["total"] - total) <= 2 * 16 * 5

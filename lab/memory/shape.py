@@ -60,7 +60,8 @@ class ModelShape:
         arch = (d.get("architectures") or [d.get("model_type", "")])[0]
         heads = d["num_attention_heads"]
         head_dim = d.get("head_dim") or d["hidden_size"] // heads
-        experts = d.get("n_routed_experts") or d.get("num_local_experts") or 0
+        # DeepSeek's, Mixtral's and the Qwen MoE models' names for the routed experts
+        experts = d.get("n_routed_experts") or d.get("num_local_experts") or d.get("num_experts") or 0
         window = d.get("sliding_window") if d.get("use_sliding_window", True) else None
         layers = d["num_hidden_layers"]
         gemma2 = arch.startswith("Gemma2")
@@ -73,7 +74,7 @@ class ModelShape:
             norms_per_layer=4 if gemma2 else 2,
             num_experts=experts, experts_per_token=d.get("num_experts_per_tok", 0) if experts else 0,
             moe_intermediate_size=d.get("moe_intermediate_size") or (d["intermediate_size"] if experts else 0),
-            num_shared_experts=d.get("n_shared_experts") or 0, first_dense_layers=d.get("first_k_dense_replace", 0),
+            num_shared_experts=d.get("n_shared_experts") or 0, first_dense_layers=_dense_layers(d, experts),
             q_lora_rank=d.get("q_lora_rank"), kv_lora_rank=d.get("kv_lora_rank"),
             qk_nope_head_dim=d.get("qk_nope_head_dim"), qk_rope_head_dim=d.get("qk_rope_head_dim"),
             v_head_dim=d.get("v_head_dim"),
@@ -132,3 +133,14 @@ def param_counts(s: ModelShape) -> dict[str, int]:
     counts["total"] = sum(counts.values())
     counts["active"] = counts["total"] - moe_layers * (s.num_experts - s.experts_per_token) * expert
     return counts
+
+
+def _dense_layers(d: dict, experts: int) -> int:
+    """How many layers of an MoE model keep a dense MLP: DeepSeek's first `first_k_dense_replace`, or Qwen's
+    `mlp_only_layers` plus the layers `decoder_sparse_step` skips (layer i is sparse when (i + 1) % step == 0)."""
+    if not experts:
+        return 0
+    if "first_k_dense_replace" in d:
+        return d["first_k_dense_replace"] or 0
+    step, dense = d.get("decoder_sparse_step") or 1, set(d.get("mlp_only_layers") or ())
+    return sum(1 for i in range(d["num_hidden_layers"]) if i in dense or (i + 1) % step)
