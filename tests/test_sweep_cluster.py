@@ -100,13 +100,18 @@ def _stop(temp: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def two_node_cluster(tmp_path_factory):
+def two_node_cluster():
     """`ray start --head` and a second node joining it, one CPU each, on this machine; each node is labelled by
     a custom resource (`lab_node_<name>`: this Ray's `ray start` has no --labels). Ray 2.60 turns token
     authentication on for a cluster started this way: the nodes and this process share a fresh token."""
     import secrets
 
-    port, temp = _free_port(), tmp_path_factory.mktemp("ray")
+    import shutil
+    import tempfile
+
+    # A short path of its own: Ray's sockets live under it and a Unix socket path may not pass 107 bytes, which
+    # pytest's tmp_path under xdist (/tmp/pytest-of-root/pytest-N/popen-gw0/...) does.
+    port, temp = _free_port(), Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     address = f"127.0.0.1:{port}"
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16), "RAY_USAGE_STATS_ENABLED": "0"}
     saved = {k: os.environ.get(k) for k in auth}
@@ -121,6 +126,7 @@ def two_node_cluster(tmp_path_factory):
         yield address
     finally:
         _stop(temp)
+        shutil.rmtree(temp, ignore_errors=True)
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
