@@ -16,13 +16,18 @@ import pytest
 
 from lab import sweep
 from lab.atomic import write_atomic
-from lab.cli import main
 from lab.results_index import write_index
 from lab.run_notebook import resolve_notebook, run_environment
 from lab.sweep import build_spec
 
 NOTEBOOK = "00_engine_tour"
 RAY = Path(sys.executable).with_name("ray")
+# Each live node's label (its `lab_node_<name>` resource) by node id, as JSON.
+NODES = """import json, os, ray
+ray.init(address=os.environ["ADDRESS"], logging_level="WARNING")
+print(json.dumps({n["NodeID"]: next(r.removeprefix("lab_node_") for r in n["Resources"] if r.startswith("lab_node_"))
+                  for n in ray.nodes() if n["Alive"]}))
+"""
 
 
 def test_an_interrupted_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
@@ -133,19 +138,19 @@ def two_node_cluster():
 
 @pytest.mark.slow
 def test_points_run_on_both_nodes_and_the_index_survives_four_at_once(two_node_cluster, tmp_path):
-    import ray
-
-    ray.init(address=two_node_cluster, logging_level="WARNING")
-    try:
-        labels = {n["NodeID"]: next(r.removeprefix("lab_node_") for r in n["Resources"] if r.startswith("lab_node_"))
-                  for n in ray.nodes() if n["Alive"]}
-    finally:
-        ray.shutdown()
+    """The driver runs in processes of their own, as a user's would: Ray keeps the first auth token it loads
+    for the life of a process, so a driver in this test worker, after another test's local Ray, would present
+    that one and be refused."""
+    nodes = subprocess.run([sys.executable, "-c", NODES], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "ADDRESS": two_node_cluster})
+    assert nodes.returncode == 0, nodes.stderr[-2000:]
+    labels = json.loads(nodes.stdout.strip().splitlines()[-1])
     assert sorted(labels.values()) == ["head", "second"]
     args = ["sweep", NOTEBOOK, "-p", "NUM_REQUESTS", "1,2,3,4", "-p", "MAX_TOKENS", "4", "--preset", "smoke",
             "--results-dir", str(tmp_path), "--address", two_node_cluster, "--cpus-per-point", "0.5"]
     start = time.perf_counter()
-    assert main(args) == 0
+    done = subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     [sweep_dir] = (tmp_path / "sweeps" / NOTEBOOK).iterdir()
     table = pd.read_csv(sweep_dir / "points.csv")
     assert list(table["status"]) == ["done"] * 4 and list(table["requests"]) == [1, 2, 3, 4]
