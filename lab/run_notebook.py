@@ -18,8 +18,8 @@ import os
 import traceback
 from pathlib import Path
 
-from .results_index import write_index
 from .atomic import write_atomic
+from .results_index import write_index
 from .runs import EXPLICIT_ENV, new_run_id, results_root
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
