@@ -100,6 +100,7 @@ mkdir -p "$out"
 
 start=$(date +%s)
 timings=(); failed=0
+declare -A case_logs=([preflight]=preflight [kernels]=kernels_gpu [engine]=bench_engine)  # a step's .jsonl
 for s in "${steps[@]}"; do
   IFS='|' read -r name est cmd <<<"$s"
   left=$(( BUDGET_S - ($(date +%s) - start) ))
@@ -115,7 +116,6 @@ for s in "${steps[@]}"; do
   fi
   [[ $status == ok ]] || failed=$(( failed + 1 ))
   # What a step kept case by case (lab.bench.caselog), so a step stopped at its limit still shows its cases.
-  declare -A case_logs=([preflight]=preflight [kernels]=kernels_gpu [engine]=bench_engine)
   kept=""
   if [[ -n "${case_logs[$name]:-}" && -f "$out/${case_logs[$name]}.jsonl" ]]; then
     n=$(wc -l <"$out/${case_logs[$name]}.jsonl")

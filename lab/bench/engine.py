@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from lab.bench.bounds import ModelBytes, workload_bound
+from lab.bench.caselog import CaseLog
 
 TOPICS = [
     "photosynthesis", "the French Revolution", "black holes", "compound interest", "the immune system",
@@ -174,7 +175,7 @@ def verify_ratio(llm, context: int = 256, k: int = 4, repeats: int = 5) -> float
 
 
 def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: float = 1.0,
-                profile_dir=None, log=None) -> dict:
+                profile_dir=None, log=CaseLog(None)) -> dict:
     """Every workload on one engine variant, each beside its bound from ceilings measured in its dtype; with
     `profile_dir`, each workload then runs once more under the profiler (`lab.bench.profile`)."""
     from lab.hardware import model_ceilings
@@ -197,8 +198,7 @@ def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: 
         measured_s = measured["step_s"] * (w.max_tokens - 1) if w.metric == "step_ms" else measured["seconds"]
         bound_s = bound["decode_bound_s"] if w.metric == "step_ms" else bound["bound_s"]
         out["workloads"][w.name] = {**measured, **bound, "fraction_of_roofline": bound_s / measured_s}
-        if log is not None:
-            log.write("engine", {"variant": variant.label, "workload": w.name, **out["workloads"][w.name]})
+        log.write("engine", {"variant": variant.label, "workload": w.name, **out["workloads"][w.name]})
         if profile_dir is not None:
             from pathlib import Path
 
@@ -217,7 +217,7 @@ def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: 
 def run_engine_bench(model: str = "smollm2-135m", variants=tuple(VARIANTS), workloads=tuple(WORKLOADS),
                      transformers_dtypes=("float32", "auto"), peer_url: str | None = None,
                      peer_model: str | None = None, scale: float = 1.0, max_tokens: int | None = None,
-                     profile_dir=None, log=None, backends=("torch",)) -> dict:
+                     profile_dir=None, log=CaseLog(None), backends=("torch",)) -> dict:
     """The whole benchmark: each engine variant, then the peers, on the same workloads in one process; `log` (a
     `lab.bench.caselog.CaseLog`) gets each engine workload and each peer as it finishes; `backends`: each variant
     runs on each attention backend named.
@@ -236,10 +236,8 @@ def run_engine_bench(model: str = "smollm2-135m", variants=tuple(VARIANTS), work
         result["engines"].append(run_variant(variant, ws, model, scale, profile_dir, log))
     for dtype in transformers_dtypes:
         result["peers"].append(run_transformers(model, dtype, ws, scale))
-        if log is not None:
-            log.write("peer", result["peers"][-1])
+        log.write("peer", result["peers"][-1])
     if peer_url:
         result["peers"].append(run_url_peer(peer_url, peer_model or model, model, ws, scale))
-        if log is not None:
-            log.write("peer", result["peers"][-1])
+        log.write("peer", result["peers"][-1])
     return result

@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import torch
 
+from .llama import FUSED_INTO
+
 # The architectures whose Hugging Face checkpoint is the Llama layout with q/k/v and gate/up apart.
 EXPORTABLE = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+# The loader's table read backwards: each fused matrix -> the Hugging Face projections it holds, in row order.
+UNFUSED: dict[str, list[str]] = {}
+for _name, (_target, _row) in sorted(FUSED_INTO.items(), key=lambda item: item[1]):
+    UNFUSED.setdefault(_target, []).append(_name)
 
 
 def hf_state_dict(net) -> dict[str, torch.Tensor]:
@@ -26,12 +32,8 @@ def hf_state_dict(net) -> dict[str, torch.Tensor]:
         module, _, kind = name.rpartition(".")
         parent, _, leaf = module.rpartition(".")
         prefix = "" if name.startswith("lm_head.") else "model."
-        if leaf == "qkv_proj":
-            parts = dict(zip(("q_proj", "k_proj", "v_proj"), t.split([q, kv, kv])))
-        elif leaf == "gate_up_proj":
-            parts = dict(zip(("gate_proj", "up_proj"), t.chunk(2)))
-        else:
-            parts = {leaf: t}
+        sizes = {"qkv_proj": [q, kv, kv], "gate_up_proj": [t.shape[0] // 2] * 2}.get(leaf)
+        parts = dict(zip(UNFUSED[leaf], t.split(sizes))) if sizes else {leaf: t}
         for leaf_name, part in parts.items():
             key = ".".join(p for p in (parent, leaf_name, kind) if p)
             out[prefix + key] = part.contiguous()

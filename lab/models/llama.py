@@ -234,8 +234,8 @@ class LlamaModel(nn.Module):
         renames = self.config.family.checkpoint_names
         for name, w in state.items():
             *module, proj, kind = (renames.get(p, p) for p in name.removeprefix("model.").split("."))
-            if proj in _FUSED_INTO:
-                target, i = _FUSED_INTO[proj]
+            if proj in FUSED_INTO:
+                target, i = FUSED_INTO[proj]
                 parts.setdefault(".".join([*module, target, kind]), {})[i] = w
             else:
                 tensors[".".join([*module, proj, kind])] = w
@@ -252,5 +252,5 @@ class LlamaModel(nn.Module):
 
 
 # Hugging Face projection name -> (the lab's fused matrix, position of its rows in it).
-_FUSED_INTO = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+FUSED_INTO = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
                "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}

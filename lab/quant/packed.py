@@ -290,11 +290,11 @@ def pack_model(model: nn.Module, results: dict, spec: QuantSpec, lm_head: QuantS
 
 def _lab_target(hf_prefix: str) -> tuple[str, int]:
     """Hugging Face module name -> (the lab's linear holding it, position of its rows in it)."""
-    from lab.models.llama import _FUSED_INTO  # the one statement of how the lab fuses q/k/v and gate/up
+    from lab.models.llama import FUSED_INTO  # the one statement of how the lab fuses q/k/v and gate/up
 
     *parent, proj = hf_prefix.removeprefix("model.").split(".")
-    if proj in _FUSED_INTO:
-        target, slot = _FUSED_INTO[proj]
+    if proj in FUSED_INTO:
+        target, slot = FUSED_INTO[proj]
         return ".".join([*parent, target]), slot
     return ".".join([*parent, proj]), 0
 

@@ -36,14 +36,20 @@ class RequiredScanner:
             else:
                 self._structure(ch)
 
-    def _string(self, ch: str) -> None:
-        self._raw += ch
+    def _closes_string(self, ch: str) -> bool:
+        """One character inside a JSON string: escapes tracked; True when it is the closing quote."""
         if self._escape:
             self._escape = False
         elif ch == "\\":
             self._escape = True
         elif ch == '"':
             self._in_string = False
+            return True
+        return False
+
+    def _string(self, ch: str) -> None:
+        self._raw += ch
+        if self._closes_string(ch):
             if self._depth == 2 and self._after_colon and self._key == "name":
                 self.calls[-1]["name"] = json.loads(self._raw)
             elif self._depth == 2 and not self._after_colon:
@@ -73,12 +79,7 @@ class RequiredScanner:
     def _arguments(self, ch: str) -> None:
         self.calls[-1]["arguments"] += ch
         if self._in_string:
-            if self._escape:
-                self._escape = False
-            elif ch == "\\":
-                self._escape = True
-            elif ch == '"':
-                self._in_string = False
+            self._closes_string(ch)
         elif ch == '"':
             self._in_string = True
         elif ch in "[{":
