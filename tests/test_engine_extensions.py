@@ -133,6 +133,52 @@ def test_every_finish_and_every_abort_reaches_every_extension_in_the_documented_
     assert llm.stats()["recorder_finished"] == 3 and llm.block_manager.num_used_blocks == 0
 
 
+class BiasWatcher(Recorder):
+    """Asked for by the requests that set `logit_bias`: its per-request hooks hear those requests only."""
+
+    name = "bias_watcher"
+    requested_by = "logit_bias"
+
+    def check_request(self, seq):
+        self.calls.append(("check_request", seq.request_id))
+
+
+class BiasWatcherConfig:
+    def build(self, engine):
+        return BiasWatcher()
+
+
+def test_an_extension_asked_for_by_a_field_hears_only_the_requests_that_set_it(smollm, chat_prompt_ids):
+    model, tok = smollm
+    llm = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=256, extensions=[BiasWatcherConfig()])
+    watcher = llm.extensions["bias_watcher"]
+    plain = llm.add_request(chat_prompt_ids[0], SamplingParams(max_tokens=3, temperature=0))
+    biased = llm.add_request(chat_prompt_ids[1], SamplingParams(max_tokens=3, temperature=0, logit_bias={7: -5.0}))
+    while llm.has_unfinished():
+        llm.step()
+    assert ("check_request", biased) in watcher.calls and ("check_request", plain) not in watcher.calls
+    assert watcher.calls.count("process_logits") == 3  # the biased request's three tokens, not the plain one's
+    assert [rid for rid, _ in watcher.finished] == [biased]
+    assert watcher.calls.count("after_step") == llm.num_steps  # step hooks run every step, for every request
+
+
+def test_adding_an_extension_leaves_a_loop_over_the_old_ones_running(smollm, chat_prompt_ids):
+    """A server adds `FanOut` (its first `n` > 1) on the event loop's thread while the engine thread may be in a
+    loop over the extensions: the engine swaps in a new dict rather than changing the one being iterated."""
+    model, tok = smollm
+    llm = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=256, extensions=[RecorderConfig()])
+    seen = []
+    for name in llm.extensions:  # an engine thread's loop, interrupted by the server's first n = 2 request
+        seen.append(name)
+        if len(seen) == 1:
+            llm.add_samples([llm.make_sequence(chat_prompt_ids[0], q)
+                             for q in SamplingParams(n=2, max_tokens=2, temperature=0).samples()])
+    assert "fanout" in llm.extensions and "fanout" not in seen
+    while llm.has_unfinished():
+        llm.step()
+    assert llm.block_manager.num_used_blocks == 0
+
+
 def test_two_rewinding_extensions_are_refused_by_name(smollm):
     model, tok = smollm
     with pytest.raises(ValueError, match="speculative and replay both rewind"):

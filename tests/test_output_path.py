@@ -1,4 +1,4 @@
-"""One output path (`lab.engine.output`): the text decoded as tokens arrive equals decoding the whole output, and
+"""One output path (`lab.engine.text`): the text decoded as tokens arrive equals decoding the whole output, and
 the server streams the engine's own text, decoding each token a bounded number of times, not the whole output
 again every step. One fan-out (`LLM.add_samples`) for `n`, which can abort a sample it still holds."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 
 from lab.engine import LLM, SamplingParams
-from lab.engine.output import Detokenizer
+from lab.engine.text import Detokenizer
 from lab.serve import ServerThread
 
 SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"

@@ -11,6 +11,14 @@ Before any step, `check_request(seq)` runs as a request is validated (`LLM.make_
 in a server, on the event loop's thread): a ValueError refuses the request alone; an extension may attach its
 per-request state to the sequence (structured output's grammar matcher).
 
+Who hears what. The per-request hooks (`check_request`, `mask_logits`, `process_logits`, `on_token`,
+`forced_token`, `on_finish`) run for the requests an extension takes: all of them, or, for an extension that
+names the `SamplingParams` field a request sets to ask for it (`requested_by`: structured output's
+`"structured_outputs"`), only those that set it. The sequence keeps the list (`Sequence.extensions`), so a request
+that asks for nothing runs no extension's code (vLLM v1 likewise builds a grammar bitmask only for the requests
+that have a grammar). The step hooks run for the extensions that implement them (`step_hooks`): the defaults
+below, which do nothing, are never called.
+
 One step, in order (`lab.engine.llm.LLM.step`):
 
 The step hooks (`before_schedule`, `after_schedule`, `after_step`) receive a `StepView`, not the `LLM`: the
@@ -87,6 +95,7 @@ class EngineExtension:
 
     name = "extension"
     rewinds = False  # moves num_computed_tokens backwards (see the module docstring)
+    requested_by: str | None = None  # the SamplingParams field that asks for it; None: it takes every request
 
     def check_request(self, seq: Sequence) -> None:
         """Validate a new request (ValueError refuses it) and attach per-request state; nothing is queued yet."""
@@ -123,6 +132,15 @@ class EngineExtension:
 
     def close(self) -> None:
         pass
+
+
+STEP_HOOKS = ("before_schedule", "after_schedule", "after_step")
+
+
+def step_hooks(extensions) -> dict[str, list]:
+    """Each step hook's bound methods, in the extensions' order, for the extensions that override the default."""
+    return {hook: [getattr(ext, hook) for ext in extensions
+                   if getattr(type(ext), hook) is not getattr(EngineExtension, hook)] for hook in STEP_HOOKS}
 
 
 class ExtensionConfig(Protocol):

@@ -28,14 +28,13 @@ from lab.parallel.group import RankFailure
 from .block_manager import BlockManager
 from .chat import render
 from .config import EngineConfig
-from .extension import EngineExtension, StepView
+from .extension import EngineExtension, StepView, step_hooks
 from .fanout import FanOut
 from .model_runner import build_runner
-from .output import Detokenizer
 from .request import RequestOutput, SamplingParams, Sequence, Status
 from .sampler import Sampled, Sampler, processed, token_logprobs
 from .scheduler import Scheduler
-from .text import check_text
+from .text import Detokenizer, check_text
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +61,8 @@ class LLM:
         self.num_prefill_tokens = self.num_decode_tokens = self.num_steps = 0
         self.last_schedule = None
         self.extensions: dict[str, EngineExtension] = {}
-        self.sampler = Sampler(self.eos_token_ids, self.extensions)
+        self.hooks = step_hooks(())  # the step hooks to call, per hook (lab.engine.extension.step_hooks)
+        self.sampler = Sampler(self.eos_token_ids)
         self.step_view = StepView(self)  # what extensions' step hooks see (lab.engine.extension)
         for ext in runner_extensions:  # a parallel group's stats and close
             self._add_extension(ext)
@@ -76,7 +76,10 @@ class LLM:
         if ext.rewinds and rewinding:
             raise ValueError(f"{ext.name} and {rewinding[0]} both rewind num_computed_tokens and cannot be combined "
                              f"in one engine")
-        self.extensions[ext.name] = ext
+        # A new dict, not an update: a server adds `FanOut` while its engine thread may be iterating the old one.
+        extensions = {**self.extensions, ext.name: ext}
+        self.hooks = step_hooks(extensions.values())
+        self.extensions = extensions
 
     # ---- requests -----------------------------------------------------------------------------
     def _tokenize(self, prompt) -> tuple[list[int], str | None]:
@@ -145,7 +148,11 @@ class LLM:
         seq = Sequence(ids, params, salt)
         if self.tokenizer is not None:
             seq.detokenizer = Detokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output)
-        for ext in self.extensions.values():
+        # The extensions whose per-request hooks run for it: those that take every request, and those it asks for
+        # by setting their SamplingParams field (lab.engine.extension, "Who hears what").
+        seq.extensions = [e for e in self.extensions.values()
+                          if e.requested_by is None or getattr(params, e.requested_by) is not None]
+        for ext in seq.extensions:
             ext.check_request(seq)  # a grammar is compiled here, so a bad one is refused at the door
         return seq
 
@@ -176,12 +183,13 @@ class LLM:
         """One scheduler step and one model forward; returns the requests that finished in it. Extension hooks
         run in the order `lab.engine.extension` documents. If the step raises, its requests are retried one at a
         time and only those that fail alone are finished, with finish_reason "error" (`_isolate`)."""
-        for ext in self.extensions.values():
-            ext.before_schedule(self.step_view)
+        hooks = self.hooks
+        for hook in hooks["before_schedule"]:
+            hook(self.step_view)
         out = self.scheduler.schedule()
         extra_rows = {}
-        for ext in self.extensions.values():
-            extra_rows.update(ext.after_schedule(self.step_view, out.scheduled))
+        for hook in hooks["after_schedule"]:
+            extra_rows.update(hook(self.step_view, out.scheduled))
         self.last_schedule = out  # for tracing: what this step ran (see lab.engine.trace)
         if not out.scheduled:
             return []
@@ -200,8 +208,8 @@ class LLM:
             emitted, failed = self._isolate(out.scheduled, extra_rows)
         finished = [o for seq, _ in out.scheduled
                     if seq.status is not Status.FINISHED and (o := self._append(seq, emitted.get(seq.request_id)))]
-        for ext in self.extensions.values():
-            ext.after_step(self.step_view)
+        for hook in hooks["after_step"]:
+            hook(self.step_view)
         return finished + failed
 
     def _execute(self, scheduled: list[tuple[Sequence, int]], extra_rows: dict) -> dict[int, Sampled]:
@@ -267,7 +275,7 @@ class LLM:
                 m.finish_time = now
                 break
             if j == len(tokens) - 1 and seq.logprobs is None:  # logprobs come from a forward: never forced
-                tokens += [t for ext in self.extensions.values() if (t := ext.forced_token(seq)) is not None][:1]
+                tokens += [t for ext in seq.extensions if (t := ext.forced_token(seq)) is not None][:1]
         self.block_manager.cache_full_blocks(seq)
         if reason is None:
             return None
@@ -277,11 +285,11 @@ class LLM:
     def _finish(self, seq: Sequence, reason: str) -> None:
         """The one place a request ends (finished or aborted): its blocks go back, every extension hears it."""
         self.scheduler.finish(seq, reason)
-        for ext in self.extensions.values():
+        for ext in seq.extensions:
             ext.on_finish(seq)
 
     def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        p, ended = seq.params, [r for ext in self.extensions.values() if (r := ext.on_token(seq, token))]
+        p, ended = seq.params, [r for ext in seq.extensions if (r := ext.on_token(seq, token))]
         if ended:
             return ended[0]
         if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:

@@ -224,12 +224,13 @@ class Sequence:
         self.max_chunk: int | None = None  # most tokens per step (replay recomputes its window in chunks)
         self.block_table: list[int] = []
         self.finish_reason: str | None = None
-        self.detokenizer = None  # its text, decoded as it grows (lab.engine.output), if the model has a tokenizer
+        self.detokenizer = None  # its text, decoded as it grows (lab.engine.text), if the model has a tokenizer
         self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
         self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
             [None] if params.prompt_logprobs is not None else None)
         self._generators: dict[torch.device, torch.Generator] = {}
         self.grammar = None  # its grammar's matcher, if params.structured_outputs (lab.engine.structured)
+        self.extensions: list = []  # the engine extensions whose per-request hooks run for it (LLM.make_sequence)
         self.metrics = RequestMetrics(arrival_time=time.perf_counter(), num_prompt_tokens=len(token_ids))
 
     def __len__(self) -> int:

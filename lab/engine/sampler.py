@@ -21,14 +21,10 @@ smallest set of most likely tokens whose probability reaches p.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from .request import Logprob, SamplingParams, Sequence
-
-if TYPE_CHECKING:
-    from .extension import EngineExtension
 
 
 @dataclass
@@ -152,21 +148,21 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[di
 
 
 class Sampler:
-    def __init__(self, stop_ids: set[int], extensions: dict[str, EngineExtension]):
-        """`stop_ids`: the model's EOS tokens (min_tokens keeps them out); `extensions`: the engine's, whose
-        grammar masks and verifications take part (read at every call: extensions may be added later)."""
-        self.stop_ids, self.extensions = stop_ids, extensions
+    def __init__(self, stop_ids: set[int]):
+        """`stop_ids`: the model's EOS tokens (min_tokens keeps them out). The extensions a sequence takes part in
+        (`Sequence.extensions`) contribute its grammar mask and may verify its rows instead."""
+        self.stop_ids = stop_ids
 
     def __call__(self, logits: torch.Tensor, rows: list[tuple[Sequence, slice]]) -> dict[int, Sampled]:
         """`rows`: each sequence that emits this step and its rows of `logits` [step rows, vocab] (the last one
         predicts its next token; more rows verify drafts). Returns request id -> what it emits."""
-        exts = list(self.extensions.values())
         for seq, r in rows:
-            for ext in exts:
+            for ext in seq.extensions:
                 ext.mask_logits(seq, logits[r])  # in place: a view of the step's logits
         out, plain = {}, []
         for seq, r in rows:
-            tokens = next((t for ext in exts if (t := ext.process_logits(seq, logits[r])) is not None), None)
+            tokens = next((t for ext in seq.extensions if (t := ext.process_logits(seq, logits[r])) is not None),
+                          None)
             if tokens is None:
                 plain.append((seq, r.stop - 1))
             else:  # the j-th verified token was chosen at the j-th row

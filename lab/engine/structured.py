@@ -155,6 +155,7 @@ class GrammarState:
 
 class StructuredOutputs(EngineExtension):
     name = "structured_outputs"
+    requested_by = "structured_outputs"  # a request without a grammar runs none of this (lab.engine.extension)
 
     def __init__(self, config: StructuredOutputsConfig, tokenizer, vocab_size: int, eos_token_ids: set[int]):
         self.config, self.tokenizer = config, tokenizer

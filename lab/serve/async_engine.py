@@ -185,7 +185,7 @@ class AsyncLLM:
 
     def _publish(self, finished: dict[int, RequestOutput]) -> None:
         """Send each stream what this step added: its new tokens and the text the request's detokenizer
-        (`lab.engine.output`, the engine's own) has for them; nothing is decoded here."""
+        (`lab.engine.text`, the engine's own) has for them; nothing is decoded here."""
         for rid, st in list(self._streams.items()):
             out = finished.get(rid)
             if out is not None and out.error is not None:  # its own rows failed the step (LLM._isolate)
