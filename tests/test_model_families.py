@@ -39,11 +39,21 @@ def hf_config(family: str):
     if family == "qwen3_moe":  # layer 1 dense (mlp_only_layers), 0 and 2 sparse; weights not renormalised
         return tf.Qwen3MoeConfig(**COMMON, head_dim=16, num_experts=6, num_experts_per_tok=2,
                                  moe_intermediate_size=32, norm_topk_prob=False, mlp_only_layers=[1])
+    if family == "gemma2":  # caps low enough to change the logits; a window the prompts outgrow (every other layer)
+        return tf.Gemma2Config(**COMMON, head_dim=16, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                               final_logit_softcapping=5.0, sliding_window=24, pad_token_id=None)
+    if family == "gemma3":  # local, global, local; the global layers' RoPE linearly scaled, the local ones' not
+        return tf.Gemma3TextConfig(**COMMON, head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
+                                   pad_token_id=None, layer_types=["sliding_attention", "full_attention",
+                                                                   "sliding_attention"],
+                                   rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                                       "rope_theta": 1e6},
+                                                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
     assert family == "mixtral"
     return tf.MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2)
 
 
-FAMILIES = ["qwen3", "olmo2", "phi3", "qwen3_moe", "mixtral"]
+FAMILIES = ["qwen3", "olmo2", "phi3", "qwen3_moe", "mixtral", "gemma2", "gemma3"]
 
 
 def save_tiny_hf(path, config):
@@ -134,7 +144,8 @@ def test_config_round_trips_and_names_its_model_type(tiny):
 
 def test_pipeline_stages_match_the_whole_model(tiny):
     """Three stages of one layer each, run in turn: the middle stage's layer is dense in Qwen3-MoE (mlp_only_layers)
-    though its index in the stage is 0, so a stage must count sparse layers by the whole model's index."""
+    and global in Gemma (layer_types) though its index in the stage is 0, so a stage must count sparse and windowed
+    layers by the whole model's index."""
     from lab.parallel.pipeline import run_stage, stage_model
 
     ids = tiny.prompts[3]
@@ -142,7 +153,7 @@ def test_pipeline_stages_match_the_whole_model(tiny):
     x, pos = torch.tensor(ids), torch.arange(len(ids))
     with torch.inference_mode():
         for r, stage in enumerate(stages):
-            x = run_stage(stage, x, pos, ContiguousKVCache(1), first=r == 0, last=r == 2)
+            x = run_stage(stage, x, pos, ContiguousKVCache(1, stage.attention_layout), first=r == 0, last=r == 2)
         logits = stages[-1].compute_logits(x)
     assert (logits - forward_logits(tiny.model, ids)).abs().max().item() <= 1e-5
 
@@ -225,7 +236,16 @@ def _phi3(**over) -> dict:
     ({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 0, "num_experts_per_tok": 1}, "num_experts >= 1"),
     ({"architectures": ["MixtralForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 2,
       "decoder_sparse_step": 0}, "decoder_sparse_step 0"),
-    ({"architectures": ["Gemma3ForCausalLM"]}, "Qwen3MoeForCausalLM"),  # the refusal lists the supported ones
+    # the refusal lists the supported ones (Gemma 3's multimodal model is not its text model)
+    ({"architectures": ["Gemma3ForConditionalGeneration"]}, "Qwen3MoeForCausalLM, .*Gemma3ForCausalLM"),
+    ({"architectures": ["Gemma3ForCausalLM"], "rope_parameters": {
+        "full_attention": {"rope_type": "yarn", "factor": 8.0}, "sliding_attention": {"rope_type": "default"}}}, "yarn"),
+    ({"architectures": ["Gemma3ForCausalLM"], "rope_parameters": {
+        "full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "linear", "factor": 2.0}}},
+     "'linear' on the sliding layers"),
+    ({"architectures": ["Gemma2ForCausalLM"], "hidden_activation": "silu"}, "'silu' for Gemma2ForCausalLM"),
+    ({"architectures": ["Gemma2ForCausalLM"], "num_hidden_layers": 3, "sliding_window": 8,
+      "layer_types": ["sliding_attention", "chunked_attention", "full_attention"]}, "chunked_attention"),
 ])
 def test_bad_configs_are_refused_by_name(over, named):
     with pytest.raises(ValueError, match=named):
@@ -305,6 +325,20 @@ def test_tensor_parallel_refuses_what_it_cannot_split(family, why):
     config = ModelConfig.from_hf_dict(hf_config(family).to_dict())
     with pytest.raises(ValueError, match=f"{config.architecture}: .*{why}.* it shards .*Qwen3ForCausalLM"):
         plan_shards(config, 2)
+
+
+@pytest.mark.parametrize("family, options, named", [
+    ("gemma3", dict(tensor_parallel_size=2, max_model_len=16), "scales the embeddings|scale the embeddings"),
+    ("gemma2", dict(pipeline_parallel_size=3, max_model_len=16), "soft-capped attention"),
+    ("gemma3", dict(pipeline_parallel_size=3, max_model_len=64), "sliding windows"),
+    ("gemma2", dict(attention_backend="triton", max_model_len=16), "triton.*soft-capped"),
+])
+def test_engine_refuses_what_cannot_carry_gemma(tmp_path, family, options, named):
+    """A parallel group's workers attend without the model's windows and soft cap, the vocabulary-parallel embedding
+    does not scale, and the Triton kernels have neither: each refused by name before any worker starts."""
+    save_tiny_hf(tmp_path, hf_config(family))
+    with pytest.raises(ValueError, match=named):
+        LLM(str(tmp_path), device="cpu", dtype="float32", **options)
 
 
 def test_quantization_walks_refuse_experts_and_post_norm(tmp_path):

@@ -16,6 +16,11 @@ reads exactly, a prefill chunk, whose queries each read a different window, choo
 
 Gathering copies the context once per layer, which a fused kernel would not (the Triton backend
 reads blocks in place); the math is the same and this is what the kernels are tested against.
+
+A model's `AttentionLayout` (sliding windows per layer, Gemma 2's logit soft cap) applies here too: a windowed
+decode masks the keys before its window as it masks those past its end, a windowed prefill chunk gathers only the
+blocks from its first query's window on (blocks before it may have been freed, `lab.engine.block_manager`), and a
+soft cap computes the scores itself, since SDPA has none. The quantized formats' exact-copy paths take neither.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lab.models.attention import causal_attention, partly_exact_attention
+from lab.models.attention import AttentionLayout, causal_attention, partly_exact_attention
 from lab.quant.kv import exact_mask
 
 from .kv_store import StagingMetadata
@@ -49,12 +54,29 @@ class PagedAttentionMetadata:
 class TorchPagedAttention:
     """An `AttentionContext` over the engine's paged KV cache (a `lab.engine.kv_store` store)."""
 
-    def __init__(self, store, meta: PagedAttentionMetadata):
-        self.store, self.meta = store, meta
+    def __init__(self, store, meta: PagedAttentionMetadata, layout: AttentionLayout | None = None):
+        self.store, self.meta, self.layout = store, meta, layout or AttentionLayout()
+        fmt = getattr(store, "fmt", None)
+        if not self.layout.plain and (meta.staging is not None or getattr(fmt, "pre_rope", False)):
+            raise ValueError(f"kv_cache_dtype {fmt.dtype} keeps exact copies or pre-RoPE keys, which the lab's "
+                             f"sliding windows and soft-capped attention do not read; use a format without them")
+        self._window_bias: dict[int, torch.Tensor] = {}  # window -> decode bias, built once a step
+
+    def decode_bias(self, window: int | None) -> torch.Tensor:
+        """The decodes' bias, -inf also before the window: the query at position len - 1 sees keys >= len - W."""
+        if window is None:
+            return self.meta.decode_bias
+        if window not in self._window_bias:
+            m = self.meta
+            before = torch.arange(m.decode_bias.shape[-1], device=m.decode_bias.device)[None, :] < (
+                m.decode_lens[:, None] - window)
+            self._window_bias[window] = m.decode_bias.masked_fill(before[:, None, None, :], float("-inf"))
+        return self._window_bias[window]
 
     def attend(self, layer, q, k, v):
         m, st, fmt = self.meta, self.meta.staging, getattr(self.store, "fmt", None)
         n_kv, d = k.shape[-2:]
+        window, softcap = self.layout.window(layer), self.layout.softcap
         exact = None
         if st is not None:
             exact = self.store.exact_source(layer, st, k, v)
@@ -75,18 +97,22 @@ class TorchPagedAttention:
             # The n_heads / n_kv query heads that share a KV head become the query rows of that head:
             # one small matmul per (sequence, KV head) and no copy of K/V per query head.
             qd = (q if not m.prefills else q[m.decode_rows]).view(bd, n_kv, -1, d)
-            o = _decode_attention(qd, keys, values, m.decode_bias).view(bd, -1, d)
+            o = _decode_attention(qd, keys, values, self.decode_bias(window), softcap).view(bd, -1, d)
             if not m.prefills:
                 return o
         out = torch.empty_like(q)
         if bd:
             out[m.decode_rows] = o
         for i, (start, qlen, blocks, ctx_len) in enumerate(m.prefills):
-            keys, values = self.store.gather(layer, blocks)
-            keys, values = keys.view(-1, n_kv, d)[:ctx_len], values.view(-1, n_kv, d)[:ctx_len]
+            # A window: from the block holding the first key the chunk's first query sees (the ones before it may
+            # be freed); the chunk's queries are still the last of the keys gathered.
+            first = 0 if window is None else max(0, ctx_len - qlen - window + 1) // self.store.block_size
+            keys, values = self.store.gather(layer, blocks[first:])
+            span = ctx_len - first * self.store.block_size
+            keys, values = keys.view(-1, n_kv, d)[:span], values.view(-1, n_kv, d)[:span]
             qc = q[start:start + qlen]
             if st is None:
-                out[start:start + qlen] = causal_attention(qc, keys, values)
+                out[start:start + qlen] = causal_attention(qc, keys, values, window, softcap)
                 continue
             rows, first = st.prefill_spans[i]
             k_pos = torch.arange(ctx_len, device=q.device)[None, :]
@@ -102,14 +128,19 @@ class TorchPagedAttention:
         return out
 
 
-def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
+                      softcap: float | None = None) -> torch.Tensor:
     """softmax(q k^T / sqrt(d) + bias) v for the decodes, q [Bd, n_kv, group, d]. One sequence: SDPA's fused
     kernel. Several: two batched matmuls with the softmax in float32, which on this CPU took 0.36 ms where SDPA's
     flash kernel took 1.0 ms (bfloat16, 32 sequences of 208 tokens, one thread; 2.4 vs 6.1 ms at 1024 tokens;
-    float32 the same speed either way): the flash kernel tiles for long queries, a decode has `group` of them."""
-    if q.shape[0] == 1:
+    float32 the same speed either way): the flash kernel tiles for long queries, a decode has `group` of them.
+    A soft cap goes between the scale and the bias, so SDPA cannot take it."""
+    if q.shape[0] == 1 and softcap is None:
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=bias)
-    scores = torch.matmul(q, keys.transpose(-1, -2)).float().mul_(q.shape[-1] ** -0.5).add_(bias)
+    scores = torch.matmul(q, keys.transpose(-1, -2)).float().mul_(q.shape[-1] ** -0.5)
+    if softcap is not None:
+        scores = torch.tanh(scores.div_(softcap)).mul_(softcap)
+    scores.add_(bias)
     return torch.matmul(scores.softmax(-1).to(q.dtype), values)
 
 

@@ -113,6 +113,7 @@ class PlainKVStore:
     def __init__(self, n_layers: int, num_blocks: int, block_size: int, n_kv: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device):
         shape = (n_layers, num_blocks, block_size, n_kv, head_dim)
+        self.block_size = block_size
         # Zero-filled: masked positions are multiplied by zero probabilities, and 0 * NaN would not be 0.
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from lab.models import LlamaModel, default_device, default_dtype, load_model
+from lab.models.attention import AttentionLayout
 
 from .attention import PagedAttentionMetadata, TorchPagedAttention
 from .kv_store import build_kv_store, default_num_blocks
@@ -41,11 +42,13 @@ class ModelOutput:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv, block_size: int, attention_backend: str = "torch",
-                 enforce_eager: bool = True, step=None):
+                 enforce_eager: bool = True, step=None, layout: AttentionLayout | None = None):
         """`kv`: the pool (`lab.engine.kv_store.build_kv_store`); `enforce_eager=False` runs the forward and the
         LM head as one compiled graph (`lab.engine.compiled`); `step`, a forward in `eager_step`'s signature that
-        replaces both (a tensor- or pipeline-parallel group's, `lab.parallel`)."""
+        replaces both (a tensor- or pipeline-parallel group's, `lab.parallel`); `layout`: the windows and soft
+        cap attention applies (the model's by default; `binding_layout` drops windows max_model_len never fills)."""
         self.model, self.kv, self.block_size = model, kv, block_size
+        self.layout = model.attention_layout if layout is None else layout
         if step is not None:
             self.step = step
         elif enforce_eager:
@@ -57,10 +60,11 @@ class ModelRunner:
         self.dtype = model.embed_tokens.weight.dtype
         self.attention_backend = attention_backend
         if attention_backend == "triton":  # imported here: lab.kernels imports Triton (and may set its interpreter)
-            from .triton_attention import TritonPagedAttention
+            from .triton_attention import TritonPagedAttention, check_layout
+            check_layout(self.layout)
             self.attention = lambda meta: TritonPagedAttention(self.kernel_caches, meta)
         else:
-            self.attention = lambda meta: TorchPagedAttention(self.kv, meta)
+            self.attention = lambda meta: TorchPagedAttention(self.kv, meta, self.layout)
 
     @functools.cached_property
     def kernel_caches(self) -> list:
@@ -85,7 +89,8 @@ class ModelRunner:
         row = 0
         for seq, n in scheduled:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-            table = seq.block_table[:-(-end // bs)]
+            # Blocks freed outside a sliding window are NULL_BLOCK in the table: read as block 0, never attended.
+            table = [max(b, 0) for b in seq.block_table[:-(-end // bs)]]
             ids.extend(seq.tokens_to_compute(start, end))
             positions.extend(range(start, end))
             slots.extend(self.slots(seq, start, end))
@@ -189,13 +194,38 @@ def build_runner(c) -> tuple[LlamaModel, object, ModelRunner, int, list]:
         device = default_device() if c.device is None else c.device
         model, tokenizer = load_model(c.model, dtype=c.torch_dtype or default_dtype(device), device=device,
                                       max_positions=c.max_model_len,
-                                      prepack_weights=c.prepack_weights and c.enforce_eager
-                                      and not c.parallel)  # shards and stages are cut from plain weights
-    c.check_model(model)
+                                      prepack_weights=c.prepack_weights and not c.parallel)  # shards and stages are cut from plain weights
+    layout = check_model(c, model)
     if c.parallel:
         model, kv, num_blocks, ext = start_group(model, c)
         return model, tokenizer, ModelRunner(model, kv, c.block_size, step=ext.group.step), num_blocks, [ext]
     num_blocks = c.num_kv_blocks or default_num_blocks(model, c.block_size, c.max_model_len, c.max_num_seqs,
                                                        c.kv_format)
     kv = build_kv_store(model, num_blocks, c.block_size, c.kv_format, c.kv_scales, c.max_num_seqs)
-    return model, tokenizer, ModelRunner(model, kv, c.block_size, c.attention_backend, c.enforce_eager), num_blocks, []
+    runner = ModelRunner(model, kv, c.block_size, c.attention_backend, c.enforce_eager, layout=layout)
+    return model, tokenizer, runner, num_blocks, []
+
+
+def binding_layout(layout: AttentionLayout, max_model_len: int) -> AttentionLayout:
+    """`layout` without the windows no sequence of max_model_len tokens fills (they change nothing)."""
+    return AttentionLayout(tuple(w if w is not None and w < max_model_len else None for w in layout.windows),
+                           layout.softcap)
+
+
+def check_model(c, model) -> AttentionLayout:
+    """The options against the loaded model; returns the attention layout the engine applies. Sliding windows
+    that bind are attended (`lab.engine.attention`), so, unlike `EngineConfig.check_model` before them, a
+    max_model_len beyond the window is allowed; a parallel group's workers do not carry a layout."""
+    if c.max_model_len > model.rope.max_positions:
+        raise ValueError(f"max_model_len {c.max_model_len} exceeds the model's rotary table of "
+                         f"{model.rope.max_positions} positions")
+    layout = binding_layout(model.attention_layout, c.max_model_len)
+    if c.parallel and not layout.plain:
+        raise ValueError(f"{model.config.architecture} with max_model_len {c.max_model_len} needs sliding windows "
+                         f"or soft-capped attention, which tensor and pipeline parallelism do not carry; run it in "
+                         f"one process")
+    if c.tensor_parallel_size > 1 and model.config.family.embed_scale:
+        raise ValueError(f"tensor parallelism cannot run {model.config.architecture}: its vocabulary-parallel "
+                         f"embedding (lab.parallel.sharding) does not scale the embeddings by sqrt(hidden_size) as "
+                         f"the family does; run it in one process or with pipeline parallelism")
+    return layout

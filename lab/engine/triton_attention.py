@@ -8,7 +8,8 @@ dequantizing on read. Decodes (one query) go to the split-KV decode kernel, pref
 chunked prefill included) to the extend kernel, all chunks of a step in one launch.
 
 Formats that need exact copies outside the pool (per-channel keys, windows) or a rotation on read (pre-RoPE
-keys) stay on the torch backend (`lab.kernels.check_supported`).
+keys) stay on the torch backend (`lab.kernels.check_supported`), and so do models whose sliding windows bind or
+whose attention logits are soft-capped (Gemma 2): `check_layout` refuses them by name.
 """
 
 from __future__ import annotations
@@ -16,9 +17,20 @@ from __future__ import annotations
 import torch
 
 from lab.kernels import PagedKVCache, paged_decode_attention, paged_prefill_attention, reshape_and_cache
+from lab.models.attention import AttentionLayout
 
 from .attention import PagedAttentionMetadata
 from .kv_store import PlainKVStore
+
+
+def check_layout(layout: AttentionLayout) -> None:
+    """The kernels compute plain causal attention: sliding windows that bind and Gemma 2's soft cap are refused by
+    name (the torch backend, `lab.engine.attention`, computes both)."""
+    missing = [what for what, needed in (("sliding windows that bind", any(layout.windows)),
+                                         ("soft-capped attention logits", layout.softcap is not None)) if needed]
+    if missing:
+        raise ValueError(f"attention_backend='triton' does not implement {' or '.join(missing)}; use "
+                         f"attention_backend='torch' (or a max_model_len within the window)")
 
 
 def kernel_caches(store) -> list[PagedKVCache]:

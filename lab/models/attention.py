@@ -7,15 +7,70 @@ et al., 2023) lets each group of n_heads / n_kv_heads query heads share one key/
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 NEG_INF = float("-inf")
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """q [T, n_heads, d] are the last T positions of the S keys/values k, v [S, n_kv_heads, d]."""
+@dataclass(frozen=True)
+class AttentionLayout:
+    """What a model's attention adds to plain causal attention, per layer of its KV pool.
+
+    `windows[layer]`: a sliding window of W keys — the query at position p sees keys p - W + 1 .. p (Beltagy et
+    al., "Longformer", 2020; Mistral 7B, Jiang et al., 2023; transformers' sliding_window_overlay: kv > q - W) —
+    or None for the whole causal context. `softcap`: Gemma 2's soft cap on the attention logits, cap *
+    tanh(scores / cap) after the 1/sqrt(d) scale and before the mask (Gemma Team, arXiv:2408.00118, section 2)."""
+
+    windows: tuple[int | None, ...] = ()
+    softcap: float | None = None
+
+    def window(self, layer: int) -> int | None:
+        return self.windows[layer] if layer < len(self.windows) else None
+
+    @property
+    def plain(self) -> bool:
+        return self.softcap is None and not any(self.windows)
+
+
+def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """[Tq, Tk] True where the query at q_pos may see the key at k_pos: causal, within `window` if one."""
+    mask = k_pos[None, :] <= q_pos[:, None]
+    return mask if window is None else mask & (k_pos[None, :] > q_pos[:, None] - window)
+
+
+def capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                     softcap: float | None) -> torch.Tensor:
+    """softmax(cap(q k^T / sqrt(d)) masked) v, the scores in float32: SDPA has no soft cap. q [B, H, Tq, d], k, v
+    [B, H_kv, Tk, d] (grouped-query heads repeated here), mask broadcastable to [B, H, Tq, Tk]."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, NEG_INF)
+    return torch.matmul(scores.softmax(-1).to(q.dtype), v)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
+                     softcap: float | None = None) -> torch.Tensor:
+    """q [T, n_heads, d] are the last T positions of the S keys/values k, v [S, n_kv_heads, d]; each query sees
+    the last `window` keys up to itself if a window is given, and its scores are soft-capped if `softcap`."""
     T, S = q.shape[0], k.shape[0]
+    if window is not None and window >= S:
+        window = None  # no query can reach past it
+    if window is not None or softcap is not None:
+        pos = torch.arange(S, device=q.device)
+        mask = attention_mask(pos[S - T:], pos, window)
+        qh, kh, vh = (x.transpose(0, 1)[None] for x in (q, k, v))
+        if softcap is None:
+            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
+        else:
+            out = capped_attention(qh, kh, vh, mask, softcap)
+        return out[0].transpose(0, 1)
     # A batch dimension of 1: SDPA's fused CPU kernel takes only 4-D inputs; 3-D ones fall back to the math path,
     # which materializes the T x S scores (measured: a 2048-token prefill's attention 0.32 s a layer, 0.04 s 4-D).
     qh, kh, vh = (x.transpose(0, 1)[None] for x in (q, k, v))

@@ -17,8 +17,12 @@ from .families import FAMILIES, Family
 # Architectures the lab's model implements: the Llama block (RMSNorm, RoPE, GQA, SwiGLU) and the variations of
 # it that `FAMILIES` states (q/k norms, OLMo 2's post-norm layout, mixtures of experts, Qwen2's q/k/v bias).
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
-SUPPORTED_ROPE_TYPES = ("default", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 # The fields only a mixture-of-experts config has (`lab.models.moe`); left out of a dense model's config.json.
+# Fields only some families have, left out of the others' config.json (None there).
+OPTIONAL_FIELDS = ("layer_types", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+                   "rope_local_base_freq")
 MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
               "decoder_sparse_step", "mlp_only_layers")
 
@@ -39,8 +43,15 @@ class ModelConfig:
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     attention_bias: bool = False
-    sliding_window: int | None = None
+    sliding_window: int | None = None  # the window of the layers `layer_types` names sliding (all, if it names none)
+    layer_types: list[str] | None = None  # per layer: "full_attention" or "sliding_attention" (Gemma's alternation)
     hidden_act: str = "silu"
+    # Gemma: attention scale 1/sqrt(query_pre_attn_scalar), tanh soft caps on attention and final logits, and the
+    # RoPE base of the sliding layers (Gemma 3; the global layers use rope_theta and rope_scaling)
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    rope_local_base_freq: float | None = None
     partial_rotary_factor: float = 1.0  # RoPE turns only the first fraction of each head (Phi-4-mini: 0.75)
     # mixture of experts (Mixtral calls num_experts num_local_experts; its experts are intermediate_size wide)
     num_experts: int = 0
@@ -74,13 +85,29 @@ class ModelConfig:
         rope_type = (self.rope_scaling or {}).get("rope_type", (self.rope_scaling or {}).get("type", "default"))
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"unsupported rope_scaling type {rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}")
-        if self.hidden_act != "silu":  # every family here gates its MLP with SiLU (SwiGLU)
-            raise ValueError(f"unsupported hidden_act {self.hidden_act!r}; the lab's MLP is SwiGLU ('silu')")
+        if self.hidden_act != self.family.activation:  # the gate's activation: SiLU (SwiGLU), Gemma's tanh GELU
+            raise ValueError(f"unsupported hidden_act {self.hidden_act!r} for {self.architecture}; its gated MLP "
+                             f"uses {self.family.activation!r}")
+        self._check_windows()
         if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim < 2 or self.rotary_dim % 2:
             raise ValueError(f"partial_rotary_factor {self.partial_rotary_factor} must be in (0, 1] and turn an "
                              f"even number of each head's {self.head_dim} features (it turns {self.rotary_dim})")
         if self.family.mlp == "moe":
             self._check_experts()
+
+    def _check_windows(self) -> None:
+        if self.layer_types is None and self.sliding_window is not None and self.family.window_every:
+            every = self.family.window_every  # Gemma's pattern: every k-th layer (1-based) global, the rest local
+            self.layer_types = [LAYER_TYPES[bool((i + 1) % every)] for i in range(self.num_hidden_layers)]
+        if self.layer_types is not None:
+            self.layer_types = list(self.layer_types)
+            # at least: a pipeline stage's config keeps the whole model's list (its layers index it, as they do
+            # mlp_only_layers)
+            if len(self.layer_types) < self.num_hidden_layers or not set(self.layer_types) <= set(LAYER_TYPES):
+                raise ValueError(f"layer_types must name one of {LAYER_TYPES} for each of the "
+                                 f"{self.num_hidden_layers} layers, got {self.layer_types}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window {self.sliding_window} must be >= 1")
 
     def _check_experts(self) -> None:
         self.mlp_only_layers = list(self.mlp_only_layers or [])
@@ -104,6 +131,13 @@ class ModelConfig:
         """Features of each head that RoPE turns: the first `partial_rotary_factor` of them (as transformers
         rounds it: int(head_dim * factor)); the rest pass through unrotated."""
         return int(self.head_dim * self.partial_rotary_factor)
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of decoder layer `layer` (its index in the whole model), None for global attention:
+        every layer has the config's window unless `layer_types` names it "full_attention"."""
+        if self.sliding_window is None or (self.layer_types and self.layer_types[layer] == "full_attention"):
+            return None
+        return self.sliding_window
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether decoder layer `layer` has a mixture of experts rather than a dense MLP: every
@@ -130,6 +164,13 @@ class ModelConfig:
         kwargs = {k: d[k] for k in known if k in d}
         # transformers 5 moves rope_theta (and the partial rotary factor) into `rope_parameters`; accept both.
         rope_params = d.get("rope_parameters") or {}
+        if "full_attention" in rope_params or "sliding_attention" in rope_params:
+            rope_params = _split_rope_by_layer_type(rope_params, kwargs)  # Gemma 3: one RoPE per kind of layer
+        if "hidden_activation" in d:  # Gemma's name for the MLP's activation (what transformers' Gemma MLP reads)
+            kwargs["hidden_act"] = d["hidden_activation"]
+        if "layer_types" not in kwargs and "sliding_window_pattern" in d and d.get("sliding_window"):
+            every = d["sliding_window_pattern"]  # Gemma 3 configs before layer_types: every k-th layer global
+            kwargs["layer_types"] = [LAYER_TYPES[bool((i + 1) % every)] for i in range(d["num_hidden_layers"])]
         for name in ("rope_theta", "partial_rotary_factor"):
             if name not in kwargs and name in rope_params:
                 kwargs[name] = rope_params[name]
@@ -169,12 +210,27 @@ class ModelConfig:
         else:
             rope["partial_rotary_factor"] = self.partial_rotary_factor
         d["rope_parameters"] = rope
+        for name in OPTIONAL_FIELDS:  # only the families that have them write them
+            if d[name] is None:
+                del d[name]
         if self.family.mlp == "moe":
             d["num_local_experts"] = self.num_experts  # the name transformers 5 and lab.memory read
         else:
             for name in MOE_FIELDS:
                 del d[name]
         return d
+
+
+def _split_rope_by_layer_type(rope_params: dict, kwargs: dict) -> dict:
+    """Gemma 3's `rope_parameters` hold one RoPE per kind of layer: the global layers' (returned, read as any
+    family's) and the sliding layers' base (`rope_local_base_freq`), which must be unscaled, as Gemma 3's is."""
+    local = rope_params.get("sliding_attention") or {}
+    if local.get("rope_type", "default") != "default":
+        raise ValueError(f"unsupported rope_type {local['rope_type']!r} on the sliding layers; the lab scales only "
+                         f"the global layers' RoPE")
+    if "rope_theta" in local:
+        kwargs.setdefault("rope_local_base_freq", local["rope_theta"])
+    return rope_params.get("full_attention") or {}
 
 
 def _as_list(ids) -> list:

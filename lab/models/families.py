@@ -18,9 +18,17 @@ is a row of this table and a small branch in the block rather than a copy of the
   (Phi-3's qkv_proj, gate_up_proj) need nothing: those are the lab's own names and load as they are.
 - `config_defaults`: what a family's config.json leaves implicit (Qwen2 always has q/k/v biases; Mixtral always
   renormalises its top-k routing weights).
+- Gemma (Gemma Team, "Gemma 2: Improving Open Language Models at a Practical Size", 2024, arXiv:2408.00118, and
+  "Gemma 3 Technical Report", 2025, arXiv:2503.19786; facts checked against transformers' modeling_gemma2 and
+  modeling_gemma3): `norm_layout` "sandwich" (a norm before and after both attention and MLP: x + norm(f(norm(x)))),
+  `norm_offset` 1 (each RMSNorm scales by 1 + weight, its weights stored centred on 0), `embed_scale` (embeddings
+  times sqrt(hidden_size), rounded to the model's dtype as transformers does), `activation` "gelu_pytorch_tanh"
+  (GeGLU: GELU's tanh approximation on the gate), and `window_every` (without `layer_types` in the config, every
+  k-th layer is global and the others slide: Gemma 2 alternates, Gemma 3 keeps one global in six). What the config
+  states numerically (query_pre_attn_scalar, the soft caps, Gemma 3's local RoPE base) is `ModelConfig`'s.
 
-Sliding windows (Mistral, Phi-3, Qwen's optional ones) are not implemented: `lab.engine.config` refuses a
-max_model_len beyond the window, so that the window never binds.
+Sliding windows (Mistral every layer, Gemma the local ones) restrict a layer's queries to its last `sliding_window`
+keys; the paged cache frees the blocks outside every window when every layer has one (`lab.engine.block_manager`).
 """
 
 from __future__ import annotations
@@ -28,7 +36,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 QK_NORMS = ("none", "per_head", "full")
-NORM_LAYOUTS = ("pre", "post")
+NORM_LAYOUTS = ("pre", "post", "sandwich")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 MLPS = ("dense", "moe")
 
 
@@ -42,13 +51,21 @@ class Family:
     mlp: str = "dense"
     checkpoint_names: dict[str, str] = field(default_factory=dict)  # a checkpoint's name part -> the lab's
     config_defaults: dict[str, object] = field(default_factory=dict)
+    activation: str = "silu"  # the gate's activation in the gated MLP
+    norm_offset: float = 0.0  # RMSNorm scales by norm_offset + weight
+    embed_scale: bool = False  # embeddings times sqrt(hidden_size)
+    window_every: int | None = None  # without layer_types: every k-th layer global, the others sliding
 
     def __post_init__(self):
-        for name, value, allowed in (("qk_norm", self.qk_norm, QK_NORMS),
-                                     ("norm_layout", self.norm_layout, NORM_LAYOUTS), ("mlp", self.mlp, MLPS)):
+        for name, value, allowed in (("qk_norm", self.qk_norm, QK_NORMS), ("norm_layout", self.norm_layout,
+                                                                            NORM_LAYOUTS),
+                                     ("mlp", self.mlp, MLPS), ("activation", self.activation, ACTIVATIONS)):
             if value not in allowed:
                 raise ValueError(f"{name}={value!r} is not one of {allowed}")
 
+
+# What transformers' Gemma configs default to and a config.json may leave out.
+_GEMMA = dict(hidden_act="gelu_pytorch_tanh", query_pre_attn_scalar=256, tie_word_embeddings=True)
 
 FAMILIES = {
     "LlamaForCausalLM": Family("llama"),
@@ -61,4 +78,10 @@ FAMILIES = {
     "MixtralForCausalLM": Family("mixtral", mlp="moe", config_defaults={"norm_topk_prob": True},
                                  checkpoint_names={"block_sparse_moe": "mlp", "w1": "gate_proj", "w3": "up_proj",
                                                    "w2": "down_proj"}),
+    "Gemma2ForCausalLM": Family("gemma2", norm_layout="sandwich", activation="gelu_pytorch_tanh", norm_offset=1.0,
+                                embed_scale=True, window_every=2, config_defaults=dict(
+                                    _GEMMA, attn_logit_softcapping=50.0, final_logit_softcapping=30.0)),
+    "Gemma3ForCausalLM": Family("gemma3_text", qk_norm="per_head", norm_layout="sandwich",
+                                activation="gelu_pytorch_tanh", norm_offset=1.0, embed_scale=True, window_every=6,
+                                config_defaults=dict(_GEMMA, rope_theta=1_000_000.0, rope_local_base_freq=10_000.0)),
 }

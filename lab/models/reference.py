@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import torch
 
-from .attention import causal_attention
+from .attention import AttentionLayout, causal_attention
 from .llama import LlamaModel
 
 
 class ContiguousKVCache:
     """An `AttentionContext` holding one sequence's K/V per layer in a single tensor."""
 
-    def __init__(self, num_layers: int):
+    def __init__(self, num_layers: int, layout: AttentionLayout | None = None):
+        """`layout`: the model's windows and soft cap (`LlamaModel.attention_layout`); none, plain attention."""
         self.k: list[torch.Tensor | None] = [None] * num_layers
         self.v: list[torch.Tensor | None] = [None] * num_layers
+        self.layout = layout or AttentionLayout()
 
     def __len__(self) -> int:
         return 0 if self.k[0] is None else self.k[0].shape[0]
@@ -27,7 +29,7 @@ class ContiguousKVCache:
         if self.k[layer] is not None:
             k, v = torch.cat([self.k[layer], k]), torch.cat([self.v[layer], v])
         self.k[layer], self.v[layer] = k, v
-        return causal_attention(q, k, v)
+        return causal_attention(q, k, v, self.layout.window(layer), self.layout.softcap)
 
 
 @torch.inference_mode()
@@ -36,7 +38,7 @@ def forward_logits(model: LlamaModel, token_ids: list[int], cache=None) -> torch
     one-sequence `AttentionContext`; a fresh `ContiguousKVCache` by default)."""
     device = model.embed_tokens.weight.device
     ids = torch.tensor(token_ids, device=device)
-    cache = ContiguousKVCache(len(model.layers)) if cache is None else cache
+    cache = ContiguousKVCache(len(model.layers), model.attention_layout) if cache is None else cache
     return model.compute_logits(model(ids, torch.arange(len(ids), device=device), cache))
 
 
@@ -45,7 +47,7 @@ def greedy_generate(model: LlamaModel, token_ids: list[int], max_new_tokens: int
     """Greedy continuation of `token_ids` (no stop on EOS), one token per forward after the prompt, on
     `cache` (a fresh `ContiguousKVCache` by default; any empty `AttentionContext` of one sequence)."""
     device = model.embed_tokens.weight.device
-    cache = ContiguousKVCache(len(model.layers)) if cache is None else cache
+    cache = ContiguousKVCache(len(model.layers), model.attention_layout) if cache is None else cache
     ids, out = list(token_ids), []
     new = ids
     for _ in range(max_new_tokens):
