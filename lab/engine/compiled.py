@@ -3,7 +3,9 @@ the CUDA graphs a GPU engine replays (seed 003, section 4.2).
 
 Eager PyTorch runs a decode step of SmolLM2 as about 900 small operators, each paying Python and dispatch
 overhead; inductor fuses the elementwise work (residual adds, RMSNorm, RoPE, SiLU x mul, casts) into generated
-C++ loops around the matmuls, so a step is one compiled call. Attention stays outside the graph, as in vLLM's
+C++ loops around the matmuls, so a step is one compiled call. A bfloat16 model's linears stay prepacked for
+oneDNN (`lab.models.prepack`): each is one opaque custom operator in the graph (`lab::prepacked_linear`), which
+inductor leaves alone and fuses around. Attention stays outside the graph, as in vLLM's
 piecewise compilation: it is registered as a custom operator (`lab::paged_attention_<n>`, one per
 `CompiledStep`) that calls the step's attention context, which the `CompiledStep` holds around each forward
 (vLLM's "forward context"), so the graph is not broken at every layer and the paged-cache logic stays the

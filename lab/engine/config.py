@@ -45,8 +45,9 @@ class EngineConfig:
     # reference path, which every invariant is stated against.
     enforce_eager: bool = True
     # A model the engine loads itself in bfloat16 or float16 on a CPU gets its linears' weights reordered once for
-    # oneDNN (lab.models.prepack: 1.5-2.7x faster matmuls at decode's few rows); float32 gains nothing measurable
-    # there and compiled steps prepack through inductor's freezing instead. A model passed in is left as it is.
+    # oneDNN (lab.models.prepack: 1.5-2.7x faster matmuls at decode's few rows), eager or compiled (each prepacked
+    # linear is then one opaque operator in the graph); float32 gains nothing measurable there. A model passed in is
+    # left as it is.
     prepack_weights: bool = True
     # "auto" (the model's dtype), a lab.quant.kv format string ("fp8", "int4/per-channel/window64", ...) or a
     # KVCacheFormat; static granularities need kv_scales (lab.quant.kv_calibration.KVScales).

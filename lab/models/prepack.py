@@ -32,6 +32,21 @@ def available(device: torch.device | str) -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
+@torch.library.custom_op("lab::prepacked_linear", mutates_args=())
+def prepacked_linear(x: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | None,
+                     out_features: int) -> torch.Tensor:
+    """x [rows, in] against a weight `blocked` by `_reorder_linear_weight`. An operator of its own so that a
+    compiled graph (`lab.engine.compiled`) calls the blocked weight as one opaque node and inductor fuses the
+    elementwise work around it; tracing oneDNN's operator itself would need a fake tensor of the opaque blocked
+    layout, which dynamo cannot make."""
+    return torch.ops.mkldnn._linear_pointwise(x, blocked, bias, "none", [], "")
+
+
+@prepacked_linear.register_fake
+def _(x: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], out_features)
+
+
 class PrepackedLinear(nn.Module):
     """An `nn.Linear` whose weight is also held in oneDNN's blocked layout; the forward uses that copy."""
 
@@ -53,8 +68,12 @@ class PrepackedLinear(nn.Module):
         if x.dtype != self.weight.dtype or x.device.type != "cpu" or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)  # what the blocked copy cannot serve: the reference
         bias = None if self.bias is None else self.bias.detach()
-        return torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self.blocked, bias, "none", [],
-                                                  "").reshape(*x.shape[:-1], self.out_features)
+        rows = x.reshape(-1, self.in_features)
+        if torch.compiler.is_compiling():  # one opaque node in the graph (eager skips the custom op's dispatch)
+            out = prepacked_linear(rows, self.blocked, bias, self.out_features)
+        else:
+            out = torch.ops.mkldnn._linear_pointwise(rows, self.blocked, bias, "none", [], "")
+        return out.reshape(*x.shape[:-1], self.out_features)
 
 
 def wanted(model: nn.Module) -> bool:
