@@ -60,6 +60,19 @@ LADDER_GROUPS = (64, 128)  # the loss decomposition: RTN's group sizes after w4g
 LADDER_BITS = (3, 2)  # then fewer bits, at the last of LADDER_GROUPS
 SEED = 0
 
+# %% [markdown]
+# **On your own model.** `MODEL` takes a local Hugging Face directory (config.json, safetensors, one file or
+# sharded with model.safetensors.index.json, and the tokenizer files) of a supported dense architecture (the list:
+# docs/engine.md; the mixtures of experts are refused by `lab.quant`, and GPTQ/AWQ also refuse OLMo 2's post-norm
+# layer), or a `.gguf` file (Llama, Qwen2). From a shell, with papermill:
+# `lab run 02_quantization_accuracy --preset reference -p MODEL /path/to/checkpoint` (add `-p DEVICE cuda` on a
+# GPU, or take `--preset gpu`). What changes: section 0 then finds whether the weights are 16-bit; for a 16-bit
+# checkpoint the GGUF control is no longer exactly 0, the ladder measures the cost of fewer bits on trained weights,
+# and section 7's claims get verdicts about quantizing 16-bit weights rather than "not checkable here". What takes
+# longer: every forward, GPTQ's per-layer Hessians and the held-out perplexities grow with the parameter count, so
+# on this CPU expect the run time to grow about in proportion to it (a 0.5B model about 4x SmolLM2-135M's; a
+# proportion, not a measurement); the sensitive items' long-context category grows with the context too.
+
 # %%
 import pandas as pd
 import torch

@@ -63,6 +63,19 @@ CONCURRENCY_LEN = 256  # tokens per sequence there
 SAFE_PPL_PCT = 1.0  # safe: perplexity within this many percent of the exact cache, no sensitive item lost
 SEED = 0
 
+# %% [markdown]
+# **On your own model.** `MODEL` takes a local Hugging Face directory (config.json, safetensors, tokenizer files) of
+# a supported architecture (docs/engine.md), or a `.gguf` file: `lab run 03_kv_quantization --preset reference
+# -p MODEL /path/to/checkpoint` (add `-p DEVICE cuda` on a GPU, or take `--preset gpu`). What changes: the KV
+# formats, their calibration and the error-growth measurement apply to any model whose layers keep keys and values
+# per head; a model with sliding windows or attention soft-capping (Gemma 2/3) is refused by the formats that keep
+# exact copies of
+# recent tokens or quantize keys before RoPE, by name. With trained 16-bit weights the "exact" cache is the checkpoint's own
+# dtype upcast to float32 rather than a dequantized GGUF. What takes longer: the cache per token grows with layers x
+# KV heads x head_dim (SmolLM2: 30 x 3 x 64), the forwards with the parameter count, so on this CPU the run time
+# grows about in proportion to the parameters (a proportion, not a measurement), most of it in the long-context
+# items (`LONG_CONTEXT_ITEMS`: ~28 s each per format here).
+
 # %%
 import pandas as pd
 import torch

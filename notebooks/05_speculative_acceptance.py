@@ -59,6 +59,18 @@ SPEC_BENCH_DRAFTERS = ("ngram", "quantized")
 REPEATS = 5  # timing repeats of the step-cost forwards
 DTYPE = "auto"  # the target dtype: "auto" is the serving dtype (bfloat16 here and on a GPU), or "float32"
 
+# %% [markdown]
+# **On your own model.** `MODEL` takes a local Hugging Face directory (config.json, safetensors, tokenizer files) of
+# a supported architecture (docs/engine.md), read for its config before any weight loads:
+# `lab run 05_speculative_acceptance --preset reference -p MODEL /path/to/checkpoint -p DRAFT_LAYERS 4` (the
+# layer-skip drafter's depth must be below the target's layer count; add `-p DEVICE cuda` on a GPU, or take
+# `--preset gpu -p MODEL /path/to/checkpoint`). What changes: the prompts are rendered by the model's own chat
+# template (a directory without a tokenizer borrows SmolLM2's, whose ids must fit its vocabulary); acceptance by
+# task is then the question asked of a trained target, and in the serving dtype (bfloat16) its losslessness is
+# measured as above. The 4-bit drafter quantizes the target's decoder linears (`lab.quant`: dense families only).
+# What takes longer: every target step reads all the weights, so decode time grows with the parameter count (a
+# batch-1 step is memory-bound); the step-cost section times forwards at each k, and `REPEATS` of them.
+
 # %%
 import pandas as pd
 

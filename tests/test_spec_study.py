@@ -246,6 +246,24 @@ def test_study_parameters_are_checked():
         SpecParams(DRAFT_LAYERS=30)
     with pytest.raises(ValueError, match="THRESHOLD=1.5"):
         SpecParams(THRESHOLD=1.5)
+    with pytest.raises(ValueError, match="MODEL='/no/such/dir' is not .* or a local Hugging Face directory"):
+        SpecParams(MODEL="/no/such/dir")
+
+
+def test_a_local_checkpoint_directory_is_a_target(tmp_path):
+    """Notebook 05 on a user's own model: MODEL names a Hugging Face directory, read for its config before any
+    weight loads; without a tokenizer of its own, its vocabulary must hold SmolLM2's prompt ids."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+                num_key_value_heads=2).save_pretrained(tmp_path / "mine")
+    p = SpecParams(MODEL=str(tmp_path / "mine"), DRAFT_LAYERS=3)
+    with pytest.raises(ValueError, match="DRAFT_LAYERS=10"):  # the target's 6 layers bound it, not SmolLM2's 30
+        SpecParams(MODEL=p.MODEL)
+    LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+                num_key_value_heads=2).save_pretrained(tmp_path / "small")
+    with pytest.raises(ValueError, match="vocabulary \\(1000\\) is smaller"):
+        SpecParams(MODEL=str(tmp_path / "small"), DRAFT_LAYERS=3)
 
 
 def test_cli_spec_json(capsys):

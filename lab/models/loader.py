@@ -134,11 +134,14 @@ def resolve_model_dir(model: str | os.PathLike) -> Path:
     )
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")  # any one: the directory has one
+
+
 def load_tokenizer(model_dir: Path):
     """The directory's Hugging Face tokenizer, or None when it ships none (weights-only checkpoints)."""
     from transformers import AutoTokenizer
 
-    if not any((model_dir / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+    if not any((model_dir / f).exists() for f in TOKENIZER_FILES):
         return None
     return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
 

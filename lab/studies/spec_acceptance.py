@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import ClassVar
 
 import pandas as pd
@@ -43,12 +44,17 @@ PROMPT_MODEL = "smollm2-135m"  # whose tokenizer renders the prompts (a random: 
 
 
 def target_config(model: str):
-    """The target's config, read before any weight loads: the embedded SmolLM2 or a `random:<preset>` shape."""
+    """The target's config, read before any weight loads: the embedded SmolLM2, a `random:<preset>` shape, or a
+    local Hugging Face directory (its config.json; the weights load later, `load_target`)."""
+    from lab.models.config import ModelConfig
     from lab.models.loader import preset_config
 
-    if model != PROMPT_MODEL and not (isinstance(model, str) and model.startswith("random:")):
-        raise ValueError(f"parameter MODEL={model!r} is not {PROMPT_MODEL!r} or 'random:<preset>'")
-    return preset_config(model.removeprefix("random:"))
+    if isinstance(model, str) and (model == PROMPT_MODEL or model.startswith("random:")):
+        return preset_config(model.removeprefix("random:"))
+    if isinstance(model, str) and (Path(model) / "config.json").is_file():
+        return ModelConfig.from_json(Path(model) / "config.json")
+    raise ValueError(f"parameter MODEL={model!r} is not {PROMPT_MODEL!r}, 'random:<preset>' or a local Hugging "
+                     f"Face directory with a config.json")
 
 
 @dataclass
@@ -56,7 +62,7 @@ class SpecParams:
     PRESET: str = "quick"
     INTERACTIVE: bool = False
     DEVICE: str = "auto"  # auto: CUDA when present, else the CPU
-    MODEL: str = PROMPT_MODEL  # the target: SmolLM2, or random weights of a preset shape ("random:llama-3-8b")
+    MODEL: str = PROMPT_MODEL  # the target: SmolLM2, random weights of a preset shape ("random:llama-3-8b") or a dir
     DATA: str = ""  # "": the lab's prompt set (calibration_data/spec_prompts.jsonl); else a JSONL path
     PER_CATEGORY: int = 5
     MAX_TOKENS: int = 64
@@ -99,7 +105,12 @@ class SpecParams:
         check_device("DEVICE", self.DEVICE)
         check_dtype("DTYPE", self.DTYPE)
         target = target_config(self.MODEL)
-        if target.vocab_size < target_config(PROMPT_MODEL).vocab_size:
+        # A target without a tokenizer of its own (random weights, a weights-only directory) has its prompts
+        # rendered by SmolLM2's (load_target): their ids must be in its vocabulary.
+        from lab.models.loader import TOKENIZER_FILES
+
+        own = self.MODEL == PROMPT_MODEL or any((Path(self.MODEL) / f).exists() for f in TOKENIZER_FILES)
+        if not own and target.vocab_size < target_config(PROMPT_MODEL).vocab_size:
             raise ValueError(f"MODEL={self.MODEL!r}: its vocabulary ({target.vocab_size}) is smaller than that "
                              f"of the prompts' tokenizer ({PROMPT_MODEL})")
         for name in ("DRAFTERS", "K_SWEEP", "SWEEP_DRAFTERS", "SPEC_BENCH_DRAFTERS"):
