@@ -66,6 +66,14 @@ class ModelRunner:
         else:
             self.attention = lambda meta: TorchPagedAttention(self.kv, meta, self.layout)
 
+    @property
+    def free_window(self) -> int | None:
+        """The window outside which a sequence's blocks can be freed (`BlockManager.sliding_window`): the widest,
+        when every layer has one that binds; None when one layer attends globally, since it reads every block of
+        the one pool all layers share."""
+        windows = self.layout.windows
+        return max(windows) if windows and all(w is not None for w in windows) else None
+
     @functools.cached_property
     def kernel_caches(self) -> list:
         """Each layer's pool as the Triton kernels read and write it (views of the store's tensors)."""
@@ -224,6 +232,10 @@ def check_model(c, model) -> AttentionLayout:
         raise ValueError(f"{model.config.architecture} with max_model_len {c.max_model_len} needs sliding windows "
                          f"or soft-capped attention, which tensor and pipeline parallelism do not carry; run it in "
                          f"one process")
+    if c.replay is not None and layout.windows and all(layout.windows):
+        raise ValueError(f"replay rewinds num_computed_tokens, and its recomputed queries would read blocks the "
+                         f"engine freed outside {model.config.architecture}'s sliding window of "
+                         f"{max(layout.windows)}; use a max_model_len within the window, or no replay")
     if c.tensor_parallel_size > 1 and model.config.family.embed_scale:
         raise ValueError(f"tensor parallelism cannot run {model.config.architecture}: its vocabulary-parallel "
                          f"embedding (lab.parallel.sharding) does not scale the embeddings by sqrt(hidden_size) as "

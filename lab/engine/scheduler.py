@@ -12,6 +12,9 @@ When a running sequence needs a block and none is free, the most recently admitt
 sequence is preempted: its blocks are freed and it goes back to the front of the queue with
 `num_computed_tokens = 0`, to be recomputed later (vLLM's default; cheaper than swapping to host).
 Its full blocks stay in the prefix cache, so the recompute is often mostly hits.
+
+With a sliding window on every layer (`BlockManager.sliding_window`), a running sequence's blocks wholly outside
+the window of its next query are freed before it allocates for the step.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            self.bm.free_outside_window(seq)  # before allocating: what no later query reads goes back first
             n = min(seq.num_wanted_tokens, budget, seq.max_chunk or budget)
             if n < seq.num_wanted_tokens and not self.enable_chunked_prefill:
                 break

@@ -67,7 +67,9 @@ def kv_bytes_per_token(s: ModelShape, dtype: str = "bf16", granularity: str = "p
 
 
 def effective_layers(s: ModelShape, seq_len: int | None) -> float:
-    """Layers' worth of KV a token adds: windowed layers keep only the last `sliding_window` tokens."""
+    """Layers' worth of KV a token adds: windowed layers keep only the last `sliding_window` tokens. That is what
+    a cache holds when it frees each windowed layer's old tokens on their own; a paged cache with one pool for all
+    layers frees only when every layer is windowed (`paging.blocks_held` counts that, in whole blocks)."""
     if seq_len is None or not s.sliding_window or seq_len <= s.sliding_window:
         return s.num_layers
     kept = s.sliding_window / seq_len

@@ -1,4 +1,5 @@
-"""Paging waste: the KV slots a paged cache leaves empty, against contiguous preallocation to max_model_len.
+"""Paging waste: the KV slots a paged cache leaves empty, against contiguous preallocation to max_model_len; and
+the blocks a sequence holds when sliding windows let a paged cache free some.
 
 Kwon et al., PagedAttention, SOSP 2023: at most one partly filled block per sequence. Request lengths come from
 a log-normal fitted to published P50/P90/P99, taken at evenly spaced quantiles (no sampling noise).
@@ -7,6 +8,26 @@ a log-normal fitted to published P50/P90/P99, taken at evenly spaced quantiles (
 from __future__ import annotations
 
 import math
+
+from .shape import ModelShape
+
+
+def blocks_held(s: ModelShape, seq_len: int, block_size: int, tokens_per_step: int = 1) -> int:
+    """Most KV blocks one sequence of `seq_len` tokens holds at once in a paged cache with one block pool for all
+    layers (the lab's engine, `lab.engine.block_manager`), while a step computes `tokens_per_step` of its tokens.
+
+    Every layer windowed (Mistral), W < seq_len: the step computing positions p .. p + n - 1 holds the blocks from
+    the one holding p - W + 1 (the first key its first query sees; those before are freed) to the one holding
+    p + n - 1, at most ceil((W + n - 2) / bs) + 1 of them (vLLM's SlidingWindowSpec bounds it by
+    ceil((W - 1 + n) / bs) + 1, one token more). Otherwise all ceil(seq_len / bs): with some global layers (Gemma's
+    alternation) the one pool cannot free a block a global layer still reads. `kv_cache.kv_cache_bytes` caps each
+    windowed layer separately, which is what an allocator with a pool per kind of layer holds (vLLM's hybrid KV
+    cache manager), not this one."""
+    full = -(-seq_len // block_size)
+    window = s.sliding_window
+    if not window or s.sliding_window_layers < s.num_layers or window >= seq_len:
+        return full
+    return min(full, -(-(window + tokens_per_step - 2) // block_size) + 1)
 
 
 def lognormal_from_percentiles(p50: float, p90: float, p99: float) -> tuple[float, float]:

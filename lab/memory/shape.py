@@ -78,8 +78,7 @@ class ModelShape:
             q_lora_rank=d.get("q_lora_rank"), kv_lora_rank=d.get("kv_lora_rank"),
             qk_nope_head_dim=d.get("qk_nope_head_dim"), qk_rope_head_dim=d.get("qk_rope_head_dim"),
             v_head_dim=d.get("v_head_dim"),
-            # Gemma 2 alternates local (windowed) and global layers; Mistral windows every layer.
-            sliding_window=window, sliding_window_layers=(layers // 2 if gemma2 else layers) if window else 0,
+            sliding_window=window, sliding_window_layers=_window_layers(d, arch, layers) if window else 0,
             published_params=d.get("_published_params"), published_active_params=d.get("_published_active_params"),
         )
 
@@ -133,6 +132,16 @@ def param_counts(s: ModelShape) -> dict[str, int]:
     counts["total"] = sum(counts.values())
     counts["active"] = counts["total"] - moe_layers * (s.num_experts - s.experts_per_token) * expert
     return counts
+
+
+def _window_layers(d: dict, arch: str, layers: int) -> int:
+    """How many layers attend in a sliding window: those `layer_types` names so, or without it every layer but
+    each k-th (1-based) of Gemma's pattern (Gemma 2 alternates, k = 2; Gemma 3 keeps one global layer in
+    `sliding_window_pattern`, default 6); Mistral windows every layer."""
+    if d.get("layer_types"):
+        return sum(t == "sliding_attention" for t in d["layer_types"])
+    every = d.get("sliding_window_pattern") or {"gemma2": 2, "gemma3": 6}.get(arch[:6].lower())
+    return layers if not every else sum(1 for i in range(layers) if (i + 1) % every)
 
 
 def _dense_layers(d: dict, experts: int) -> int:
