@@ -1,5 +1,5 @@
 # Sourced by bench/gpu_suite.sh on the device machine: installs what the image lacks from what the call carried
-# (bench/gpu_carry.sh prepares it here). Nothing can be fetched there.
+# (bench/gpu_carry.sh prepares it here). Nothing can be fetched there. The tree plan carries nothing: 1 only.
 # 1. The project, from the checkout: `lab.kernels` is kernels/ (pyproject's package-dir maps it when installed;
 #    an install needs a newer setuptools than the image may have), so a link lab/kernels -> ../kernels in this
 #    copy of the tree. The image has torch, triton, transformers, pandas and matplotlib.
@@ -24,6 +24,6 @@ if compgen -G "$MODEL_DIR/*.part-*" >/dev/null; then
     echo "gpu_prepare: the reassembled GGUF does not match its sha256 (a part missing or damaged)" >&2
     rm -f "$gguf"
   fi
-else
+elif [[ ${PLAN:-carried} == carried ]]; then  # the tree plan needs no model
   echo "gpu_prepare: no SmolLM2 parts in $MODEL_DIR: the notebooks on the real model will fail (docs/gpu.md)" >&2
 fi

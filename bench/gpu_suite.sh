@@ -1,97 +1,131 @@
 #!/usr/bin/env bash
-# The GPU run as one script, planned to fit 8 minutes of one H200 (a session is lent 15 in all): the pre-flight
-# (bench/gpu_preflight.py: versions, compiled kernels against their references in bfloat16, the engine on both
-# backends, a seeded sampled request; it stops the suite if anything fails), the Triton kernel benchmark
-# (bench/kernels_gpu.py), the engine benchmark on a random Llama-3-8B shape in bfloat16 (eager steps, every
-# workload against its roofline; no transformers peer: a random model has no checkpoint for it; the compiled
-# variant's compile of an 8B step would take a minute of the eight, and is left to a second loan),
-# then every study notebook at its `gpu` preset, run in-process from its jupytext twin (`lab run --in-process`:
-# the device machine has no papermill or Jupyter kernel). Everything lands in results/gpu/ (or $OUT_DIR) with
-# provenance; `--pack FILE` also writes it as one tar.gz, since at most 8 files come back from the device.
+# The GPU run in one call that carries nothing but the tree (docs/gpu.md gives the exact device calls). Two plans:
 #
-# The plan and its estimates are printed first, and a plan over the budget is refused before anything runs. The
-# estimates are seconds on one H200, never yet measured there (no GPU has been lent; docs/gpu.md says how they
-# were made): each step is therefore also stopped at 1.5x its estimate or at what is left of the budget,
-# whichever comes first, so a wrong estimate costs that step's results, never the loan. suite.json records
-# each step's estimate, measured time and status (ok, failed, timed out), for the next plan.
+# tree (the default, the first call): needs only the checkout and the device image's packages (torch, Triton,
+#   transformers, pandas, matplotlib). The pre-flight (bench/gpu_preflight.py: versions, compiled kernels against
+#   their references, the engine on both backends, a seeded request; it stops the suite if the lab's code fails),
+#   the Triton kernel benchmark (bench/kernels_gpu.py), the engine against transformers on random weights of
+#   SmolLM2-135M's shape and of Llama-3-8B's (bfloat16, eager steps, the torch and Triton attention backends;
+#   token ids, no tokenizer; transformers gets the engine's own random weights, lab.models.hf_export), and the
+#   notebooks whose gpu preset runs on random weights once the one real-model check in each is given random weights
+#   of the same shape: 04 (its float32 lossless check) and 08 (its process-group measurements).
+# carried (--carried, an optional second call): the pre-flight again (a fresh machine) and the notebooks that need
+#   SmolLM2's weights or tokenizer (98 MB: bench/gpu_carry.sh cuts it into parts for three calls) and the wheels
+#   the image lacks (.whl/): 00, 01, 02, 03, 05, 06, 07, 09 at their gpu presets.
 #
-# On the device machine the script first installs what the call carried (bench/gpu_carry.sh prepares it): the
-# project itself (editable, offline: `lab.kernels` lives in kernels/), the wheels in .whl/ and the SmolLM2
-# GGUF reassembled from the parts in .gpu_model/ (98 MB: more than one call carries).
+# Each step has an estimate on one H200 (never yet measured there: the work counted at assumed rates plus 8 s to
+# start, docs/gpu.md) and is stopped at 1.5x it or at what is left of the 8-minute budget, so a wrong estimate
+# costs that step, never the loan; a plan whose stop times sum past the budget is refused before anything runs.
+# Every step writes as it goes (a JSON line per case, or a notebook's run directory); suite.json records each
+# step's estimate, limit, time, status and cases kept, the versions found and what differed.
 #
-# --dry-run: the same steps on the CPU at toy sizes into results/gpu_dry_run/, the notebooks at their smoke
-# preset (the tests run it); NOTEBOOKS="01_memory_accounting ..." picks the notebooks (default: all). --plan
-# prints the plan and stops.
+# --dry-run: the same plan on the CPU at toy sizes (notebooks at their smoke preset) into results/gpu_dry_run/;
+# the tree plan's dry run hides what the device image lacks (bench/device_image/), so a step that would need a
+# carry fails here, and suite.json gets the plan scaled from the dry run's times (`margin`). --plan prints the
+# plan and stops. NOTEBOOKS="04_replay_break_even ..." replaces the plan's notebooks. --pack FILE.tar.gz packs
+# the results into one file (at most 8 files come back from the device). Paths may be relative to where the
+# suite is called from; the results directory's default is relative to the checkout.
 set -euo pipefail
-# Paths a user gives (OUT_DIR, --pack, GPU_MODEL_DIR) are taken from where they stood, once, before the suite
-# changes into the checkout; the defaults are the checkout's results/gpu and .gpu_model.
 caller=$PWD
 absolute() { [[ -z "$1" || "$1" == /* ]] && printf '%s' "$1" || printf '%s/%s' "$caller" "$1"; }
 cd "$(dirname "$0")/.."
-# The interpreter: $PYTHON, else the active virtual environment's, else python3 (said before any step runs).
 if [[ -n "${PYTHON:-}" ]]; then PY=$PYTHON; py_from='$PYTHON'
 elif [[ -n "${VIRTUAL_ENV:-}" ]]; then PY=$VIRTUAL_ENV/bin/python; py_from='the active virtual environment'
 else PY=python3; py_from='python3 on PATH: no $PYTHON and no active virtual environment'; fi
 BUDGET_S=${BUDGET_S:-480}
-dry=0; plan_only=0; pack=""
+START_S=8      # of each estimate: interpreter, imports, loads (assumed; a dry run measures this machine's)
+HOST_FACTOR=1  # dry-run seconds -> the device host's share of a step (docs/gpu.md: why 1)
+dry=0; plan_only=0; pack=""; plan=tree
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dry-run) dry=1 ;;
     --plan) plan_only=1 ;;
+    --carried) plan=carried ;;
     --pack) pack="$2"; shift ;;
-    *) echo "usage: bench/gpu_suite.sh [--dry-run] [--plan] [--pack FILE.tar.gz]" >&2; exit 2 ;;
+    *) echo "usage: bench/gpu_suite.sh [--carried] [--dry-run] [--plan] [--pack FILE.tar.gz]" >&2; exit 2 ;;
   esac
   shift
 done
 pack=$(absolute "$pack")
-[[ -n "${OUT_DIR:-}" ]] && OUT_DIR=$(absolute "$OUT_DIR")
 [[ -n "${GPU_MODEL_DIR:-}" ]] && export GPU_MODEL_DIR=$(absolute "$GPU_MODEL_DIR")
+suffix=$([[ $plan == carried ]] && echo _carried || true)
 if (( dry )); then
-  out=${OUT_DIR:-$PWD/results/gpu_dry_run}
-  model=random:tiny; smoke=(--scale 0.02 --max-tokens 4); flag=(--dry-run); preset=smoke
+  out=$(absolute "${OUT_DIR:-}"); out=${out:-results/gpu_dry_run$suffix}
+  # toy sizes; the engine steps leave out offline-32x128: its 32 sequences in Triton's interpreter took 33 s of a
+  # step's 88 here, for no path the other two workloads do not take
+  small=random:tiny; large=random:tiny; flag=(--dry-run); preset=smoke
+  toy=(--scale 0.02 --max-tokens 4 --workloads decode-1,prefill-2k)
 else
-  out=${OUT_DIR:-$PWD/results/gpu}
-  model=random:llama-3-8b; smoke=(); flag=(); preset=gpu
+  out=$(absolute "${OUT_DIR:-}"); out=${out:-results/gpu$suffix}
+  small=random:smollm2-135m; large=random:llama-3-8b; toy=(); flag=(); preset=gpu
 fi
 
-# name|estimated seconds on one H200|command. A notebook's estimate: its gpu preset's work counted (engine
-# steps, tokens, models quantized, processes started) at assumed per-step costs, plus ~8 s to import and load
-# (the table in docs/gpu.md; each gpu preset's comment gives its own).
-steps=(
-  "preflight|45|$PY bench/gpu_preflight.py ${flag[*]} --out $out"
-  "kernels|90|$PY bench/kernels_gpu.py ${flag[*]} --out $out"
-  "engine|45|$PY -m lab.cli bench engine --model $model --variants eager-auto --transformers '' ${smoke[*]} --json $out/bench_engine.json --plot $out/bench_engine.png"
-)
+# name|estimate on one H200 (s)|command. Estimates: docs/gpu.md's table; a notebook's gpu preset comment gives its.
+steps=("preflight|45|$PY bench/gpu_preflight.py ${flag[*]} --out $out")
+declare -A case_logs=([preflight]=preflight)  # a step's .jsonl, kept case by case (lab.bench.caselog)
+if [[ $plan == tree ]]; then
+  steps+=("kernels|90|$PY bench/kernels_gpu.py ${flag[*]} --out $out")
+  for e in "smollm2|45|$small" "llama-3-8b|65|$large"; do
+    IFS='|' read -r tag est m <<<"$e"
+    steps+=("engine-$tag|$est|$PY -m lab.cli bench engine --model $m --variants eager-auto --backend torch,triton \
+--transformers auto ${toy[*]} --json $out/bench_engine_$tag.json --plot $out/bench_engine_$tag.png")
+    case_logs[engine-$tag]=bench_engine_$tag
+  done
+  case_logs[kernels]=kernels_gpu
+fi
 declare -A nb_est=([00_engine_tour]=15 [01_memory_accounting]=20 [02_quantization_accuracy]=45
   [03_kv_quantization]=35 [04_replay_break_even]=20 [05_speculative_acceptance]=25 [06_serving_ttft]=45
   [07_structured_output]=20 [08_parallelism]=40 [09_ttft_claims]=35)
-for nb in ${NOTEBOOKS:-$(printf '%s\n' "${!nb_est[@]}" | sort)}; do
+# The tree plan's notebooks, with the one real-model check of each given random weights of SmolLM2's shape.
+declare -A nb_tree=([04_replay_break_even]="-p LOSSLESS_MODEL $small" [08_parallelism]="-p MODEL $small")
+if [[ $plan == tree ]]; then default_nbs="${!nb_tree[*]}"
+else default_nbs="00_engine_tour 01_memory_accounting 02_quantization_accuracy 03_kv_quantization
+  05_speculative_acceptance 06_serving_ttft 07_structured_output 09_ttft_claims"; fi
+for nb in $(printf '%s\n' ${NOTEBOOKS:-$default_nbs} | sort); do
   [[ -n "${nb_est[$nb]:-}" ]] || { echo "unknown notebook $nb; known: ${!nb_est[*]}" >&2; exit 2; }
-  steps+=("$nb|${nb_est[$nb]}|$PY -m lab.cli run $nb --in-process --preset $preset --results-dir $out/notebooks")
+  steps+=("$nb|${nb_est[$nb]}|$PY -m lab.cli run $nb --in-process --preset $preset ${nb_tree[$nb]:-} \
+--results-dir $out/notebooks")
 done
 
-total=0
-echo "plan (estimated seconds on one H200; each step stopped at 1.5x its estimate):"
+total=0; caps=0
+echo "plan '$plan' (estimated seconds on one H200; each step stopped at 1.5x its estimate):"
 for s in "${steps[@]}"; do
   IFS='|' read -r name est cmd <<<"$s"
-  total=$(( total + est ))
+  total=$(( total + est )); caps=$(( caps + est * 3 / 2 ))
   printf '  %-26s %4d s  %s\n' "$name" "$est" "$cmd"
 done
-echo "  total      $total s of a $BUDGET_S s budget"
-if (( total > BUDGET_S )); then
-  echo "the plan's estimate ($total s) exceeds the budget ($BUDGET_S s): refused" >&2
+echo "  total      $total s, stopped by $caps s at the latest, of a $BUDGET_S s budget"
+if (( caps > BUDGET_S )); then
+  echo "the plan's stop times ($caps s) exceed the budget ($BUDGET_S s): refused" >&2
   exit 3
 fi
 (( plan_only )) && exit 0
 echo "python: $PY ($py_from)"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the checkout's lab and bench/, installed or not
+if (( dry )) && [[ $plan == tree ]]; then
+  export PYTHONPATH=$PWD/bench/device_image:$PYTHONPATH  # what the image lacks, hidden (sitecustomize)
+fi
 if (( ! dry )); then
   "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'CUDA is not available: use --dry-run')"
-  source bench/gpu_prepare.sh
+  PLAN=$plan source bench/gpu_prepare.sh
 fi
-# Every package a step imports, named before the first step spends any of the budget.
-missing=$("$PY" -c "import importlib.util as u
-names = ('torch', 'triton', 'numpy', 'transformers', 'safetensors', 'matplotlib', 'pandas', 'lab')
-print(' '.join(n for n in names if u.find_spec(n) is None))") || missing="(the interpreter did not run)"
+# Every package a step imports, named before the first step spends any of the budget (the carried plan: also
+# what .whl/ brings, and the SmolLM2 model).
+missing=$("$PY" - "$plan" <<'PYCHECK'
+import importlib.util as u, sys
+names = ['torch', 'triton', 'numpy', 'transformers', 'safetensors', 'matplotlib', 'pandas', 'lab']
+if sys.argv[1] == 'carried':
+    names += ['fastapi', 'uvicorn', 'xgrammar', 'gguf', 'datasets', 'jsonschema']
+lacks = [n for n in names if u.find_spec(n) is None]
+if sys.argv[1] == 'carried' and not lacks:
+    from lab.models.loader import embedded_gguf_path
+    try:
+        embedded_gguf_path('smollm2-135m').stat()
+    except OSError:
+        lacks.append('the SmolLM2 model (bench/gpu_carry.sh)')
+print(' '.join(lacks))
+PYCHECK
+) || missing="(the interpreter did not run)"
 if [[ -n "$missing" ]]; then
   echo "$PY lacks what the suite imports: $missing (set \$PYTHON to the project's interpreter, e.g. .venv/bin/python)" >&2
   exit 4
@@ -99,8 +133,7 @@ fi
 mkdir -p "$out"
 
 start=$(date +%s)
-timings=(); failed=0
-declare -A case_logs=([preflight]=preflight [kernels]=kernels_gpu [engine]=bench_engine)  # a step's .jsonl
+timings=(); failed=0; scaled=0
 for s in "${steps[@]}"; do
   IFS='|' read -r name est cmd <<<"$s"
   left=$(( BUDGET_S - ($(date +%s) - start) ))
@@ -114,15 +147,18 @@ for s in "${steps[@]}"; do
   else
     timeout --kill-after=10 "$limit" bash -c "$cmd" || { rc=$?; (( rc == 124 || rc == 137 )) && status="timed out" || status="failed ($rc)"; }
   fi
+  took=$(( $(date +%s) - t ))
   [[ $status == ok ]] || failed=$(( failed + 1 ))
-  # What a step kept case by case (lab.bench.caselog), so a step stopped at its limit still shows its cases.
   kept=""
   if [[ -n "${case_logs[$name]:-}" && -f "$out/${case_logs[$name]}.jsonl" ]]; then
     n=$(wc -l <"$out/${case_logs[$name]}.jsonl")
     kept=", \"case_log\": \"${case_logs[$name]}.jsonl\", \"cases_kept\": $n"
     [[ $status == ok ]] || echo "   $name: $n case(s) kept in $out/${case_logs[$name]}.jsonl; ${case_logs[$name]}.json (the whole result) is missing" >&2
   fi
-  timings+=("\"$name\": {\"estimate_s\": $est, \"limit_s\": $limit, \"measured_s\": $(( $(date +%s) - t )), \"status\": \"$status\"$kept}")
+  # A dry run's time here stands for the step's host share on the device (start, imports, builds: HOST_FACTOR);
+  # the rest of its estimate is the device work counted at the gpu sizes.
+  (( dry )) && { scaled=$(( scaled + est - START_S + took * HOST_FACTOR )); kept="$kept, \"scaled_s\": $(( est - START_S + took * HOST_FACTOR ))"; }
+  timings+=("\"$name\": {\"estimate_s\": $est, \"limit_s\": $limit, \"measured_s\": $took, \"status\": \"$status\"$kept}")
   if [[ $name == preflight && $status != ok ]]; then
     echo "the pre-flight failed ($status): the suite stops here (see $out/preflight.json)" >&2
     break
@@ -135,7 +171,13 @@ try:
     print(json.dumps({k: c.get(k) for k in ('torch', 'triton', 'transformers', 'cuda', 'differs', 'note') if k in c}))
 except (OSError, StopIteration, ValueError):
     print('null')" "$out/preflight.jsonl" 2>/dev/null || echo null)
-(IFS=,; echo "{\"dry_run\": $( (( dry )) && echo true || echo false ), \"budget_s\": $BUDGET_S, \"versions\": $versions, \"steps\": {${timings[*]}}}") \
+margin=null
+if (( dry )); then
+  margin="{\"host_factor\": $HOST_FACTOR, \"start_s\": $START_S, \"scaled_total_s\": $scaled, \"margin_s\": $(( BUDGET_S - scaled ))}"
+  echo "scaled to one H200: $scaled s of $BUDGET_S (each step's estimate less its $START_S s start, plus its time here x$HOST_FACTOR)"
+fi
+(IFS=,; echo "{\"plan\": \"$plan\", \"dry_run\": $( (( dry )) && echo true || echo false ), \"budget_s\": $BUDGET_S, \
+\"plan_s\": $total, \"stop_times_s\": $caps, \"margin\": $margin, \"versions\": $versions, \"steps\": {${timings[*]}}}") \
   >"$out/suite.json"
 echo "gpu suite: $(( $(date +%s) - start )) s (plan $total s), $failed step(s) not ok, results in $out"
 if [[ -n "$pack" ]]; then

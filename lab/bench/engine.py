@@ -214,6 +214,16 @@ def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: 
     return out
 
 
+def release_device_memory() -> None:
+    """Free what the last engine held before the next loads its own copy of the weights: on a GPU an 8B model's
+    engines and transformers' copy would otherwise sit side by side (reference cycles wait for the collector)."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def run_engine_bench(model: str = "smollm2-135m", variants=tuple(VARIANTS), workloads=tuple(WORKLOADS),
                      transformers_dtypes=("float32", "auto"), peer_url: str | None = None,
                      peer_model: str | None = None, scale: float = 1.0, max_tokens: int | None = None,
@@ -234,6 +244,7 @@ def run_engine_bench(model: str = "smollm2-135m", variants=tuple(VARIANTS), work
     runs = [with_backend(VARIANTS[name], backend) for name in variants for backend in backends]  # refused first
     for variant in runs:
         result["engines"].append(run_variant(variant, ws, model, scale, profile_dir, log))
+        release_device_memory()
     for dtype in transformers_dtypes:
         result["peers"].append(run_transformers(model, dtype, ws, scale))
         log.write("peer", result["peers"][-1])
