@@ -208,3 +208,33 @@ def test_gpu_prepare_asks_for_the_model_only_in_the_carried_plan(tmp_path, plan,
     out = subprocess.run(["bash", "-c", "set -euo pipefail; source bench/gpu_prepare.sh"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and ("no SmolLM2 parts" in out.stderr) == warns
+
+
+def test_the_8b_steps_transformers_peer_gets_llama_3_8bs_structure():
+    """The engine-llama-3-8b step hands the engine's random weights to transformers (`lab.models.hf_export`): with
+    Llama-3-8B's config shrunk in width and depth only (its rope_theta 500000, grouped KV heads, untied head),
+    transformers computes the lab's logits, so that step times the same model in both (8B itself needs 32 GB in
+    float32 to build here)."""
+    import dataclasses
+
+    import torch
+
+    from lab.models.hf_export import to_transformers
+    from lab.models.llama import LlamaModel
+    from lab.models.loader import preset_config
+    from lab.models.reference import forward_logits
+
+    config = dataclasses.replace(preset_config("llama-3-8b"), vocab_size=1024, hidden_size=256, intermediate_size=512,
+                                 num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=32)
+    torch.manual_seed(0)
+    net = LlamaModel(config, 512)
+    for p in net.parameters():  # as lab.models.loader builds a random: model
+        torch.nn.init.normal_(p, std=0.02) if p.dim() > 1 else torch.nn.init.ones_(p)
+    net.store_weights_transposed()
+    net.rope.reset_tables()
+    hf = to_transformers(net.eval())
+    assert hf.config.rope_parameters["rope_theta"] == 500000.0 and not hf.config.tie_word_embeddings
+    ids = list(range(3, 300))
+    with torch.inference_mode():
+        theirs = hf(torch.tensor([ids])).logits[0]
+    assert (forward_logits(net, ids) - theirs).abs().max().item() <= 1e-4
