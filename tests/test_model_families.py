@@ -1,5 +1,7 @@
-"""The model families beyond Llama (Qwen3, OLMo 2, Phi-3, Qwen3-MoE, Mixtral) against transformers, each on a tiny
-random-weight model built from transformers' own config class (no download), in float32.
+"""The model families beyond Llama (Qwen3, OLMo 2, Phi-3, Qwen3-MoE, Mixtral, Gemma 2, Gemma 3) against transformers,
+each on a tiny random-weight model built from transformers' own config class (no download), in float32. The Gemma
+models have a sliding window (24) that the longer prompts outgrow on their local layers, low soft caps (Gemma 2)
+and a linearly scaled global RoPE beside an unscaled local one (Gemma 3), so each of these changes the logits.
 
 Per family: the lab's logits equal transformers' (1e-4), and the engine's greedy tokens equal transformers'
 `generate` through plain prefill and paged decode, chunked prefill, a prefix-cache hit and preemption. Then the

@@ -107,8 +107,8 @@ class TorchPagedAttention:
             # A window: from the block holding the first key the chunk's first query sees (the ones before it may
             # be freed); the chunk's queries are still the last of the keys gathered.
             first = 0 if window is None else max(0, ctx_len - qlen - window + 1) // self.store.block_size
-            keys, values = self.store.gather(layer, blocks[first:])
-            span = ctx_len - first * self.store.block_size
+            keys, values = self.store.gather(layer, blocks[first:] if first else blocks)
+            span = ctx_len - first * self.store.block_size if first else ctx_len
             keys, values = keys.view(-1, n_kv, d)[:span], values.view(-1, n_kv, d)[:span]
             qc = q[start:start + qlen]
             if st is None:

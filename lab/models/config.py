@@ -15,7 +15,8 @@ from pathlib import Path
 from .families import FAMILIES, Family
 
 # Architectures the lab's model implements: the Llama block (RMSNorm, RoPE, GQA, SwiGLU) and the variations of
-# it that `FAMILIES` states (q/k norms, OLMo 2's post-norm layout, mixtures of experts, Qwen2's q/k/v bias).
+# it that `FAMILIES` states (q/k norms, OLMo 2's post-norm layout, mixtures of experts, Qwen2's q/k/v bias, Gemma's
+# sandwich norms, GeGLU and scaled embeddings); per-layer sliding windows and soft caps are config fields here.
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 LAYER_TYPES = ("full_attention", "sliding_attention")
