@@ -53,7 +53,9 @@ class LLM:
         self.config = c = EngineConfig(model=model, **options)
         self.model, self.tokenizer, self.runner, num_blocks, runner_extensions = build_runner(c)
         self.device = self.model.embed_tokens.weight.device
-        self.block_manager = BlockManager(num_blocks, c.block_size, c.enable_prefix_caching)
+        # With a sliding window on every layer, blocks wholly before it go back to the pool (lab.engine.block_manager).
+        self.block_manager = BlockManager(num_blocks, c.block_size, c.enable_prefix_caching,
+                                          sliding_window=self.runner.free_window)
         self.scheduler = Scheduler(self.block_manager, c.max_num_seqs, c.max_num_batched_tokens,
                                    c.enable_chunked_prefill)
         self.eos_token_ids = set(self.model.config.eos_token_ids)
