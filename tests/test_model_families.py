@@ -246,6 +246,7 @@ def _phi3(**over) -> dict:
         "full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "linear", "factor": 2.0}}},
      "'linear' on the sliding layers"),
     ({"architectures": ["Gemma2ForCausalLM"], "hidden_activation": "silu"}, "'silu' for Gemma2ForCausalLM"),
+    ({"architectures": ["Gemma3ForCausalLM"], "use_bidirectional_attention": True}, "use_bidirectional_attention"),
     ({"architectures": ["Gemma2ForCausalLM"], "num_hidden_layers": 3, "sliding_window": 8,
       "layer_types": ["sliding_attention", "chunked_attention", "full_attention"]}, "chunked_attention"),
 ])
@@ -327,20 +328,6 @@ def test_tensor_parallel_refuses_what_it_cannot_split(family, why):
     config = ModelConfig.from_hf_dict(hf_config(family).to_dict())
     with pytest.raises(ValueError, match=f"{config.architecture}: .*{why}.* it shards .*Qwen3ForCausalLM"):
         plan_shards(config, 2)
-
-
-@pytest.mark.parametrize("family, options, named", [
-    ("gemma3", dict(tensor_parallel_size=2, max_model_len=16), "scales the embeddings|scale the embeddings"),
-    ("gemma2", dict(pipeline_parallel_size=3, max_model_len=16), "soft-capped attention"),
-    ("gemma3", dict(pipeline_parallel_size=3, max_model_len=64), "sliding windows"),
-    ("gemma2", dict(attention_backend="triton", max_model_len=16), "triton.*soft-capped"),
-])
-def test_engine_refuses_what_cannot_carry_gemma(tmp_path, family, options, named):
-    """A parallel group's workers attend without the model's windows and soft cap, the vocabulary-parallel embedding
-    does not scale, and the Triton kernels have neither: each refused by name before any worker starts."""
-    save_tiny_hf(tmp_path, hf_config(family))
-    with pytest.raises(ValueError, match=named):
-        LLM(str(tmp_path), device="cpu", dtype="float32", **options)
 
 
 def test_quantization_walks_refuse_experts_and_post_norm(tmp_path):

@@ -167,6 +167,8 @@ class ModelConfig:
         rope_params = d.get("rope_parameters") or {}
         if "full_attention" in rope_params or "sliding_attention" in rope_params:
             rope_params = _split_rope_by_layer_type(rope_params, kwargs)  # Gemma 3: one RoPE per kind of layer
+        if d.get("use_bidirectional_attention"):  # EmbeddingGemma's encoder, in a Gemma 3 text config
+            raise ValueError("use_bidirectional_attention: the lab's model is a causal decoder")
         if "hidden_activation" in d:  # Gemma's name for the MLP's activation (what transformers' Gemma MLP reads)
             kwargs["hidden_act"] = d["hidden_activation"]
         if "layer_types" not in kwargs and "sliding_window_pattern" in d and d.get("sliding_window"):
