@@ -135,6 +135,20 @@ def test_replay_is_refused_where_blocks_are_freed(tiny):
     LLM(tiny.model, tokenizer=None, max_model_len=WINDOW, num_kv_blocks=64, replay=ReplayConfig())  # never binds
 
 
+@pytest.mark.parametrize("kv", ["int4/per-channel", "int8/window16"])
+def test_kv_formats_with_exact_copies_are_refused_before_any_step(tiny, kv):
+    with pytest.raises(ValueError, match="keeps exact copies or pre-RoPE keys"):
+        LLM(tiny.model, tokenizer=None, max_model_len=128, num_kv_blocks=64, kv_cache_dtype=kv)
+
+
+def test_a_plain_quantized_cache_frees_as_the_full_one(tiny):
+    """int8 with per-token scales reads back what it stored wherever the block lies: freeing changes nothing."""
+    kept = LLM(tiny.model, tokenizer=None, max_model_len=128, num_kv_blocks=64, kv_cache_dtype="int8")
+    kept.block_manager.sliding_window = None  # this engine keeps every block
+    freed = windowed_engine(tiny.model, kv_cache_dtype="int8")
+    assert tokens(freed.generate(tiny.prompts, tiny.params)) == tokens(kept.generate(tiny.prompts, tiny.params))
+
+
 # ---- the block pool on hand-built sequences -----------------------------------------------------------------
 
 BS = 4

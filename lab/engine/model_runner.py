@@ -210,6 +210,10 @@ def build_runner(c) -> tuple[LlamaModel, object, ModelRunner, int, list]:
     num_blocks = c.num_kv_blocks or default_num_blocks(model, c.block_size, c.max_model_len, c.max_num_seqs,
                                                        c.kv_format)
     kv = build_kv_store(model, num_blocks, c.block_size, c.kv_format, c.kv_scales, c.max_num_seqs)
+    if not layout.plain and (kv.stages or getattr(c.kv_format, "pre_rope", False)):
+        raise ValueError(f"kv_cache_dtype {c.kv_cache_dtype!r} keeps exact copies or pre-RoPE keys, which the lab's "
+                         f"sliding windows and soft-capped attention do not read ({model.config.architecture} at "
+                         f"max_model_len {c.max_model_len} needs them); use a format without them")
     runner = ModelRunner(model, kv, c.block_size, c.attention_backend, c.enforce_eager, layout=layout)
     return model, tokenizer, runner, num_blocks, []
 
