@@ -95,3 +95,17 @@ def test_rank_projection_adds_the_collectives_to_the_measured_compute():
     # at batch 1 the step is memory-bound: the two rooflines differ by the bandwidths' ratio
     assert row["compute ms (roofline, measured ceilings)"] == pytest.approx(row["compute ms (roofline, datasheet)"] *
                                                                            GPUS[p.HARDWARE].mem_bandwidth / 4.8e12)
+
+
+def test_the_timestamp_experiment_runs_on_a_model_without_a_tokenizer():
+    """The gpu preset serves `random:llama-3-8b`, which has no tokenizer: the timestamp inserted into the shared
+    system prompt is then random ids (it called `tokenizer.encode` on None). Counts, on a tiny random model."""
+    from lab.models import load_model
+    from lab.studies.serving import dynamic_prefix
+
+    model, tok = load_model("random:tiny", dtype="float32")
+    assert tok is None
+    p = ServingParams(**{**ServingParams.PRESETS["smoke"], "MODEL": "random:tiny", "SYSTEM_PROMPT": 64},
+                      PRESET="smoke", DEVICE="cpu")
+    rows = dynamic_prefix(p, model, tok).set_index("timestamp")["cached_tokens"]
+    assert rows["no change"] >= 64 and rows["at the start"] == 0 and rows["at the start"] < rows["halfway"]

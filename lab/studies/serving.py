@@ -247,7 +247,10 @@ def dynamic_prefix(p: ServingParams, model, tokenizer, stamp: str = "Current tim
 
     rng = random.Random(p.SEED)
     system = [rng.randrange(model.config.vocab_size) for _ in range(p.SYSTEM_PROMPT)]
-    stamped = tokenizer.encode(stamp, add_special_tokens=False)
+    # A model without a tokenizer (random weights, the gpu preset) gets as many random ids as SmolLM2's tokenizer
+    # makes of the default stamp (25): the counts below depend on where the inserted tokens go, not on which.
+    stamped = (tokenizer.encode(stamp, add_special_tokens=False) if tokenizer is not None
+               else [rng.randrange(model.config.vocab_size) for _ in range(25)])
     question = [rng.randrange(model.config.vocab_size) for _ in range(32)]
     one = SamplingParams(temperature=0.0, max_tokens=1)
     rows = []
