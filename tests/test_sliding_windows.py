@@ -6,9 +6,6 @@ past the window: logits, and greedy tokens through paged decode, chunked prefill
 the blocks being freed. Then the freeing itself (a decode holds at most ceil((W - 1) / bs) + 1 blocks, which
 `lab.memory.blocks_held` counts; Gemma's global layers keep every block), the prefix cache's window-aware hits
 on hand-built sequences, and what the engine still refuses.
-
-The engine passes the runner's window to its BlockManager in `lab.engine.llm` (`runner.free_window`); until that
-line is there, `windowed_engine` sets it on the engine's block manager, the one its scheduler frees through.
 """
 
 import pytest
@@ -51,8 +48,7 @@ def tiny(tmp_path_factory, one_thread):
 
 def windowed_engine(model, **kw) -> LLM:
     llm = LLM(model, tokenizer=None, max_model_len=128, **{"num_kv_blocks": 64, **kw})
-    if llm.block_manager.sliding_window is None:  # the engine does not wire it yet (see the module docstring)
-        llm.block_manager.sliding_window = llm.runner.free_window
+    assert llm.block_manager.sliding_window == llm.runner.free_window  # the engine frees by the runner's window
     return llm
 
 
