@@ -216,3 +216,28 @@ def test_no_window_no_freeing():
     a = seq(range(100, 132))
     run(bm, a, 32)
     assert NULL_BLOCK not in a.block_table and bm.num_used_blocks == 8
+
+
+def test_attention_outside_the_engine_applies_the_window_or_refuses_it_by_name(tiny):
+    """The KV-scale calibration's forward attends within the window (its hidden states are the engine's); the
+    KV-error recorder, the quantized contiguous cache and GPTQ/AWQ's calibration pass compute plain causal
+    attention and refuse a window that binds, by name, where they computed the wrong attention silently."""
+    from lab.eval.kv_error import record
+    from lab.quant.kv import parse_format
+    from lab.quant.kv_calibration import QuantizedContiguousKVCache, _Recorder
+    from lab.quant.layerwise import CalibrationPass
+
+    model, ids = tiny.model, tiny.prompts[3]  # 45 tokens, the window 20
+    rec = _Recorder(len(model.layers), None, "max", 99.9, model.attention_layout)
+    with torch.inference_mode():
+        logits = model.compute_logits(model(torch.tensor(ids), torch.arange(len(ids)), rec))
+        want = tiny.hf(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(logits, want, atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="KV-error recorder .* sliding window of 20 keys"):
+        record(model, ids)
+    with pytest.raises(ValueError, match="quantized contiguous KV cache .* sliding window of 20 keys"):
+        with torch.inference_mode():
+            model(torch.tensor(ids), torch.arange(len(ids)), QuantizedContiguousKVCache(model, parse_format("int8/per-token")[0]))
+    with pytest.raises(ValueError, match="GPTQ/AWQ calibration .* sliding window"):
+        CalibrationPass(model, [ids]).run(model.layers[0])
+    record(model, ids[:20])  # within the window: plain attention is the model's

@@ -3,8 +3,8 @@
 `LLM(model, **options)` builds one; its field names are vLLM's where the concept exists (`dtype`,
 `block_size`, `max_model_len`, `max_num_seqs`, `max_num_batched_tokens`, `enable_prefix_caching`,
 `enable_chunked_prefill`, `kv_cache_dtype`), so a vLLM user's keyword arguments mean the same here. Checks
-that need no model run in `__post_init__`; those that need the loaded model (its window, its rotary table) in
-`check_model`. Features (`speculative`, `replay`, `structured_outputs`, `extensions`) are
+that need no model run in `__post_init__`; those that need the loaded model (its rotary table, its attention
+layout) in `lab.engine.model_runner.check_model`. Features (`speculative`, `replay`, `structured_outputs`, `extensions`) are
 `lab.engine.extension.ExtensionConfig`s: the engine builds them and knows nothing else about them.
 """
 
@@ -138,13 +138,3 @@ class EngineConfig:
                 raise ValueError(f"{option} {n} does not support {name}={value} (supported across processes: a "
                                  f"model name or path, kv_cache_dtype='auto', attention_backend='torch', "
                                  f"enforce_eager=True, ngram speculation, token replay)")
-
-    def check_model(self, model) -> None:
-        """The options against the loaded model."""
-        window = model.config.sliding_window
-        if window is not None and self.max_model_len > window:
-            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's sliding window of {window} "
-                             f"tokens, which the lab's attention does not implement; use max_model_len <= {window}")
-        if self.max_model_len > model.rope.max_positions:
-            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's rotary table of "
-                             f"{model.rope.max_positions} positions")

@@ -226,8 +226,8 @@ def binding_layout(layout: AttentionLayout, max_model_len: int) -> AttentionLayo
 
 def check_model(c, model) -> AttentionLayout:
     """The options against the loaded model; returns the attention layout the engine applies. Sliding windows
-    that bind are attended (`lab.engine.attention`), so, unlike `EngineConfig.check_model` before them, a
-    max_model_len beyond the window is allowed; a parallel group's workers do not carry a layout."""
+    that bind are attended (`lab.engine.attention`), so a max_model_len beyond the window is allowed; a parallel
+    group's workers do not carry a layout."""
     if c.max_model_len > model.rope.max_positions:
         raise ValueError(f"max_model_len {c.max_model_len} exceeds the model's rotary table of "
                          f"{model.rope.max_positions} positions")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from lab.models.attention import partly_exact_attention
+from lab.models.attention import AttentionLayout, check_plain, partly_exact_attention
 from lab.quant.kv import KVCacheFormat, exact_mask, fake_quantize
 from lab.quant.kv_calibration import KVScales, QuantizedContiguousKVCache, quantize_keys
 
@@ -28,11 +28,13 @@ class _Recorder:
     forward's result is the exact model's hidden states (`hidden`, set by `record`). Attention runs blocked
     (`partly_exact_attention` with nothing exact): at 8K tokens it is ~3x faster on CPU than SDPA."""
 
-    def __init__(self, n_layers: int):
+    def __init__(self, n_layers: int, layout: AttentionLayout | None = None):
         self.q, self.k, self.v, self.out = ([None] * n_layers for _ in range(4))
+        self.layout = layout or AttentionLayout()
         self.hidden: torch.Tensor | None = None
 
     def attend(self, layer, q, k, v):
+        check_plain(self.layout, layer, k.shape[0], "the KV-error recorder (lab.eval.kv_error)")
         out = partly_exact_attention(q, k, v, k, v, None, None)
         self.q[layer], self.k[layer], self.v[layer], self.out[layer] = q, k, v, out
         return out
@@ -46,7 +48,7 @@ def _inputs(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.inference_mode()
 def record(model, ids: list[int]) -> _Recorder:
-    rec = _Recorder(len(model.layers))
+    rec = _Recorder(len(model.layers), model.attention_layout)
     rec.hidden = model(*_inputs(model, ids), rec)
     return rec
 

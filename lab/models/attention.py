@@ -41,6 +41,16 @@ def attention_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int | None)
     return mask if window is None else mask & (k_pos[None, :] > q_pos[:, None] - window)
 
 
+def check_plain(layout: AttentionLayout, layer: int, num_keys: int, where: str) -> None:
+    """Refuse, by name, attention code that computes plain causal attention where `layout` would change the result
+    at `num_keys` keys: a soft cap, or a window narrower than the keys (a window that never binds changes nothing)."""
+    window = layout.window(layer)
+    if layout.softcap is not None or (window is not None and num_keys > window):
+        what = "a logit soft cap" if layout.softcap is not None else f"a sliding window of {window} keys"
+        raise ValueError(f"{where} computes plain causal attention, but layer {layer} of this model has {what}, "
+                         f"which changes attention over {num_keys} keys; it is not implemented there")
+
+
 def capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                      softcap: float | None) -> torch.Tensor:
     """softmax(cap(q k^T / sqrt(d)) masked) v, the scores in float32: SDPA has no soft cap. q [B, H, Tq, d], k, v

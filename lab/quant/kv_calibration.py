@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from lab.models.attention import causal_attention, partly_exact_attention
+from lab.models.attention import AttentionLayout, causal_attention, check_plain, partly_exact_attention
 from lab.models.llama import apply_rope
 
 from .kv import KVCacheFormat, exact_mask, fake_quantize, fp8_max, static_scale
@@ -32,8 +32,9 @@ class _Recorder:
     """An `AttentionContext` that attends like `ContiguousKVCache` (one sequence, one forward) and keeps
     |K| and |V| statistics per layer and head; keys also before RoPE when asked."""
 
-    def __init__(self, n_layers: int, rope: tuple[torch.Tensor, torch.Tensor] | None, method: str, percentile: float):
-        self.rope, self.method, self.q = rope, method, percentile / 100
+    def __init__(self, n_layers: int, rope: tuple[torch.Tensor, torch.Tensor] | None, method: str, percentile: float,
+                 layout: AttentionLayout | None = None):
+        self.rope, self.method, self.q, self.layout = rope, method, percentile / 100, layout or AttentionLayout()
         self.stats: dict[str, list[list[torch.Tensor]]] = {k: [[] for _ in range(n_layers)] for k in ("k", "v", "k_pre")}
 
     def _stat(self, x: torch.Tensor) -> torch.Tensor:  # [T, H, D] -> [H]
@@ -46,7 +47,7 @@ class _Recorder:
         if self.rope is not None:
             cos, signed_sin = self.rope
             self.stats["k_pre"][layer].append(self._stat(apply_rope(k, cos, -signed_sin)))
-        return causal_attention(q, k, v)
+        return causal_attention(q, k, v, self.layout.window(layer), self.layout.softcap)
 
 
 @dataclass
@@ -113,7 +114,7 @@ def calibrate_kv_absmax(model, calib_token_ids: list[list[int]], method: str = "
     stats = {"k": [], "v": [], "k_pre": []}
     for ids in tqdm(calib_token_ids, desc="KV calibration", disable=len(calib_token_ids) < 4):
         pos = torch.arange(len(ids), device=device)
-        rec = _Recorder(n, model.rope(pos), method, percentile)
+        rec = _Recorder(n, model.rope(pos), method, percentile, model.attention_layout)
         model(torch.tensor(ids, device=device), pos, rec)
         for key in stats:
             stats[key].append(torch.stack([torch.stack(layer).amax(0) for layer in rec.stats[key]]))
@@ -167,6 +168,7 @@ class QuantizedContiguousKVCache:
     def attend(self, layer, q, k, v):
         start = 0 if self.exact["k"][layer] is None else self.exact["k"][layer].shape[0]
         end = start + k.shape[0]
+        check_plain(self.model.attention_layout, layer, end, "the quantized contiguous KV cache")
         exact, read, masks = {}, {}, {}
         q_pos, k_pos = torch.arange(start, end, device=q.device), torch.arange(end, device=q.device)
         for role, x in (("k", k), ("v", v)):

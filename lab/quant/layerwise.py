@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lab.models.attention import AttentionLayout, check_plain
+
 # A Llama decoder layer's linears in the order their inputs depend on each other.
 LINEAR_STEPS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
@@ -46,10 +48,11 @@ class IndependentSequences:
     """An `AttentionContext` for `batch` sequences of `length` tokens laid end to end in one flat
     batch of batch * length tokens, each attending causally within itself. One forward, no cache."""
 
-    def __init__(self, batch: int, length: int):
-        self.batch, self.length = batch, length
+    def __init__(self, batch: int, length: int, layout: AttentionLayout | None = None):
+        self.batch, self.length, self.layout = batch, length, layout or AttentionLayout()
 
     def attend(self, layer, q, k, v):
+        check_plain(self.layout, layer, self.length, "GPTQ/AWQ calibration (lab.quant.layerwise)")
         def heads(x):  # [B * T, h, d] -> [B, h, T, d]
             return x.view(self.batch, self.length, x.shape[1], x.shape[2]).transpose(1, 2)
 
@@ -76,7 +79,7 @@ class CalibrationPass:
         if not calib_token_ids or any(len(ids) == 0 for ids in calib_token_ids):
             raise ValueError("calib_token_ids must hold at least one non-empty sequence")
         check_sequential(model)
-        self.n_layers = len(model.layers)
+        self.n_layers, self.layout = len(model.layers), model.attention_layout
         self.chosen = sorted(set(range(self.n_layers) if layers is None else layers))
         if not self.chosen or self.chosen[0] < 0 or self.chosen[-1] >= self.n_layers:
             raise ValueError(f"layers={layers!r} must be indices in [0, {self.n_layers})")
@@ -91,7 +94,7 @@ class CalibrationPass:
             self.ropes.append(model.rope(torch.arange(length, device=device).repeat(batch)))
 
     def _contexts(self):
-        return [IndependentSequences(b, n) for b, n in self.shapes]
+        return [IndependentSequences(b, n, self.layout) for b, n in self.shapes]
 
     def run(self, layer: nn.Module) -> list[torch.Tensor]:
         """The layer's outputs for every group (the state is left unchanged)."""
