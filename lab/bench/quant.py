@@ -6,6 +6,9 @@ text (`lab.quant.calibration.pack_blocks`). Targets on a 2-core CPU (issue 5): G
 10. AutoAWQ cannot run the whole lab model (its pipeline wants a Hugging Face model class and hub data);
 where it imports, its scale and clip searches (where its time goes) are timed beside the lab's on the same
 layer and inputs (`autoawq_peer_timing`); where it does not, the reason is recorded, never a number.
+GPTQModel (the maintained successor of AutoGPTQ) runs whole: it quantizes the same model on the same calibration
+blocks at the same settings as the lab's GPTQ, and both are measured side by side (time, per-layer output error,
+held-out perplexity with intervals: `lab.quant.gptqmodel_compare`); where it cannot run, the reason is printed.
 
 The time is dominated by float32 matrix products (AWQ evaluates its inspected block 21 times per scaling
 group), so the report also gives the device it ran on (`--device`: the CPU or a CUDA device), that device's
@@ -24,6 +27,9 @@ from lab.bench.engine import cpu_busy_fraction
 from lab.hardware import probe_inference
 
 TARGETS_S = {"gptq": 300.0, "awq": 600.0}
+# The quantization study's held-out domains and their `heldout_texts` sources (lab.studies.quant_accuracy's
+# DOMAIN_SOURCES, restated because lab.studies imports lab.bench; a test keeps the two equal).
+HELDOUT_DOMAINS = {"code": "stdlib", "prose": "readme"}
 
 
 @dataclass
@@ -104,28 +110,72 @@ def autoawq_peer_timing(model: str, blocks: int, block_tokens: int, layer: int =
     return rows
 
 
+def heldout_perplexity(reference, models: dict, tokenizer, sequences: int, tokens: int) -> dict:
+    """Perplexity of the reference and of each of `models` on the quantization study's held-out domains (code:
+    standard-library files, prose: READMEs), with intervals over sequences, and GPTQModel's over the lab's on the
+    same sequences (a paired ratio, null 1)."""
+    from lab.eval.harness import heldout_texts
+    from lab.eval.scores import paired, score_sequences
+
+    out = {}
+    for domain, source in HELDOUT_DOMAINS.items():
+        seqs = heldout_texts(tokenizer, sequences, tokens, 0, source=source)
+        scores = {label: score_sequences(reference, m, seqs) for label, m in {"reference": reference, **models}.items()}
+        row = {label: s.perplexity().columns("value") for label, s in scores.items()}
+        row["gptqmodel_over_lab"] = paired(scores["gptqmodel"], scores["lab"], "perplexity").columns("value")
+        out[domain] = {**row, "sequences": len(seqs)}
+    return out
+
+
+def gptqmodel_side_by_side(reference, tokenizer, lab_model, lab_codes: dict, lab_seconds: float, spec, act_order,
+                           calib: list[list[int]], layers=None, heldout_sequences: int = 16, heldout_tokens: int = 512,
+                           recon_blocks: int = 16, device: str = "cpu") -> dict:
+    """GPTQModel beside the lab's GPTQ (`lab.quant.gptqmodel_compare.compare`: time, per-layer output error) plus
+    held-out perplexity; {"status": why not} where GPTQModel cannot run."""
+    from lab.quant.gptqmodel_compare import compare
+
+    result, models = compare(reference, tokenizer, lab_model, lab_codes, lab_seconds, spec, act_order, calib, layers,
+                             recon_blocks, device)
+    if models:
+        result["perplexity"] = heldout_perplexity(reference, models, tokenizer, heldout_sequences, heldout_tokens)
+    return result
+
+
 def run_quant_bench(model: str = "smollm2-135m", gptq_blocks: int = 128, awq_blocks: int = 32,
                     block_tokens: int = 512, bits: int = 4, group_size: int = 64, progress: bool = False,
-                    device: str = "auto", layers: tuple[int, ...] | None = None) -> dict:
+                    device: str = "auto", layers: tuple[int, ...] | None = None, gptqmodel: bool = True,
+                    heldout_sequences: int = 16, heldout_tokens: int = 512) -> dict:
     """GPTQ then AWQ on `device` ("auto": CUDA when present, else the CPU; checked before any model loads).
     `layers` quantizes only those decoder layers (a quick run); the whole-model targets are then pro-rated by
-    the share of layers quantized (every decoder layer has the same shapes, so each costs about the same)."""
+    the share of layers quantized (every decoder layer has the same shapes, so each costs about the same).
+    `gptqmodel`: GPTQModel quantizes the same model on the same blocks beside the lab's GPTQ, and both are measured
+    (`lab.quant.gptqmodel_compare`; perplexity on `heldout_sequences` of `heldout_tokens` per held-out domain)."""
     from lab.models import load_model
-    from lab.quant.pipeline import QuantJob, quantize_model
+    from lab.quant.pipeline import QuantJob, calibration_token_ids, quantize_model
     from lab.runs import check_device, resolve_device
 
     check_device("device", device)
     where = str(resolve_device(device))
     busy = cpu_busy_fraction()
-    rows = []
+    rows, gptq_run = [], None
     for method, blocks in (("gptq", gptq_blocks), ("awq", awq_blocks)):
         net, tok = load_model(model, dtype=torch.float32, device=where)
         job = QuantJob(model=model, method=method, bits=bits, group_size=group_size, calib_samples=blocks,
                        calib_tokens=block_tokens, calib_packed=True, layers=layers)
-        _, summary = quantize_model(job, net, tok, progress=progress)
+        codes, summary = quantize_model(job, net, tok, progress=progress)
         seconds = summary["quantization_seconds"]
         target = TARGETS_S[method] * summary["layers"] / len(net.layers)
         rows.append(QuantBenchRow(method, summary["layers"], blocks, block_tokens, seconds, target, seconds / target))
+        if method == "gptq":
+            gptq_run = (net, codes, seconds, job)
+    side_by_side = {"status": "not asked (gptqmodel=False)"}
+    if gptqmodel:
+        lab_net, codes, seconds, job = gptq_run
+        reference, tok = load_model(model, dtype=torch.float32, device=where)
+        side_by_side = gptqmodel_side_by_side(reference, tok, lab_net, codes, seconds, job.spec(), job.act_order,
+                                              calibration_token_ids(tok, job), layers, heldout_sequences,
+                                              heldout_tokens, device=where)
+        side_by_side["subject"] = model
     from lab.quant import autoawq_peer
 
     missing = autoawq_peer.available()
@@ -134,7 +184,7 @@ def run_quant_bench(model: str = "smollm2-135m", gptq_blocks: int = 128, awq_blo
     return {"model": model, "bits": bits, "group_size": group_size, "model_layers": len(net.layers),
             "rows": [asdict(r) for r in rows],
             "autoawq": missing or "AutoAWQ 0.2.9 imports: its searches timed on the same layer and inputs",
-            "autoawq_peer": peer_rows, "device": where, "device_name": ceilings.name,
+            "autoawq_peer": peer_rows, "gptqmodel": side_by_side, "device": where, "device_name": ceilings.name,
             "gemm_gflops_fp32": ceilings.peak_flops / 1e9, "threads": torch.get_num_threads(),
             "cpu_busy_at_start": busy}
 
@@ -152,6 +202,10 @@ def format_result(r: dict) -> str:
     for row in r["autoawq_peer"]:
         lines.append(f"  {row['search']:38s} lab {row['lab_seconds']:6.2f} s   AutoAWQ {row['autoawq_seconds']:6.2f} s"
                      f"   lab/AutoAWQ {row['lab_over_autoawq']:.2f}")
+    if r.get("gptqmodel") is not None:  # results from before the GPTQModel side by side have none
+        from lab.quant.gptqmodel_compare import format_comparison
+
+        lines += format_comparison(r["gptqmodel"], r["model"])
     if r["cpu_busy_at_start"] is not None and r["cpu_busy_at_start"] > 0.25:
         lines.append(f"WARNING: the CPU was {100 * r['cpu_busy_at_start']:.0f}% busy before the run")
     return "\n".join(lines)

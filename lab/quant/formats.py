@@ -22,6 +22,10 @@ from .packing import AWQ_BITS, GPTQ_BITS, pack_awq, pack_gptq, unpack_awq, unpac
 from .rtn import QuantSpec, dequantize
 
 METHODS = ("gptq", "awq")
+# The layouts `lab.quant.packing` reads: GPTQ's checkpoint_format (GPTQModel also writes "marlin", "bitblas", ...,
+# the same numbers in other layouts) and AWQ's version (AutoAWQ also writes "gemv", "gemv_fast", "marlin", ...).
+GPTQ_FORMATS = ("gptq", "gptq_v2")
+AWQ_VERSIONS = ("gemm",)
 # The lab's fused matrices -> the Hugging Face projections they are made of, in row order.
 _SPLITS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
@@ -192,11 +196,46 @@ def _quantization_config(model, results: dict, spec: QuantSpec, method: str, des
     return qc
 
 
-def _dequantized_state(tensors: dict[str, torch.Tensor], qc: dict) -> dict[str, torch.Tensor]:
-    """Hugging Face state dict with every packed linear replaced by its float32 dequantized weight."""
+def read_quantization_config(path) -> dict:
+    """The checkpoint's quantization settings, checked to be a layout the lab reads (else a ValueError naming it).
+
+    From config.json's `quantization_config` (transformers' place, where GPTQModel and AutoAWQ write them), else from
+    quantize_config.json (AutoGPTQ's file: up to 0.4 AutoGPTQ wrote only that one, without `quant_method` or
+    `checkpoint_format`; the file itself means GPTQ, and no format the classic one; GPTQModel still writes it)."""
+    path = Path(path)
+    qc = json.loads((path / "config.json").read_text()).get("quantization_config")
+    if not qc and (path / "quantize_config.json").exists():
+        qc = {"quant_method": "gptq", **json.loads((path / "quantize_config.json").read_text())}
+    if not qc:
+        raise ValueError(f"{path / 'config.json'} has no quantization_config (and there is no quantize_config.json); "
+                         f"use lab.models.load_model")
     method = qc.get("quant_method")
     if method not in METHODS:
         raise ValueError(f"unsupported quant_method {method!r} in quantization_config; supported: {METHODS}")
+    if method == "gptq" and gptq_format(qc) not in GPTQ_FORMATS:
+        raise ValueError(f"GPTQ checkpoint_format {gptq_format(qc)!r} stores its tensors in another layout; the lab "
+                         f"reads {GPTQ_FORMATS}")
+    version = str(qc.get("version", "gemm")).lower()  # AutoAWQ's own files spell it "GEMM"
+    if method == "awq" and version not in AWQ_VERSIONS:
+        raise ValueError(f"AWQ version {qc.get('version')!r} stores its tensors in another layout; the lab reads "
+                         f"{AWQ_VERSIONS}")
+    return qc
+
+
+def gptq_format(qc: dict) -> str:
+    """A GPTQ config's checkpoint format (GPTQModel writes `checkpoint_format` and `format`; AutoGPTQ neither)."""
+    return str(qc.get("checkpoint_format", qc.get("format", "gptq"))).lower()
+
+
+def gptq_zero_offset(qc: dict) -> int:
+    """What a GPTQ checkpoint subtracted from its zero points: 0 in GPTQModel's gptq_v2, 1 in the classic format."""
+    return 0 if gptq_format(qc) == "gptq_v2" else 1
+
+
+def _dequantized_state(tensors: dict[str, torch.Tensor], qc: dict) -> dict[str, torch.Tensor]:
+    """Hugging Face state dict with every packed linear replaced by its float32 dequantized weight (`qc` as from
+    `read_quantization_config`)."""
+    method = qc["quant_method"]
     state = {k: v for k, v in tensors.items() if not k.endswith((".qweight", ".qzeros", ".scales", ".g_idx"))}
     for key in (k for k in tensors if k.endswith(".qweight")):
         prefix = key.removesuffix(".qweight")
@@ -205,7 +244,7 @@ def _dequantized_state(tensors: dict[str, torch.Tensor], qc: dict) -> dict[str, 
             raise ValueError(f"{prefix}: a packed linear needs qweight, qzeros and scales")
         if method == "gptq":
             bits = qc["bits"]
-            offset = 0 if qc.get("checkpoint_format") == "gptq_v2" else 1
+            offset = gptq_zero_offset(qc)
             g_idx = tensors.get(f"{prefix}.g_idx") if qc.get("desc_act") else None
             q, scales, zeros, g_idx = unpack_gptq(*parts, g_idx, bits, zero_offset=offset)
         else:
@@ -231,9 +270,7 @@ def load_quantized(path, dtype: torch.dtype | None = None, device: torch.device 
 
     path = Path(path)
     raw = json.loads((path / "config.json").read_text())
-    qc = raw.get("quantization_config")
-    if not qc:
-        raise ValueError(f"{path / 'config.json'} has no quantization_config; use lab.models.load_model")
+    qc = read_quantization_config(path)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{path} has no *.safetensors weights")

@@ -60,7 +60,6 @@ decode step), so a 4-bit drafter or speed-bound model should ask for it.
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 import torch
@@ -305,12 +304,10 @@ def checkpoint_codes(path) -> tuple[dict[str, tuple], int]:
     Read as `lab.quant.formats.load_quantized` reads them (same offsets, g_idx and fp16 scales)."""
     from safetensors.torch import load_file
 
+    from .formats import gptq_zero_offset, read_quantization_config
     from .packing import unpack_awq, unpack_gptq
     path = Path(path)
-    qc = json.loads((path / "config.json").read_text()).get("quantization_config")
-    if not qc or qc.get("quant_method") not in ("gptq", "awq"):
-        method = qc.get("quant_method") if qc else None
-        raise ValueError(f"{path / 'config.json'}: quantization_config must be GPTQ or AWQ; got {method!r}")
+    qc = read_quantization_config(path)  # GPTQ or AWQ in a layout the lab reads, else a ValueError
     tensors = {}
     for f in sorted(path.glob("*.safetensors")):
         tensors.update(load_file(f, device="cpu"))
@@ -321,7 +318,7 @@ def checkpoint_codes(path) -> tuple[dict[str, tuple], int]:
         if any(p is None for p in packed):
             raise ValueError(f"{prefix}: a packed linear needs qweight, qzeros and scales")
         if qc["quant_method"] == "gptq":
-            bits, offset = qc["bits"], 0 if qc.get("checkpoint_format") == "gptq_v2" else 1
+            bits, offset = qc["bits"], gptq_zero_offset(qc)
             g_idx = tensors.get(f"{prefix}.g_idx") if qc.get("desc_act") else None
             codes = unpack_gptq(*packed, g_idx, bits, zero_offset=offset)
         else:
