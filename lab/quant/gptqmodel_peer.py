@@ -69,8 +69,10 @@ def run(tasks: list[dict], timeout: float = 1800.0) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="gptqmodel-task-") as tmp:
         task_file, result_file = Path(tmp) / "tasks.json", Path(tmp) / "results.json"
         task_file.write_text(json.dumps({"tasks": tasks, "result_file": str(result_file)}))
+        # cwd: GPTQModel writes a log file per quantization under ./logs, which belongs in the task's folder,
+        # not in whatever directory the caller (a test, a notebook) runs from.
         proc = subprocess.run([sys.executable, "-m", "lab.quant.gptqmodel_peer", str(task_file)], env=env,
-                              capture_output=True, text=True, timeout=timeout)
+                              capture_output=True, text=True, timeout=timeout, cwd=tmp)
         if proc.returncode or not result_file.exists():
             tail = (proc.stdout + proc.stderr)[-3000:]
             raise RuntimeError(f"GPTQModel failed in its child process (exit {proc.returncode}):\n{tail}")
