@@ -88,6 +88,8 @@ def quantize_task(model_dir, out_dir, calibration: list[list[int]], bits: int, g
     default; off here unless asked, so both run the same algorithm). `layers`: only those decoder layers (the
     others skipped through its `dynamic` rules). Result: {"seconds": the quantize call alone, "quantize_config":
     as saved, "version"}."""
+    # absolute paths: the child runs in its own folder (see `run`)
+    model_dir, out_dir = Path(model_dir).resolve(), Path(out_dir).resolve()
     return {"task": "quantize", "model_dir": str(model_dir), "out_dir": str(out_dir), "calibration": calibration,
             "bits": bits, "group_size": group_size or -1, "sym": symmetric, "desc_act": act_order,
             "act_group_aware": group_aware, "damp_percent": damp, "device": device,
@@ -104,6 +106,7 @@ def dequantize_task(checkpoint, weights_file, prompt: list[int] | None = None, m
     module names, [out, in], float16 values as float32). Result: {"tokens": its greedy continuation of `prompt`,
     "kernels"}. Its dequantization is scales[g] * (q - zero[g]) in float16: the exact product (an fp16 scale
     times a small integer, exact in float32) rounded once, so it equals the lab's float32 weight `.half()`."""
+    checkpoint, weights_file = Path(checkpoint).resolve(), Path(weights_file).resolve()  # as in quantize_task
     return {"task": "dequantize", "checkpoint": str(checkpoint), "weights_file": str(weights_file),
             "prompt": prompt or [], "max_new_tokens": max_new_tokens, "loader": loader}
 
