@@ -26,7 +26,7 @@ from test_quant_packed import assert_greedy_close, check_linear
 from lab.models.hf_export import hf_state_dict
 from lab.models.reference import greedy_generate
 from lab.quant import autoawq_peer, gptqmodel_peer
-from lab.quant.formats import load_quantized, save_quantized
+from lab.quant.formats import is_quantized, load_quantized, save_quantized
 from lab.quant.packed import PackedLinear, checkpoint_codes, load_packed
 from lab.quant.rtn import QuantSpec, dequantize, quantize
 
@@ -306,6 +306,8 @@ def test_autogptq_04_quantize_config_is_read(tiny, tmp_path):
     _, expected = lab_weights(src)
     _, got = lab_weights(only)
     assert all(torch.equal(got[k], v) for k, v in expected.items())
+    # `lab eval` takes such a directory as quantized too (it looked at config.json only)
+    assert is_quantized(only) and is_quantized(src) and not is_quantized(tmp_path)
 
 
 @pytest.mark.parametrize("method,key,value", [("awq", "version", "gemv"), ("awq", "version", "marlin"),

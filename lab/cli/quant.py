@@ -48,9 +48,9 @@ def _eval(args) -> int:
 
     path = Path(args.model)
     # Accuracy is a small numerical difference: evaluated in float32, whatever the serving dtype.
-    if (path / "config.json").exists() and "quantization_config" in json.loads((path / "config.json").read_text()):
-        from lab.quant.formats import load_quantized
+    from lab.quant.formats import is_quantized, load_quantized
 
+    if is_quantized(path):  # config.json's quantization_config, or AutoGPTQ's quantize_config.json alone
         model, tok = load_quantized(path, dtype=torch.float32)
     else:
         model, tok = load_model(args.model, dtype=torch.float32)

@@ -196,6 +196,14 @@ def _quantization_config(model, results: dict, spec: QuantSpec, method: str, des
     return qc
 
 
+def is_quantized(path) -> bool:
+    """Whether the directory `path` holds a GPTQ or AWQ checkpoint by the places `read_quantization_config` reads."""
+    path = Path(path)
+    config = path / "config.json"
+    return (config.exists() and "quantization_config" in json.loads(config.read_text())) or \
+        (path / "quantize_config.json").exists()
+
+
 def read_quantization_config(path) -> dict:
     """The checkpoint's quantization settings, checked to be a layout the lab reads (else a ValueError naming it).
 
