@@ -8,6 +8,7 @@ need a carry fails here. Its steps write incrementally (a JSON line per case) an
 versions found and the plan scaled from the dry run's times. Timings are recorded, never asserted.
 """
 
+import importlib.util
 import json
 import os
 import re
@@ -96,11 +97,16 @@ def test_one_call_dry_run_from_the_repository_root_with_its_defaults(tmp_path):
 def test_the_device_image_hides_what_it_lacks():
     """The dry run's stand-in for the image: what bench/gpu_wheels.txt carries and the SmolLM2 model are absent
     (to find_spec as to import), and everything else is there."""
-    sys.path.insert(0, HIDE)
+    # Importing it hides packages for the whole process (it wraps sys.meta_path): the finders are put back, and
+    # the module forgotten, or every later test in this worker would find xgrammar, pydantic and the model gone.
+    finders, sys.path[:0] = list(sys.meta_path), [HIDE]
     try:
         import sitecustomize as image  # noqa: F401 (this folder's, not an installed one)
     finally:
         sys.path.remove(HIDE)
+        sys.meta_path[:] = finders
+        sys.modules.pop("sitecustomize", None)
+    assert importlib.util.find_spec("xgrammar") is not None  # this process sees everything again
     wheels = [line.split("==")[0] for line in (ROOT / "bench" / "gpu_wheels.txt").read_text().splitlines()
               if line and not line.startswith("#")]
     assert sorted(image.LACKED) == sorted(wheels)

@@ -89,8 +89,8 @@ def test_the_terms_count_the_work_the_engines_step_does_which_the_roofline_did_n
     monkeypatch.setattr(store, "gather", lambda layer, blocks, *a: gathered.append(blocks.numel()) or
                         gather(layer, blocks, *a))
     causal = engine_attention.causal_attention
-    monkeypatch.setattr(engine_attention, "causal_attention", lambda q, k, v: scored.append((q.shape[0], k.shape[0]))
-                        or causal(q, k, v))
+    monkeypatch.setattr(engine_attention, "causal_attention",  # *layout: a window and a soft cap, None here
+                        lambda q, k, v, *layout: scored.append((q.shape[0], k.shape[0])) or causal(q, k, v))
     prefix, window = 100, 24
     tiny_bench.seconds(prefix, window, 1)  # a warm-up call and one timed: two steps
     steps, layers = 2, c.num_hidden_layers
