@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from test_model_families import save_tiny_hf
 
 from lab.bench.quant import gptqmodel_side_by_side
 from lab.quant import gptqmodel_compare, gptqmodel_peer
@@ -19,7 +20,7 @@ SPEC = QuantSpec(4, 32)
 @pytest.fixture(scope="module")
 def subject(tmp_path_factory):
     """(reference lab model, tokenizer, calibration blocks): 2 layers, hidden 64, tied embeddings as SmolLM2's."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import LlamaConfig
 
     from lab.models import load_model
     from lab.models.loader import load_tokenizer, resolve_model_dir
@@ -29,12 +30,7 @@ def subject(tmp_path_factory):
     config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          tie_word_embeddings=True)
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.normal_(0, 0.1) if p.dim() > 1 else p.normal_(1, 0.2)
-    hf.save_pretrained(path)
+    save_tiny_hf(path, config)  # the family tests' weights: large enough that a wrong layout shows
     model, _ = load_model(path, dtype=torch.float32, device="cpu")
     g = torch.Generator().manual_seed(2)
     calib = [torch.randint(0, len(tok), (64,), generator=g).tolist() for _ in range(8)]
