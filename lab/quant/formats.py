@@ -196,12 +196,18 @@ def _quantization_config(model, results: dict, spec: QuantSpec, method: str, des
     return qc
 
 
+def _stored_config(path: Path) -> dict | None:
+    """The settings as the checkpoint stores them (see `read_quantization_config`), unchecked; None if it has none."""
+    config = path / "config.json"
+    qc = json.loads(config.read_text()).get("quantization_config") if config.exists() else None
+    if not qc and (path / "quantize_config.json").exists():
+        qc = {"quant_method": "gptq", **json.loads((path / "quantize_config.json").read_text())}
+    return qc or None
+
+
 def is_quantized(path) -> bool:
     """Whether the directory `path` holds a GPTQ or AWQ checkpoint by the places `read_quantization_config` reads."""
-    path = Path(path)
-    config = path / "config.json"
-    return (config.exists() and "quantization_config" in json.loads(config.read_text())) or \
-        (path / "quantize_config.json").exists()
+    return _stored_config(Path(path)) is not None
 
 
 def read_quantization_config(path) -> dict:
@@ -211,10 +217,8 @@ def read_quantization_config(path) -> dict:
     quantize_config.json (AutoGPTQ's file: up to 0.4 AutoGPTQ wrote only that one, without `quant_method` or
     `checkpoint_format`; the file itself means GPTQ, and no format the classic one; GPTQModel still writes it)."""
     path = Path(path)
-    qc = json.loads((path / "config.json").read_text()).get("quantization_config")
-    if not qc and (path / "quantize_config.json").exists():
-        qc = {"quant_method": "gptq", **json.loads((path / "quantize_config.json").read_text())}
-    if not qc:
+    qc = _stored_config(path)
+    if qc is None:
         raise ValueError(f"{path / 'config.json'} has no quantization_config (and there is no quantize_config.json); "
                          f"use lab.models.load_model")
     method = qc.get("quant_method")
