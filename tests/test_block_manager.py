@@ -4,9 +4,8 @@ import random
 
 import pytest
 
-from lab.engine.block_manager import BlockManager, block_hash
 from lab.engine.request import SamplingParams, Sequence, Status
-from lab.engine.scheduler import Scheduler
+from lab.engine.scheduler import BlockManager, Scheduler, block_hash
 
 BS = 4
 

@@ -121,7 +121,7 @@ def test_compiled_steps_give_eager_greedy_tokens_in_float32(smollm, chat_prompt_
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_batched_decode_attention_equals_sdpa(dtype):
-    from lab.engine.attention import _decode_attention
+    from lab.models.attention import _decode_attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(s, generator=g).to(dtype) for s in ((4, 3, 3, 64), (4, 3, 40, 64), (4, 3, 40, 64)))

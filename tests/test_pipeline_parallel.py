@@ -13,7 +13,7 @@ import torch
 from parallel_helpers import gone, tokens
 
 from lab.engine import LLM, SamplingParams
-from lab.engine.attention import PagedAttentionMetadata
+from lab.models.attention import PagedAttentionMetadata
 from lab.parallel.group import RankFailure
 from lab.parallel.pipeline import micro_batches, split_meta
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-import lab.engine.attention as engine_attention
+import lab.models.attention as attention_math
 from lab.engine import LLM
 from lab.memory import ModelShape
 from lab.models import load_model
@@ -88,8 +88,8 @@ def test_the_terms_count_the_work_the_engines_step_does_which_the_roofline_did_n
     gather = store.gather
     monkeypatch.setattr(store, "gather", lambda layer, blocks, *a: gathered.append(blocks.numel()) or
                         gather(layer, blocks, *a))
-    causal = engine_attention.causal_attention
-    monkeypatch.setattr(engine_attention, "causal_attention",  # *layout: a window and a soft cap, None here
+    causal = attention_math.causal_attention
+    monkeypatch.setattr(attention_math, "causal_attention",  # *layout: a window and a soft cap, None here
                         lambda q, k, v, *layout: scored.append((q.shape[0], k.shape[0])) or causal(q, k, v))
     prefix, window = 100, 24
     tiny_bench.seconds(prefix, window, 1)  # a warm-up call and one timed: two steps

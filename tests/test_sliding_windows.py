@@ -13,7 +13,7 @@ import torch
 from test_model_families import COMMON, GREEDY, N_NEW, prompts, save_tiny_hf, tokens
 
 from lab.engine import LLM, SamplingParams
-from lab.engine.block_manager import NULL_BLOCK, BlockManager
+from lab.engine.scheduler import NULL_BLOCK, BlockManager
 from lab.engine.request import Sequence
 from lab.memory import ModelShape, blocks_held
 from lab.models import load_model

@@ -22,7 +22,7 @@ from .structured import StructuredOutputsConfig
 
 __all__ = ["ATTENTION_BACKENDS", "DTYPES", "EngineConfig", "parse_dtype"]
 
-# "torch": gather the blocks, then SDPA (lab.engine.attention); "triton": the lab.kernels read them in place.
+# "torch": gather the blocks, then SDPA (lab.models.attention); "triton": the lab.kernels read them in place.
 ATTENTION_BACKENDS = ("torch", "triton")
 
 

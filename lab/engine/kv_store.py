@@ -1,8 +1,10 @@
-"""Where the paged KV cache lives: plain tensors in the model's dtype, or quantized codes with their scales.
+"""Where the paged KV cache lives, and how big it is: plain tensors in the model's dtype
+(`lab.models.attention.PlainKVStore`, beside the attention that reads it), or quantized codes with their scales.
 
 Both stores hold, per layer, `num_blocks` blocks of `block_size` token slots for K and V, and offer the two
 operations paged attention needs: `write` this step's keys and values to their slots, and `gather` whole
-blocks back as [n, block_size, n_kv_heads, head_dim] in the compute dtype.
+blocks back as [n, block_size, n_kv_heads, head_dim] in the compute dtype. `build_kv_store` makes either, and
+`default_num_blocks` sizes the pool from free memory.
 
 `QuantizedKVStore` keeps the codes of a `lab.quant.kv.KVCacheFormat` in the pool (integers packed along the
 head dimension, fp8 as torch's float8 types) and, for per-token formats, an fp16 scale (and an fp16 zero point
@@ -29,9 +31,10 @@ from dataclasses import dataclass
 
 import torch
 
+from lab.models.attention import PlainKVStore
 from lab.models.llama import apply_rope
-from lab.quant.kv import (FP8_TYPES, KVCacheFormat, QuantizedKV, dequantize, pack_codes, quantize, staging_length,
-                         unpack_codes)
+from lab.quant.kv import (FP8_TYPES, KVCacheFormat, QuantizedKV, dequantize, exact_mask, pack_codes, quantize,
+                         staging_length, unpack_codes)
 
 from .request import Sequence, Status
 
@@ -107,39 +110,6 @@ def build_kv_store(model, num_blocks: int, block_size: int, kv_format: KVCacheFo
     return QuantizedKVStore(*shape, kv_format, w.dtype, w.device, kv_scales, model.rope, max_num_seqs)
 
 
-class PlainKVStore:
-    stages = False  # no exact copies outside the pool
-
-    def __init__(self, n_layers: int, num_blocks: int, block_size: int, n_kv: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
-        shape = (n_layers, num_blocks, block_size, n_kv, head_dim)
-        self.block_size = block_size
-        # Zero-filled: masked positions are multiplied by zero probabilities, and 0 * NaN would not be 0.
-        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
-        self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
-
-    @staticmethod
-    def bytes_per_block(n_layers, block_size, n_kv, head_dim, dtype: torch.dtype) -> int:
-        return 2 * n_layers * block_size * n_kv * head_dim * dtype.itemsize
-
-    @property
-    def nbytes(self) -> int:
-        return self.k_cache.nbytes + self.v_cache.nbytes
-
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions=None,
-              staging=None, exact_k=None) -> None:
-        kc, vc = self.k_cache[layer], self.v_cache[layer]
-        kc.view(-1, *kc.shape[-2:]).index_copy_(0, slots, k)
-        vc.view(-1, *vc.shape[-2:]).index_copy_(0, slots, v)
-
-    def staging_metadata(self, scheduled: list[tuple[Sequence, int]], num_tokens: int) -> None:
-        return None
-
-    def gather(self, layer: int, blocks: torch.Tensor, per_sequence: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        # index_select copies whole blocks (~2x faster than advanced indexing here).
-        return self.k_cache[layer].index_select(0, blocks), self.v_cache[layer].index_select(0, blocks)
-
-
 class QuantizedKVStore:
     def __init__(self, n_layers: int, num_blocks: int, block_size: int, n_kv: int, head_dim: int,
                  fmt: KVCacheFormat, dtype: torch.dtype, device: torch.device, static_scales=None, rope=None,
@@ -198,6 +168,10 @@ class QuantizedKVStore:
     @property
     def staging_bytes(self) -> int:
         return sum(t.nbytes for t in self.staged.values())
+
+    def exact_mask(self, role: str, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
+        """Where a query at q_pos reads the key (or value) at k_pos exactly (`lab.quant.kv.exact_mask`)."""
+        return exact_mask(self.fmt, role, q_pos, k_pos)
 
     def exact_source(self, layer: int, staging, k: torch.Tensor, v: torch.Tensor):
         """The exact K and V this step can read: its own tokens' rows, then the staged rows it reads."""

@@ -3,7 +3,7 @@
 A request's path: `generate` -> `add_request` (validated, tokenized, queued as a `Sequence`) -> `step`:
 `Scheduler.schedule` picks (sequence, tokens) pairs under the budgets, `BlockManager` gives them blocks ->
 `ModelRunner.execute` builds the flat batch and runs `LlamaModel`, whose layers call
-`TorchPagedAttention.attend` (`lab.engine.attention`, reading and writing `lab.engine.kv_store`), or with
+`TorchPagedAttention.attend` (`lab.models.attention`, reading and writing the pool of `lab.engine.kv_store`), or with
 attention_backend="triton" `TritonPagedAttention.attend` (`lab.engine.triton_attention` ->
 `lab.kernels.paged_attention`) -> `Sampler` (`lab.engine.sampler`) turns the step's logits into each
 sequence's tokens and their logprobs -> they are appended, full blocks hashed for the prefix cache, finished
@@ -25,7 +25,6 @@ import torch
 from lab.models import LlamaModel, prepack
 from lab.parallel.group import RankFailure
 
-from .block_manager import BlockManager
 from .chat import render
 from .config import EngineConfig
 from .extension import EngineExtension, StepView, step_hooks
@@ -33,7 +32,7 @@ from .fanout import FanOut
 from .model_runner import build_runner
 from .request import RequestOutput, SamplingParams, Sequence, Status
 from .sampler import Sampled, Sampler, processed, token_logprobs
-from .scheduler import Scheduler
+from .scheduler import BlockManager, Scheduler
 from .text import Detokenizer, check_text
 
 log = logging.getLogger(__name__)
@@ -53,7 +52,7 @@ class LLM:
         self.config = c = EngineConfig(model=model, **options)
         self.model, self.tokenizer, self.runner, num_blocks, runner_extensions = build_runner(c)
         self.device = self.model.embed_tokens.weight.device
-        # With a sliding window on every layer, blocks wholly before it go back to the pool (lab.engine.block_manager).
+        # With a sliding window on every layer, blocks wholly before it go back to the pool (`BlockManager`).
         self.block_manager = BlockManager(num_blocks, c.block_size, c.enable_prefix_caching,
                                           sliding_window=self.runner.free_window)
         self.scheduler = Scheduler(self.block_manager, c.max_num_seqs, c.max_num_batched_tokens,

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from lab.models import LlamaModel, default_device, default_dtype, load_model
-from lab.models.attention import AttentionLayout
+from lab.models.attention import AttentionLayout, PagedAttentionMetadata, TorchPagedAttention
 
-from .attention import PagedAttentionMetadata, TorchPagedAttention
 from .kv_store import build_kv_store, default_num_blocks
 from .parallel import start_group
 from .request import Sequence
@@ -226,7 +225,7 @@ def binding_layout(layout: AttentionLayout, max_model_len: int) -> AttentionLayo
 
 def check_model(c, model) -> AttentionLayout:
     """The options against the loaded model; returns the attention layout the engine applies. Sliding windows
-    that bind are attended (`lab.engine.attention`), so a max_model_len beyond the window is allowed; a parallel
+    that bind are attended (`lab.models.attention`), so a max_model_len beyond the window is allowed; a parallel
     group's workers do not carry a layout."""
     if c.max_model_len > model.rope.max_positions:
         raise ValueError(f"max_model_len {c.max_model_len} exceeds the model's rotary table of "

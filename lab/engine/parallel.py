@@ -16,7 +16,7 @@ import functools
 from lab.parallel.group import TensorParallelGroup
 from lab.parallel.pipeline import PipelineGroup
 
-from .attention import TorchPagedAttention
+from lab.models.attention import TorchPagedAttention
 from .extension import EngineExtension
 from .kv_store import build_kv_store, default_num_blocks
 

@@ -17,15 +17,13 @@ from __future__ import annotations
 import torch
 
 from lab.kernels import PagedKVCache, paged_decode_attention, paged_prefill_attention, reshape_and_cache
-from lab.models.attention import AttentionLayout
+from lab.models.attention import AttentionLayout, PagedAttentionMetadata, PlainKVStore
 
-from .attention import PagedAttentionMetadata
-from .kv_store import PlainKVStore
 
 
 def check_layout(layout: AttentionLayout) -> None:
     """The kernels compute plain causal attention: sliding windows that bind and Gemma 2's soft cap are refused by
-    name (the torch backend, `lab.engine.attention`, computes both)."""
+    name (the torch backend, `lab.models.attention`, computes both)."""
     missing = [what for what, needed in (("sliding windows that bind", any(layout.windows)),
                                          ("soft-capped attention logits", layout.softcap is not None)) if needed]
     if missing:

@@ -14,7 +14,8 @@ from .shape import ModelShape
 
 def blocks_held(s: ModelShape, seq_len: int, block_size: int, tokens_per_step: int = 1) -> int:
     """Most KV blocks one sequence of `seq_len` tokens holds at once in a paged cache with one block pool for all
-    layers (the lab's engine, `lab.engine.block_manager`), while a step computes `tokens_per_step` of its tokens.
+    layers (the lab's engine, `lab.engine.scheduler.BlockManager`), while a step computes `tokens_per_step` of its
+    tokens.
 
     Every layer windowed (Mistral), W < seq_len: the step computing positions p .. p + n - 1 holds the blocks from
     the one holding p - W + 1 (the first key its first query sees; those before are freed) to the one holding

@@ -28,7 +28,8 @@ is a row of this table and a small branch in the block rather than a copy of the
   states numerically (query_pre_attn_scalar, the soft caps, Gemma 3's local RoPE base) is `ModelConfig`'s.
 
 Sliding windows (Mistral every layer, Gemma the local ones) restrict a layer's queries to its last `sliding_window`
-keys; the paged cache frees the blocks outside every window when every layer has one (`lab.engine.block_manager`).
+keys; the paged cache frees the blocks outside every window when every layer has one
+(`lab.engine.scheduler.BlockManager`).
 """
 
 from __future__ import annotations

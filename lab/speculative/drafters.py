@@ -27,7 +27,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from lab.engine.block_manager import BlockManager
+from lab.engine.scheduler import BlockManager
 from lab.engine.kv_store import build_kv_store
 from lab.engine.model_runner import ModelRunner
 from lab.engine.request import Sequence, Status

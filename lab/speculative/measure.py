@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lab.engine.block_manager import BlockManager
+from lab.engine.scheduler import BlockManager
 from lab.engine.model_runner import ModelRunner
 from lab.engine.request import SamplingParams, Sequence
 from lab.timing import median_seconds
