@@ -149,6 +149,11 @@ def test_engine_bench_at_toy_sizes_reports_bounds_fractions_and_targets(tmp_path
             assert (tmp_path / "profile" / f"{e['variant']}__{name}.txt").stat().st_size > 0
             assert table["self_cpu_ms"].is_monotonic_decreasing and (table["calls"] > 0).all()
             assert table["operator"].str.contains("mm|linear|matmul|int4").any(), table["operator"].head(10).tolist()
+        # the verification forward beside the one-row step it is measured against, each profiled
+        for rows in ("1row", "5rows"):
+            table = pd.read_csv(e["verify_profile"][rows]["csv"])
+            assert table["operator"].str.contains("mm|linear|matmul|int4").any()
+            assert (tmp_path / "profile" / f"{e['variant']}__verify__{rows}.txt").stat().st_size > 0
     for e in result["engines"]:
         assert e["ceilings"]["read_GBps"] > 0 and e["ceilings"]["gemm_GFLOPs"] > 0
         for w in e["workloads"].values():

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -200,8 +201,6 @@ def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: 
         out["workloads"][w.name] = {**measured, **bound, "fraction_of_roofline": bound_s / measured_s}
         log.write("engine", {"variant": variant.label, "workload": w.name, **out["workloads"][w.name]})
         if profile_dir is not None:
-            from pathlib import Path
-
             from lab.bench.profile import profile_workload
             from lab.engine import SamplingParams
 
@@ -210,6 +209,11 @@ def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: 
             out["workloads"][w.name]["profile"] = profile_workload(llm, prompts, params, Path(profile_dir),
                                                                    f"{variant.label}__{w.name}")
     out["verify_5_rows_over_1"] = verify_ratio(llm, context=min(256, int(max_len) - 8))
+    if profile_dir is not None:
+        from lab.bench.profile import profile_verification
+
+        out["verify_profile"] = profile_verification(llm, Path(profile_dir), f"{variant.label}__verify",
+                                                     context=min(256, int(max_len) - 8))
     out["compile_seconds"] = llm.stats()["compile_seconds"]
     return out
 

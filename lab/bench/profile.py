@@ -5,7 +5,8 @@ profile costs little beside the ops it records); the timed figures never include
 calls, its self CPU time (time in the operator itself, not in the ops it calls) and that time's share of the
 profiled run's wall time, the largest first. Written per variant and workload as `<variant>__<workload>.csv` and
 a readable `.txt` (torch's own table), so every statement about the engine's overhead in docs/benchmarks.md can
-be rerun on another machine.
+be rerun on another machine. The verification of 4 drafts is profiled beside the one-row step it is measured
+against (`<variant>__verify__1row`, `__5rows`).
 """
 
 from __future__ import annotations
@@ -26,15 +27,15 @@ def operator_table(prof, wall_s: float) -> pd.DataFrame:
     return table
 
 
-def profile_workload(llm, prompts: list[list[int]], params, out: Path, name: str) -> dict:
-    """Run `prompts` once under the profiler and write `name`.csv and `name`.txt under `out`; returns the
-    profiled wall time, the operators' summed self time and the top operator."""
+def profile_call(fn, out: Path, name: str) -> dict:
+    """Run `fn()` once under the profiler and write `name`.csv and `name`.txt under `out`; returns the profiled
+    wall time, the operators' summed self time and the top operator."""
     from torch.profiler import ProfilerActivity, profile
 
     out.mkdir(parents=True, exist_ok=True)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
-        llm.generate(prompts, params)
+        fn()
         wall = time.perf_counter() - start
     table = operator_table(prof, wall)
     table.to_csv(out / f"{name}.csv", index=False)
@@ -43,3 +44,19 @@ def profile_workload(llm, prompts: list[list[int]], params, out: Path, name: str
         + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40) + "\n")
     return {"profiled_wall_s": wall, "operators_self_s": float(table["self_cpu_ms"].sum() / 1e3),
             "top_operator": table["operator"].iloc[0] if len(table) else None, "csv": str(out / f"{name}.csv")}
+
+
+def profile_workload(llm, prompts: list[list[int]], params, out: Path, name: str) -> dict:
+    """`prompts` generated once under the profiler (`profile_call`)."""
+    return profile_call(lambda: llm.generate(prompts, params), out, name)
+
+
+def profile_verification(llm, out: Path, name: str, context: int, k: int = 4, repeats: int = 20) -> dict:
+    """The one-row step and the (k + 1)-row verification forward over the same `context` cached tokens
+    (`lab.speculative.measure.forward_seconds`), each `repeats` times under the profiler, as `name`__1row and
+    `name`__<k + 1>rows: what the verification adds, operator by operator."""
+    from lab.speculative.measure import forward_seconds
+
+    return {f"{n}row{'s' if n > 1 else ''}": profile_call(
+        lambda n=n: forward_seconds(llm.runner, llm.block_manager, context, n, repeats), out,
+        f"{name}__{n}row{'s' if n > 1 else ''}") for n in (1, k + 1)}

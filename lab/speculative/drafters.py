@@ -27,11 +27,11 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from lab.engine.scheduler import BlockManager
 from lab.engine.kv_store import build_kv_store
 from lab.engine.model_runner import ModelRunner
 from lab.engine.request import Sequence, Status
 from lab.engine.sampler import probabilities
+from lab.engine.scheduler import BlockManager
 from lab.models.llama import LlamaModel
 
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from lab.engine.scheduler import BlockManager
 from lab.engine.model_runner import ModelRunner
 from lab.engine.request import SamplingParams, Sequence
+from lab.engine.scheduler import BlockManager
 from lab.timing import median_seconds
 
 from .drafters import ModelDrafter
