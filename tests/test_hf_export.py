@@ -28,6 +28,22 @@ def test_an_architecture_it_cannot_hand_over_is_refused_by_name():
         to_transformers(net)
 
 
+def test_the_transformers_peers_decode_step_is_positive_however_noisy_the_clock(monkeypatch):
+    """The peer's decode step was (time of m tokens - time of 1 token) / (m - 1) over two runs, which came out
+    zero or negative when noise between the runs exceeded the m - 1 steps (seen on a tiny model under load). A
+    clock on which every call to `generate` takes the same time, whatever it does, gave a step of 0 ms; the step
+    now comes from the gaps between the tokens of one run."""
+    import itertools
+
+    import lab.bench.peers as peers
+    from lab.bench.engine import Workload
+
+    ticks = itertools.count()
+    monkeypatch.setattr(peers.time, "perf_counter", lambda: float(next(ticks)))  # one second a call
+    peer = peers.run_transformers("random:tiny", "float32", [Workload("decode-1", 1, 5, metric="step_ms")])
+    assert peer["workloads"]["decode-1"]["value"] == 1e3  # a token a call: 1 s between tokens
+
+
 def test_the_transformers_peer_runs_on_a_random_model_and_agrees_with_the_engine():
     from lab.bench.engine import Workload, prompt_ids
     from lab.bench.peers import _batch, run_transformers

@@ -2,7 +2,9 @@
 
 - `transformers`: `AutoModelForCausalLM.generate` on the same weights (the converted checkpoint the lab loads; for
   a `random:` model, the engine's random weights handed over by `lab.models.hf_export`) in the same dtype, greedy, exactly `max_tokens` new tokens (min_new_tokens), prompts left-padded into one
-  batch. A decode step is timed as (time for m tokens - time for 1 token) / (m - 1).
+  batch. A decode step is the mean gap between the streamed tokens after the first (the engine's TPOT), read from
+  a `transformers` streamer in the timed run itself: the difference of two runs' times (m tokens against 1) came
+  out negative on a tiny model when noise between the runs exceeded m - 1 steps.
 - an OpenAI-compatible server at a URL (a vLLM, SGLang or `lab serve` the user started): the same token-id
   prompts sent at once, streamed; TTFT and TPOT per request (`lab.bench.serve.run_prompts`).
 """
@@ -27,12 +29,32 @@ def _batch(tok, prompts: list[list[int]]) -> dict:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def _hf_generate(hf, tok, prompts: list[list[int]], max_tokens: int) -> float:
+class _TokenTimes:
+    """A `transformers` streamer that keeps the time each step's tokens arrive (its first call is the prompt)."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def put(self, value) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+    def step_s(self) -> float:
+        """Mean seconds between consecutive new tokens after the first."""
+        tokens = self.times[1:]
+        if len(tokens) < 2:
+            raise ValueError(f"a decode step needs at least 2 streamed tokens, got {len(tokens)}")
+        return (tokens[-1] - tokens[0]) / (len(tokens) - 1)
+
+
+def _hf_generate(hf, tok, prompts: list[list[int]], max_tokens: int, streamer=None) -> float:
     batch = {k: v.to(hf.device) for k, v in _batch(tok, prompts).items()}
     sync()
     t = time.perf_counter()
     hf.generate(**batch, max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False,
-                pad_token_id=tok.pad_token_id if tok is not None else 0)
+                pad_token_id=tok.pad_token_id if tok is not None else 0, streamer=streamer)
     sync()
     return time.perf_counter() - t
 
@@ -61,11 +83,9 @@ def run_transformers(model: str, dtype: str, workloads: list[Workload], scale: f
     for w in workloads:
         prompts = prompt_ids(w, tok, hf.config.vocab_size, scale)  # random ids where there is no tokenizer
         _hf_generate(hf, tok, prompts, min(4, w.max_tokens))  # warm-up
-        seconds = _hf_generate(hf, tok, prompts, w.max_tokens)
-        step_s = None
-        if w.metric == "step_ms":
-            first = _hf_generate(hf, tok, prompts, 1)
-            step_s = (seconds - first) / (w.max_tokens - 1)
+        times = _TokenTimes() if w.metric == "step_ms" else None
+        seconds = _hf_generate(hf, tok, prompts, w.max_tokens, times)
+        step_s = times.step_s() if times is not None else None
         new = w.max_tokens * len(prompts)
         out["workloads"][w.name] = {"seconds": seconds, "new_tokens": new, "step_s": step_s,
                                     "value": metric_of(w, seconds, new, step_s)}
