@@ -51,7 +51,7 @@ def profile_workload(llm, prompts: list[list[int]], params, out: Path, name: str
     return profile_call(lambda: llm.generate(prompts, params), out, name)
 
 
-def profile_verification(llm, out: Path, name: str, context: int, k: int = 4, repeats: int = 20) -> dict:
+def profile_verification(llm, out: Path, name: str, context: int, k: int = 4, repeats: int = 5) -> dict:
     """The one-row step and the (k + 1)-row verification forward over the same `context` cached tokens
     (`lab.speculative.measure.forward_seconds`), each `repeats` times under the profiler, as `name`__1row and
     `name`__<k + 1>rows: what the verification adds, operator by operator."""
