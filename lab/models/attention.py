@@ -237,7 +237,7 @@ class TorchPagedAttention:
         return self._window_bias[window]
 
     def attend(self, layer, q, k, v):
-        m, st, fmt = self.meta, self.meta.staging, getattr(self.store, "fmt", None)
+        m, st = self.meta, self.meta.staging
         n_kv, d = k.shape[-2:]
         window, softcap = self.layout.window(layer), self.layout.softcap
         exact = None
