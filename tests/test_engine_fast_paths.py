@@ -100,7 +100,7 @@ def test_prepacked_weights_give_the_plain_models_greedy_tokens(bf16_model, chat_
 
 @pytest.mark.parametrize("weights", ["plain", pytest.param("prepacked", marks=pytest.mark.skipif(
     not prepack.available("cpu"), reason="this torch has no oneDNN"))])
-def test_compiled_steps_give_eager_greedy_tokens_in_float32(smollm, chat_prompt_ids, weights):
+def test_compiled_steps_give_eager_greedy_tokens_in_float32(smollm, chat_prompt_ids, weights, tmp_path):
     """The real model's first 4 layers (its own weights; the whole model compiles for minutes on 2 cores), compiled
     with plain linears (float32 as the engine loads it) and with prepacked ones (as it loads bfloat16: the
     prepacked linear is one opaque operator in the graph, `lab.models.prepack.prepacked_linear`), against the
@@ -117,6 +117,13 @@ def test_compiled_steps_give_eager_greedy_tokens_in_float32(smollm, chat_prompt_
     assert [o.token_ids for o in compiled.generate(prompts[:1], params)] == want[:1]  # batch 1 (its own graph)
     assert compiled.stats()["compile_seconds"] > 0 and eager.stats()["compile_seconds"] == 0
     assert prepack.count(compiled.model) == (17 if weights == "prepacked" else 0)  # 4 layers x 4 (qkv and gate-up fused) + the LM head
+    # --profile's compile breakdown: the whole compile and its phases, from this process's compiles
+    import pandas as pd
+
+    from lab.bench.profile import write_compile_times
+
+    phases = pd.read_csv(write_compile_times(tmp_path, "compile")["csv"]).set_index("phase")["seconds"]
+    assert phases["_compile.compile_inner"] > 0 and phases["_compile.compile_inner"] == phases.max()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -214,6 +214,10 @@ def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: 
 
         out["verify_profile"] = profile_verification(llm, Path(profile_dir), f"{variant.label}__verify",
                                                      context=min(256, int(max_len) - 8))
+        if not variant.enforce_eager:
+            from lab.bench.profile import write_compile_times
+
+            out["compile_profile"] = write_compile_times(Path(profile_dir), f"{variant.label}__compile")
     out["compile_seconds"] = llm.stats()["compile_seconds"]
     return out
 

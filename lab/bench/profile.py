@@ -6,7 +6,8 @@ calls, its self CPU time (time in the operator itself, not in the ops it calls) 
 profiled run's wall time, the largest first. Written per variant and workload as `<variant>__<workload>.csv` and
 a readable `.txt` (torch's own table), so every statement about the engine's overhead in docs/benchmarks.md can
 be rerun on another machine. The verification of 4 drafts is profiled beside the one-row step it is measured
-against (`<variant>__verify__1row`, `__5rows`).
+against (`<variant>__verify__1row`, `__5rows`), and a compiled variant's compile time by phase
+(`<variant>__compile.csv`).
 """
 
 from __future__ import annotations
@@ -60,3 +61,21 @@ def profile_verification(llm, out: Path, name: str, context: int, k: int = 4, re
     return {f"{n}row{'s' if n > 1 else ''}": profile_call(
         lambda n=n: forward_seconds(llm.runner, llm.block_manager, context, n, repeats), out,
         f"{name}__{n}row{'s' if n > 1 else ''}") for n in (1, k + 1)}
+
+
+def write_compile_times(out: Path, name: str) -> dict | None:
+    """Where this process's `torch.compile` time went, per phase (dynamo's `compile_times`: tracing, inductor's
+    lowering and code generation, the C++ compiler's `compile_file`, building guards), summed over every graph, as
+    `name`.csv, largest first; None when nothing was compiled. The phases nest: a phase's seconds include those
+    of the phases it calls (`_compile.compile_inner` is the whole)."""
+    from torch._dynamo.utils import compile_times
+
+    headers, values = compile_times(repr="csv", aggregate=True)
+    if not headers:
+        return None
+    table = pd.DataFrame({"phase": headers, "seconds": [float(v) for v in values]})
+    table = table.sort_values("seconds", ascending=False, ignore_index=True)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / f"{name}.csv", index=False)
+    return {"csv": str(out / f"{name}.csv"), "top_phase": table["phase"].iloc[0],
+            "top_phase_s": float(table["seconds"].iloc[0])}
