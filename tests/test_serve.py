@@ -409,3 +409,22 @@ def test_a_failed_warm_up_fails_both_probes_and_refuses_requests(smollm):
         r = httpx.post(srv.url + "/v1/completions", json={"model": "smollm2-135m", "prompt": "Hi", "max_tokens": 2},
                        timeout=30)
         assert r.status_code == 503 and "warm-up failed: RuntimeError" in r.json()["error"]["message"]
+
+
+def test_the_dashboard_spans_the_load_however_close_the_metrics_polls():
+    """Three /metrics polls a millisecond apart (notebook 06's smoke knee, once) made the engine-state panel an
+    axis of 2 ms whose tick labels overlapped ("0.30025", "0.30050", ...), which the figure check failed. Every
+    panel now spans the load, from 0 to its end."""
+    import matplotlib.pyplot as plt
+
+    from lab.bench.serve import LoadReport, plot_dashboard
+    from lab.figure_check import problems
+
+    scrapes = [{"t": 0.3 + i * 1e-3, "lab_kv_blocks_used": 5 + i, "lab_num_requests_running": 1,
+                "lab_num_requests_waiting": 0} for i in range(3)]
+    fig = plot_dashboard(LoadReport({}, [], 1.3, 0, scrapes), "concurrency 2 (knee)")
+    try:
+        assert problems(fig) == []
+        assert [ax.get_xlim() for ax in fig.axes[:3]] == [(0.0, 1.3)] * 3
+    finally:
+        plt.close(fig)

@@ -313,6 +313,7 @@ def plot_dashboard(report: LoadReport, title: str):
     import matplotlib.pyplot as plt
     import numpy as np
     import pandas as pd
+    from matplotlib.ticker import MaxNLocator
 
     ok = sorted((r for r in report.requests if r.status == "ok"), key=lambda r: r.finish_time)
     from lab.plots import legend_outside
@@ -344,6 +345,12 @@ def plot_dashboard(report: LoadReport, title: str):
                 axes[2].plot(s["t"], s[col], label=col.removeprefix("lab_"))
     axes[2].set(title=f"{title}: engine state (from /metrics)", xlabel="time since the load started (s)",
                 ylabel="count (KV blocks, requests)")
+    # Every panel spans the whole load on one time axis, at most 6 ticks: a few /metrics polls milliseconds apart
+    # would otherwise make an axis of a few milliseconds whose tick labels overlap.
+    end = max([report.duration_s, *(s["t"] for s in report.scrapes), *(r.finish_time for r in ok)])
+    for ax in axes:
+        ax.set_xlim(0, end)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=6))
     for ax in (axes[0], axes[2]):
         if ax.lines:
             legend_outside(ax)
