@@ -54,8 +54,9 @@ def profile_workload(llm, prompts: list[list[int]], params, out: Path, name: str
 
 def profile_verification(llm, out: Path, name: str, context: int, k: int = 4, repeats: int = 5) -> dict:
     """The one-row step and the (k + 1)-row verification forward over the same `context` cached tokens
-    (`lab.speculative.measure.forward_seconds`), each `repeats` times under the profiler, as `name`__1row and
-    `name`__<k + 1>rows: what the verification adds, operator by operator."""
+    (`lab.speculative.measure.forward_seconds`) under the profiler, as `name`__1row and `name`__<k + 1>rows. Each
+    profile holds the same prefill of the cached prefix and a warm-up besides its `repeats` timed forwards, so the
+    difference between the two tables is what the verification adds, operator by operator."""
     from lab.speculative.measure import forward_seconds
 
     return {f"{n}row{'s' if n > 1 else ''}": profile_call(
