@@ -208,12 +208,13 @@ def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: 
             llm.block_manager.reset_prefix_cache()
             out["workloads"][w.name]["profile"] = profile_workload(llm, prompts, params, Path(profile_dir),
                                                                    f"{variant.label}__{w.name}")
-    out["verify_5_rows_over_1"] = verify_ratio(llm, context=min(256, int(max_len) - 8))
+    verify_context = min(256, int(max_len) - 8)  # the ratio and its profile over the same cached tokens
+    out["verify_5_rows_over_1"] = verify_ratio(llm, context=verify_context)
     if profile_dir is not None:
         from lab.bench.profile import profile_verification
 
         out["verify_profile"] = profile_verification(llm, Path(profile_dir), f"{variant.label}__verify",
-                                                     context=min(256, int(max_len) - 8))
+                                                     context=verify_context)
         if not variant.enforce_eager:
             from lab.bench.profile import write_compile_times
 
