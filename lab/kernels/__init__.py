@@ -1,5 +1,5 @@
-"""Triton kernels of the lab, imported as `lab.kernels` (never as a top-level `kernels`, which would clash with
-the Hugging Face `kernels` package):
+"""Triton kernels of the lab (`lab.kernels`; inside `lab/` because a top-level `kernels/` folder would shadow the
+Hugging Face `kernels` package, which transformers imports):
 
 - `paged_attention`: decode (split-KV, GQA) and prefill/extend attention reading the paged pool in place;
 - `kv_write`: the KV write (`reshape_and_cache`), quantizing on the way;
