@@ -123,7 +123,12 @@ def test_compiled_steps_give_eager_greedy_tokens_in_float32(smollm, chat_prompt_
     from lab.bench.profile import write_compile_times
 
     phases = pd.read_csv(write_compile_times(tmp_path, "compile")["csv"]).set_index("phase")["seconds"]
-    assert phases["_compile.compile_inner"] > 0 and phases["_compile.compile_inner"] == phases.max()
+    # Phases nest in wall time, but each is summed over the threads that ran it: the C++ compiles (`compile_file`)
+    # run on several compile threads at once and may sum to more than the whole, so they are left out of the bound.
+    assert phases["_compile.compile_inner"] > 0 and (phases >= 0).all()
+    assert list(phases) == sorted(phases, reverse=True)  # largest first
+    assert phases.drop(["_compile.compile_inner", "compile_file"], errors="ignore").max() <= \
+        phases["_compile.compile_inner"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
