@@ -161,6 +161,14 @@ def test_engine_bench_at_toy_sizes_reports_bounds_fractions_and_targets(tmp_path
             assert (tmp_path / "profile" / f"{e['variant']}__{name}.txt").stat().st_size > 0
             assert table["self_cpu_ms"].is_monotonic_decreasing and (table["calls"] > 0).all()
             assert table["operator"].str.contains("mm|linear|matmul|int4").any(), table["operator"].head(10).tolist()
+            # the same workload under cProfile: whose Python the host time is, the engine's step and the model's
+            # forward apart, and the operators among the C functions
+            py = pd.read_csv(w["profile"]["python"]["csv"])
+            assert py["self_ms"].is_monotonic_decreasing and (py["calls"] > 0).all()
+            assert {"the engine's step", "the model's forward"} <= set(py["kind"])
+            assert "lab/engine/scheduler.py" in set(py["source"]) and "lab/models/llama.py" in set(py["source"])
+            assert py["source"].str.contains("linear|mm|int4").any()
+            assert 0 < sum(w["profile"]["python"]["share_by_kind"].values()) <= 1.5
         # the verification forward beside the one-row step it is measured against, each profiled
         for rows in ("1row", "5rows"):
             table = pd.read_csv(e["verify_profile"][rows]["csv"])

@@ -5,13 +5,18 @@ profile costs little beside the ops it records); the timed figures never include
 calls, its self CPU time (time in the operator itself, not in the ops it calls) and that time's share of the
 profiled run's wall time, the largest first. Written per variant and workload as `<variant>__<workload>.csv` and
 a readable `.txt` (torch's own table), so every statement about the engine's overhead in docs/benchmarks.md can
-be rerun on another machine. The verification of 4 drafts is profiled beside the one-row step it is measured
+be rerun on another machine. Each workload also runs once under `cProfile` (`<variant>__<workload>__python.csv`):
+the self time of the Python that runs, by file and by kind (the engine's step, the model's forward, torch's module
+machinery, C functions: the operators among them), which says whose host time a dispatch-bound step spends.
+The verification of 4 drafts is profiled beside the one-row step it is measured
 against (`<variant>__verify__1row`, `__5rows`), and a compiled variant's compile time by phase
 (`<variant>__compile.csv`).
 """
 
 from __future__ import annotations
 
+import cProfile
+import pstats
 import time
 from pathlib import Path
 
@@ -48,8 +53,47 @@ def profile_call(fn, out: Path, name: str) -> dict:
 
 
 def profile_workload(llm, prompts: list[list[int]], params, out: Path, name: str) -> dict:
-    """`prompts` generated once under the profiler (`profile_call`)."""
-    return profile_call(lambda: llm.generate(prompts, params), out, name)
+    """`prompts` generated once under the profiler (`profile_call`), then once under cProfile (`profile_python`)."""
+    result = profile_call(lambda: llm.generate(prompts, params), out, name)
+    result["python"] = profile_python(lambda: llm.generate(prompts, params), out, f"{name}__python")
+    return result
+
+
+def _kind(path: str, function: str) -> tuple[str, str]:
+    """(kind, source) of a cProfile entry: a lab file, a torch Python file, a C function, or other Python."""
+    if path == "~":
+        return "C functions (torch operators among them)", function
+    if "/lab/" in path:
+        source = "lab/" + path.rsplit("/lab/", 1)[1]
+        kind = {"engine": "the engine's step", "models": "the model's forward"}.get(source.split("/")[1], "lab, other")
+        return kind, source
+    site = path.rsplit("site-packages/", 1)[-1]
+    return ("torch's Python" if site.startswith("torch/") else "other Python"), site
+
+
+def profile_python(fn, out: Path, name: str) -> dict:
+    """Run `fn()` once under cProfile and write `name`.csv: self time (time in the function itself) per source
+    file or C function, with its kind, its calls and its share of the wall time, largest first. cProfile adds a
+    fixed cost to every Python call, so the shares between Python kinds are the figure to read, not the seconds."""
+    prof = cProfile.Profile()
+    start = time.perf_counter()
+    prof.enable()
+    fn()
+    prof.disable()
+    wall = time.perf_counter() - start
+    rows = {}
+    for (path, _, function), (_, calls, self_s, _, _) in pstats.Stats(prof).stats.items():
+        key = _kind(path, function)
+        row = rows.setdefault(key, {"kind": key[0], "source": key[1], "calls": 0, "self_ms": 0.0})
+        row["calls"] += calls
+        row["self_ms"] += 1e3 * self_s
+    table = pd.DataFrame(list(rows.values())).sort_values("self_ms", ascending=False, ignore_index=True)
+    table["self_share_of_wall"] = table["self_ms"] / (1e3 * wall)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / f"{name}.csv", index=False)
+    by_kind = table.groupby("kind")["self_share_of_wall"].sum().sort_values(ascending=False)
+    return {"profiled_wall_s": wall, "share_by_kind": {k: float(v) for k, v in by_kind.items()},
+            "csv": str(out / f"{name}.csv")}
 
 
 def profile_verification(llm, out: Path, name: str, context: int, k: int = 4, repeats: int = 5) -> dict:
