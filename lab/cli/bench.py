@@ -106,7 +106,8 @@ def add_bench(sub) -> None:
     eng.add_argument("--plot", default=None, help="write the fractions of the roofline as a PNG here")
     eng.add_argument("--profile", default=None, metavar="DIR",
                      help="after timing, run each engine workload once under torch.profiler and write its "
-                          "per-operator breakdown (<variant>__<workload>.csv and .txt) here")
+                          "per-operator breakdown (<variant>__<workload>.csv and .txt) here, then once under "
+                          "cProfile for its Python by source file (<variant>__<workload>__python.csv)")
     eng.set_defaults(func=_bench_engine)
     bs = bench_sub.add_parser("serve", help="load an OpenAI-compatible server (the lab's, vLLM, SGLang): TTFT, "
                                             "TPOT, percentiles, throughput, goodput (lab.bench.serve)")
