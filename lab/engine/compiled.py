@@ -13,9 +13,12 @@ reference code. The operator reaches that context through a slot of its own `Com
 global, so two engines in one process never see each other's step.
 
 Shapes: the number of tokens T and of logit rows change every step. vLLM pads T to a few capture sizes
-because a CUDA graph needs static shapes; inductor's dynamic shapes need no padding, so T is marked dynamic
-and one graph serves every step (dynamo specializes the sizes 0 and 1 on its own: a decode step at batch 1,
-or a chunk that needs no logits, gets its own graph). The graphs are compiled on first use and kept in
+because a CUDA graph needs static shapes; inductor's dynamic shapes need no padding, so T and the rows are marked
+dynamic and one graph serves every step (dynamo specializes the sizes 0 and 1 on its own: a decode step at batch
+1, or a chunk that needs no logits, gets its own graph). Only those: the weights' sizes and the modules' float
+attributes stay static. With `torch.compile(dynamic=True)` every size and float was symbolic, the RMSNorms' eps
+and offset among them; dynamo then discarded its first trace of the whole model and restarted
+(`TensorifyScalarRestartAnalysis`), 22 s of an 80-s compile on 2 cores. The graphs are compiled on first use and kept in
 inductor's on-disk cache (`TORCHINDUCTOR_CACHE_DIR`, default under /tmp), so a later process reuses them;
 `compile_seconds` reports the time spent compiling in this process. The first `CompiledStep` of every process
 registers operator 0, so a later process finds its graphs in that cache; a second compiled engine in one
@@ -82,8 +85,7 @@ class CompiledStep:
 
     def __init__(self, model: nn.Module):
         self.model, self.slot = model, _Slot()
-        self.compiled = torch.compile(_Step(model, _OpContext(_attention_op(self.slot, next(self._ops)))),
-                                      dynamic=True)
+        self.compiled = torch.compile(_Step(model, _OpContext(_attention_op(self.slot, next(self._ops)))))
         self.compile_seconds = 0.0  # first calls at a new shape (dynamo traces, inductor compiles or loads)
         self.shapes_seen: set[tuple[bool, bool]] = set()
 
@@ -94,9 +96,12 @@ class CompiledStep:
         shape = (input_ids.shape[0] == 1, len(rows) == 1)  # the sizes dynamo specializes on
         first = shape not in self.shapes_seen
         start = time.perf_counter()
+        rows = torch.tensor(rows, device=input_ids.device)
+        for t in (input_ids, positions, rows):  # only the step's sizes are dynamic (see the module docstring)
+            torch._dynamo.maybe_mark_dynamic(t, 0)
         self.slot.context = context
         try:
-            logits = self.compiled(input_ids, positions, torch.tensor(rows, device=input_ids.device))
+            logits = self.compiled(input_ids, positions, rows)
         finally:
             self.slot.context = None
         if first:
