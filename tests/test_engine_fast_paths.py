@@ -137,6 +137,24 @@ def test_compiled_steps_give_eager_greedy_tokens_in_float32(smollm, chat_prompt_
         phases["_compile.compile_inner"]
 
 
+def test_two_compiled_engines_in_one_process_each_run_their_own_graph(smollm, chat_prompt_ids):
+    """The compiled step keeps no guards on the model's modules (`lab.engine.compiled._guards_kept`), only on its own
+    attention operator: without that one, the engine built second would compile a graph that matches the first
+    engine's calls too, and the first would then run it with the other engine's (empty) step context."""
+    model, tok = smollm
+    short = layer_skip_model(model, 4)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    eager = LLM(short, tokenizer=tok, num_kv_blocks=64, max_model_len=256)
+    batches = [chat_prompt_ids[:1], chat_prompt_ids[:2]]  # batch 1 and batched: each shape its own graph
+    want = [[o.token_ids for o in eager.generate(b, params)] for b in batches]
+    first, second = (LLM(m, tokenizer=tok, num_kv_blocks=64, max_model_len=256, enforce_eager=False)
+                     for m in (short, copy.deepcopy(short)))
+    for llm in (first, second, first, second):
+        outs = [llm.generate(b, params) for b in batches]
+        assert [o.error for out in outs for o in out] == [None] * 3
+        assert [[o.token_ids for o in out] for out in outs] == want
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_batched_decode_attention_equals_sdpa(dtype):
     from lab.models.attention import _decode_attention

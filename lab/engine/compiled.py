@@ -77,6 +77,16 @@ class _Step(nn.Module):
         return self.model.compute_logits(self.model(input_ids, positions, self.context)[rows])
 
 
+def _guards_kept(entries) -> list[bool]:
+    """Which of dynamo's guards a compiled step keeps: none on the model's modules and weights, which the engine
+    never changes after building the step (torch's `skip_guard_on_all_nn_modules_unsafe`; vLLM skips dynamo's
+    guards altogether), except those on the step's own attention operator (`self.context.op`), so that a second
+    engine in the process, whose operator differs, does not run this one's graph. Checking every module and
+    weight cost about 1 ms a call on 2 cores ("TorchDynamo Cache Lookup" in `lab bench engine --profile`)."""
+    return [not e.orig_guard.source.is_unspecialized_nn_module() or e.name == "self"
+            or e.name.startswith("self.context") for e in entries]
+
+
 class CompiledStep:
     """`lab.engine.model_runner.eager_step` through `torch.compile`: same arguments, same logits up to the order
     of float operations."""
@@ -85,7 +95,8 @@ class CompiledStep:
 
     def __init__(self, model: nn.Module):
         self.model, self.slot = model, _Slot()
-        self.compiled = torch.compile(_Step(model, _OpContext(_attention_op(self.slot, next(self._ops)))))
+        self.compiled = torch.compile(_Step(model, _OpContext(_attention_op(self.slot, next(self._ops)))),
+                                      options={"guard_filter_fn": _guards_kept})
         self.compile_seconds = 0.0  # first calls at a new shape (dynamo traces, inductor compiles or loads)
         self.shapes_seen: set[tuple[bool, bool]] = set()
 
