@@ -16,6 +16,7 @@ against (`<variant>__verify__1row`, `__5rows`), and a compiled variant's compile
 from __future__ import annotations
 
 import cProfile
+import os
 import pstats
 import time
 from pathlib import Path
@@ -59,12 +60,16 @@ def profile_workload(llm, prompts: list[list[int]], params, out: Path, name: str
     return result
 
 
+_LAB_DIR = os.path.realpath(Path(__file__).resolve().parents[1]) + os.sep
+
+
 def _kind(path: str, function: str) -> tuple[str, str]:
     """(kind, source) of a cProfile entry: a lab file, a torch Python file, a C function, or other Python."""
     if path == "~":
         return "C functions (torch operators among them)", function
-    if "/lab/" in path:
-        source = "lab/" + path.rsplit("/lab/", 1)[1]
+    real = os.path.realpath(path)
+    if real.startswith(_LAB_DIR):  # the package's own folder: a checkout may itself sit under a folder named lab
+        source = "lab/" + real[len(_LAB_DIR):]
         kind = {"engine": "the engine's step", "models": "the model's forward"}.get(source.split("/")[1], "lab, other")
         return kind, source
     site = path.rsplit("site-packages/", 1)[-1]
