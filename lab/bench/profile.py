@@ -108,9 +108,9 @@ def profile_verification(llm, out: Path, name: str, context: int, k: int = 4, re
     difference between the two tables is what the verification adds, operator by operator."""
     from lab.speculative.measure import forward_seconds
 
-    return {f"{n}row{'s' if n > 1 else ''}": profile_call(
-        lambda n=n: forward_seconds(llm.runner, llm.block_manager, context, n, repeats), out,
-        f"{name}__{n}row{'s' if n > 1 else ''}") for n in (1, k + 1)}
+    labels = {1: "1row", k + 1: f"{k + 1}rows"}
+    return {label: profile_call(lambda n=n: forward_seconds(llm.runner, llm.block_manager, context, n, repeats),
+                                out, f"{name}__{label}") for n, label in labels.items()}
 
 
 def write_compile_times(out: Path, name: str) -> dict | None:
