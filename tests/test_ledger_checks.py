@@ -51,7 +51,7 @@ def _inside_and_outside(rule) -> tuple[Decimal, list[Decimal]]:
 def test_every_measured_row_flips_when_its_number_crosses_the_claims_band(claim, entries):
     e = entries[claim.id]
     lab = parse_lab(e.lab, claim.link.lab_pattern)
-    measured = e.in_setting or e.verdict  # a scoped row keeps its measured verdict as the verdict in this setting
+    measured = e.measured  # the rules' verdict on the row's figure, before readings, assumptions and scope
     assert measured in MEASURED and measured == verdict(claim.rule, lab.text, lab.interval)  # from the evidence
     inside, outside = _inside_and_outside(claim.rule)
     assert verdict(claim.rule, str(inside)) == HOLDS, claim.id

@@ -12,7 +12,7 @@ import pytest
 from lab.ledger.gather import resolve
 from lab.ledger.record import Claim, Link
 from lab.ledger.rules import (ARITHMETIC, HOLDS, NOT_CHECKABLE, NOT_DISTINGUISHABLE, ON_CPU, ON_GPU, PHYSICS_BOUND,
-                              PROJECTED, SCOPES, WRONG, Evidence, Range, beyond, scoped)
+                              PROJECTED, SCOPES, WRONG, Evidence, ModelClass, Range, beyond, scoped)
 from lab.ledger.setting import run_evidence, weights16
 
 
@@ -63,9 +63,9 @@ def test_the_embedded_model_is_not_16_bit_and_a_run_can_say_otherwise(tmp_path):
     assert weights16("random:smollm2-360m") is True
     assert weights16("/some/checkpoint") is None
     (tmp_path / "params.json").write_text(json.dumps({"gpu": None, "parameters": {"MODEL": "smollm2-135m"}}))
-    assert run_evidence(tmp_path, ON_CPU) == Evidence(ON_CPU, False)
+    assert run_evidence(tmp_path, ON_CPU) == Evidence(ON_CPU, False, ModelClass("under 1B", "dense"))
     (tmp_path / "metrics.json").write_text(json.dumps({"weights16": True}))  # notebook 02's detector said so
-    assert run_evidence(tmp_path, ON_CPU) == Evidence(ON_CPU, True)
+    assert run_evidence(tmp_path, ON_CPU) == Evidence(ON_CPU, True, ModelClass("under 1B", "dense"))
     (tmp_path / "params.json").write_text(json.dumps({"gpu": "H200", "parameters": {}}))
     assert run_evidence(tmp_path, ON_CPU).kind == ON_GPU
 
@@ -90,7 +90,7 @@ def test_a_gathered_gpu_speed_row_says_what_its_bound_allows(tmp_path, bound, ve
     assert (entry.verdict, entry.in_setting) == (verdict, in_setting)
     assert bound in entry.why
     assert entry.evidence == (PHYSICS_BOUND if verdict == WRONG else ON_CPU)
-    assert "no GPU" in entry.lab_setting and "smollm2-135m (weights already 4-bit)" in entry.lab_setting
+    assert "no GPU" in entry.lab_setting and "smollm2-135m (under 1B dense, weights already 4-bit)" in entry.lab_setting
     assert not entry.disagrees  # the notebook's own verdict is the one in this setting
 
 
@@ -105,9 +105,9 @@ def test_a_gathered_row_measured_on_a_gpu_stands(tmp_path):
 
 
 def test_a_row_its_notebook_scoped_is_rescoped_by_the_ledger_not_taken_as_undecided(tmp_path):
-    """Notebook 02 on an already-4-bit model writes "not checkable here" and its measured verdict as "in this
-    setting: wrong" in the note; the ledger reads the measured verdict back and applies its own scope rule, so
-    the row agrees with its notebook and keeps "wrong" as the verdict in this setting."""
+    """Notebook 02 on an already-4-bit model writes "not checkable here" (and its measured verdict in the note);
+    the ledger never reads a verdict from a note (issue 48): it recomputes the measured verdict by the claim's rule
+    and applies its own scope rule, so the row agrees with its notebook and keeps "wrong" in this setting."""
     run = tmp_path / "02_quantization_accuracy" / "20260101T000000.000000Z-abcdef"
     run.mkdir(parents=True)
     (run / "params.json").write_text(json.dumps({"gpu": None, "parameters": {"MODEL": "smollm2-135m"}}))
@@ -118,5 +118,5 @@ def test_a_row_its_notebook_scoped_is_rescoped_by_the_ledger_not_taken_as_undeci
                   link=Link("02_quantization_accuracy", "ppl barely moves"), rule=Range(None, "1"),
                   about="a 16-bit 70B quantized to 4 bits", scope="weight-accuracy")
     entry = resolve(claim, {"02_quantization_accuracy": run})
-    assert (entry.verdict, entry.in_setting, entry.notebook_in_setting) == (NOT_CHECKABLE, WRONG, WRONG)
+    assert (entry.verdict, entry.in_setting, entry.measured) == (NOT_CHECKABLE, WRONG, WRONG)
     assert not entry.disagrees and "the notebook says" not in entry.why

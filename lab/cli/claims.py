@@ -11,12 +11,14 @@ def _claims(args) -> int:
     from lab.ledger.checks import committed_rows, failures
     from lab.ledger.report import summary_lines
     from lab.runs import results_root
+    from lab.studies import evidence
 
     root = Path(args.results_dir) if args.results_dir else results_root()
     out = Path(args.out) if args.out else root
     committed = committed_rows(out / "CLAIMS.csv")  # the ledger as committed, before the rewrite
-    entries, paths = write_ledger(root, out)
-    failed = failures(entries, committed) if args.check else []
+    rebuilds = evidence.rebuilds()
+    entries, paths = write_ledger(root, out, rebuilds=rebuilds)
+    failed = failures(entries, committed, rebuilds=rebuilds, root=root) if args.check else []
     print("\n".join(summary_lines(entries)))
     for path in paths:
         print(f"wrote {path}")

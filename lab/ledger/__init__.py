@@ -17,6 +17,7 @@ from pathlib import Path
 
 from lab.ledger import seed000, seed002, seed003, seed003_serving
 from lab.ledger.gather import Entry, gather
+from lab.ledger.rebuild import Rebuild
 from lab.ledger.record import Cause, Claim, cause_table
 from lab.ledger.report import write_csv, write_markdown
 from lab.ledger.rules import MISSING
@@ -28,10 +29,12 @@ CAUSES: dict[str, dict[str, Cause]] = {"000": cause_table(seed000.CAUSES), "002"
 
 
 def write_ledger(root: Path, out_dir: Path, claims: list[Claim] = CLAIMS,
-                 causes: dict[str, dict[str, Cause]] = CAUSES) -> tuple[list[Entry], list[Path]]:
+                 causes: dict[str, dict[str, Cause]] = CAUSES,
+                 rebuilds: dict[str, Rebuild] | None = None) -> tuple[list[Entry], list[Path]]:
     """Gather `claims` from the reference runs under `root` and write CLAIMS.md (with the wrong verdicts grouped
-    by `causes`) and CLAIMS.csv into `out_dir`."""
-    entries = gather(claims, Path(root))
+    by `causes`) and CLAIMS.csv into `out_dir`; `rebuilds` (each notebook's `Rebuild`, from
+    `lab.studies.evidence`) recompute the figures whose assumptions are notebook parameters."""
+    entries = gather(claims, Path(root), rebuilds)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     return entries, [write_markdown(entries, out_dir, causes), write_csv(entries, out_dir)]

@@ -15,19 +15,27 @@ the claim's, and `rules.scoped` keeps a verdict only where the claim's scope let
 the row is "not checkable here" and the measured verdict is shown as the verdict in this setting. A physics
 bound in the row (`Link.bound`) refutes a claim that asks for more than it allows, and otherwise says what it
 allows. The notebook's note on its row (a caveat: "on this machine", "for every output that finished") travels
-into the row's why.
+into the row's why; a verdict is never read from it (issue 48 item 4): a notebook that scoped its own row writes
+the scoped verdict, and the ledger recomputes the measured one by the claim's rule.
+
+Where the claim's words admit several readings (`record.Reading`), each is judged and the verdict stands only where
+they agree; where the verdict rests on a number the article does not state (`record.Assumption`), the number is
+swept over its plausible range through the same code (`lab.ledger.assumptions`), and a verdict that flips inside
+the range is not distinguishable (issue 48 item 3).
 """
 
 from __future__ import annotations
 
 import csv
-import re
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab.ledger import assumptions
+from lab.ledger.rebuild import Rebuild
 from lab.ledger.record import Claim
-from lab.ledger.rules import (ARGUMENT, BY_ARGUMENT, MEASURED, MISSING, NO_EVIDENCE, PHYSICS_BOUND, WRONG, Evidence, beyond,
-                              from_notebook, judge, parse_lab, scoped)
+from lab.ledger.rules import (ARGUMENT, BY_ARGUMENT, MEASURED, MISSING, NO_EVIDENCE, NOT_DISTINGUISHABLE, PHYSICS_BOUND,
+                              WRONG, Evidence, all_of, beyond, from_notebook, judge, parse_lab, scoped, undecided_by, verdict)
 from lab.ledger.setting import describe, run_evidence
 from lab.results_index import list_runs
 
@@ -49,19 +57,19 @@ class Entry:
     evidence: str = NO_EVIDENCE
     lab_setting: str = ""
     in_setting: str = ""  # the measured verdict where the claim's scope does not let this evidence decide
-
-    notebook_in_setting: str = ""  # the notebook's own verdict in its setting, where it scoped the row itself
+    undecided_by: str = ""  # which dimension of the lab's setting kept the evidence from deciding the claim
+    assumptions: str = ""  # each reading judged, each unstated number with where the verdict flips
+    flips: tuple = ()  # the `assumptions.Flip` of each assumption (for `lab claims --check`)
+    measured: str = ""  # the rules' verdict on the row's figure, before readings, assumptions and scope
 
     @property
     def disagrees(self) -> bool:
-        """The rules give the row's printed figure another verdict than its notebook wrote (each before the scope
-        rule moved it: a notebook that scoped its row says its measured verdict as "in this setting: ...")."""
-        measured = self.in_setting or self.verdict
-        said = self.notebook_in_setting or self.notebook_verdict
-        return self.claim.rule is not None and measured != MISSING and measured != said
-
-
-_IN_SETTING = re.compile(r"in this setting: (" + "|".join(sorted(MEASURED, key=len, reverse=True)) + ")")
+        """The rules give the row's printed figure another verdict than its notebook wrote: the notebook's verdict
+        is neither the rules' on its figure nor that verdict as the scope leaves it (a notebook may scope its own
+        row, as notebook 02 does on an already-4-bit model)."""
+        if self.claim.rule is None or self.verdict == MISSING:
+            return False
+        return self.notebook_verdict not in {self.measured, self.verdict, self.in_setting} - {""}
 
 
 def latest_reference_runs(root: Path) -> dict[str, Path]:
@@ -86,8 +94,9 @@ def find_rows(table: Path, match: str) -> list[tuple[int, dict, tuple]]:
         return [(i, row, cols) for i, row in enumerate(reader, start=1) if match in row[cols[0]]]
 
 
-def resolve(claim: Claim, runs: dict[str, Path]) -> Entry:
-    """`claim` against its notebook's latest reference run (unlinked claims pass through)."""
+def resolve(claim: Claim, runs: dict[str, Path], rebuilds: dict[str, Rebuild] | None = None) -> Entry:
+    """`claim` against its notebook's latest reference run (unlinked claims pass through); `rebuilds` (each notebook's
+    `Rebuild`) recompute a figure whose assumption is a notebook parameter."""
     if claim.link is None:
         return Entry(claim, "", claim.verdict, claim.why, evidence=ARGUMENT if claim.verdict == BY_ARGUMENT
                      else NO_EVIDENCE)
@@ -105,47 +114,101 @@ def resolve(claim: Claim, runs: dict[str, Path]) -> Entry:
     index, row, (_, lab_col, verdict_col, holds_col) = rows[0]
     said = from_notebook(row.get(verdict_col) if verdict_col else None, row.get(holds_col) if holds_col else None)
     lab = row[lab_col]
-    # a notebook that scoped its own row (notebook 02 on an already-4-bit model) writes "not checkable here" and
-    # its measured verdict as "in this setting: ..." in the note: the ledger scopes that verdict by its own rule
-    noted = _IN_SETTING.search(row.get("note", ""))
-    noted = noted.group(1) if noted else ""
-    verdict = noted or said
     # the notebook's note (its caveat, or the argument of a verdict by argument) travels with the row
     why = "; ".join(x for x in (row.get("note", ""), claim.why) if x)
+    verdict = said
     if claim.rule is not None:
         number = parse_lab(lab, link.lab_pattern)
         if number is None:
             return Entry(claim, lab, MISSING, f"no number in {link.notebook}'s row {index} (notebook {link.notebook})",
                          run, link.table, index, said)
         verdict = judge(claim.rule, number)
-    if verdict != (noted or said):
-        why = (f"the notebook says {noted or said!r}; the rules give {verdict!r} from its figure"
-               + (f": {why}" if why else ""))
-    return _scoped(Entry(claim, lab, verdict, why, run, link.table, index, said, notebook_in_setting=noted))
+    if claim.parts:
+        verdict, parts = parts_verdict(claim, lab)
+        why = "; ".join(x for x in (parts, why) if x)
+    entry = Entry(claim, lab, verdict, why, run, link.table, index, said, measured=verdict)
+    return _scoped(_unstated(entry, rebuilds or {}))
+
+
+def parts_verdict(claim: Claim, lab: str) -> tuple[str, str]:
+    """(the verdict, each part's figure and verdict in words) of a claim made of parts: `rules.all_of` the parts'
+    verdicts, each by its own rule on the figure its pattern picks from the row; a part without a figure is
+    missing, and so is the claim."""
+    said = []
+    for part in claim.parts:
+        number = parse_lab(lab, part.lab_pattern)
+        said.append((part.name, number, judge(part.rule, number) if number else MISSING))
+    words = "; ".join(f"{name}: {n.text if n else '?'} ({v})" for name, n, v in said)
+    if any(v == MISSING for _, _, v in said):
+        return MISSING, f"a part's figure is not in the row: {words}"
+    return all_of(*(v for _, _, v in said)), f"parts: {words}"
+
+
+def _unstated(entry: Entry, rebuilds: dict[str, Rebuild]) -> Entry:
+    """`entry` with each reading of the claim judged and each assumption swept: the verdict stands where the readings
+    agree and no assumption flips it inside its plausible range, else it is not distinguishable."""
+    claim = entry.claim
+    if claim.rule is None or not (claim.readings or claim.assumptions):
+        return entry
+    verdict, notes, found = entry.verdict, [], []
+    if claim.readings:
+        judged = []
+        for r in claim.readings:
+            number = parse_lab(entry.lab, r.lab_pattern)
+            judged.append((r.name, number.text if number else "?", judge(claim.rule, number) if number else MISSING))
+        notes.append("readings: " + "; ".join(f"{name}: {fig} ({v})" for name, fig, v in judged))
+        verdicts = {v for _, _, v in judged}
+        if len(verdicts) > 1 and verdict in MEASURED:
+            verdict = NOT_DISTINGUISHABLE
+    point = parse_lab(entry.lab, claim.link.lab_pattern)
+    row_verdict = verdict_of(claim, point.text) if point else ""
+    for a in claim.assumptions:
+        try:
+            if a.rule is not None:
+                figure = lambda _, v=float(point.text): v  # noqa: E731 - the row's figure, whatever the threshold
+            else:
+                figure = a.figure or assumptions.through_rebuild(claim, a.param, rebuilds[claim.link.notebook],
+                                                                 entry.run_dir)
+        except (KeyError, ValueError, OSError) as exc:
+            flip = assumptions.Flip(a, error=f"no way to recompute the figure ({type(exc).__name__}: {exc})")
+        else:
+            flip = assumptions.flips(claim, a, row_verdict, figure)
+        found.append(flip)
+        notes.append(flip.text())
+        if flip.inside and verdict in MEASURED:
+            verdict = NOT_DISTINGUISHABLE
+    return dataclasses.replace(entry, verdict=verdict, assumptions="; ".join(notes), flips=tuple(found))
+
+
+def verdict_of(claim: Claim, text: str) -> str:
+    """The rules' verdict on one printed figure of the claim's row, without its interval."""
+    return verdict(claim.rule, float(text))
 
 
 def _scoped(entry: Entry) -> Entry:
     """`entry` with its evidence and setting, and its verdict kept only where the claim's scope lets this evidence
-    decide it (`rules.scoped`), after a physics bound in the row (`Link.bound`) has had its say."""
+    decide it (`rules.scoped`, for the claim's class of model), after a physics bound in the row (`Link.bound`) has
+    had its say."""
     claim, link = entry.claim, entry.claim.link
     evidence = run_evidence(entry.run_dir, link.evidence)
     setting = describe(entry.run_dir, evidence, link.setting)
     verdict, why = entry.verdict, entry.why
-    in_setting = ""
+    in_setting, kept = "", ""
     if claim.scope:  # a row not yet scoped keeps its verdict (`lab claims --check` fails on it)
-        verdict, in_setting = scoped(claim.scope, evidence, entry.verdict)
+        verdict, in_setting = scoped(claim.scope, evidence, entry.verdict, claim.model)
+        kept = undecided_by(claim.scope, evidence, claim.model) if in_setting else ""
     bound = parse_lab(entry.lab, link.bound) if link.bound and claim.rule is not None else None
     if bound is not None and in_setting:
         if beyond(claim.rule, bound.text):
-            verdict, evidence = WRONG, Evidence(PHYSICS_BOUND)
+            verdict, evidence, kept = WRONG, Evidence(PHYSICS_BOUND), ""
             why = "; ".join(x for x in (f"more than the physics bound ({bound.text}) allows", why) if x)
         else:
             why = "; ".join(x for x in (f"the physics bound allows {bound.text}; measured in this setting: "
                                         f"{in_setting}", why) if x)
-    return Entry(claim, entry.lab, verdict, why, entry.run_dir, entry.table, entry.row, entry.notebook_verdict,
-                 evidence.kind, setting, in_setting, entry.notebook_in_setting)
+    return dataclasses.replace(entry, verdict=verdict, why=why, evidence=evidence.kind, lab_setting=setting,
+                               in_setting=in_setting, undecided_by=kept)
 
 
-def gather(claims: list[Claim], root: Path) -> list[Entry]:
+def gather(claims: list[Claim], root: Path, rebuilds: dict[str, Rebuild] | None = None) -> list[Entry]:
     runs = latest_reference_runs(root)
-    return [resolve(c, runs) for c in claims]
+    return [resolve(c, runs, rebuilds) for c in claims]

@@ -1,12 +1,15 @@
-"""Verdict literals in study code (issue 34 item 8): a decided verdict a study types instead of computing it.
+"""Verdict literals in study code (issue 34 item 8, issue 48 item 4): a decided verdict typed instead of computed.
 
 A verdict on a measured or computed claim comes from `lab.ledger.rules` (`verdict`, `from_flag`, `all_of`), so
-study code never needs the decided words themselves. This scan reads each module's syntax tree and reports what
-would put one there by hand: importing `HOLDS`, `WRONG`, `ROUNDING` or `NOT_DISTINGUISHABLE` from `lab.claims`
-or `lab.ledger.rules` (or reading them as `claims.X` / `rules.X`), a string constant that is exactly one of
-those words, and `from_flag(True)` / `from_flag(False)`. "not checkable here" and "wrong by argument" are not
-decided by evidence and stay allowed (each with its reason in the row). Prose that merely mentions a word
-("not a plain 'holds'" in a docstring) is not a constant equal to it, so it passes.
+the code that builds claims tables (`lab/studies` and the articles' arithmetic, `lab/arithmetic`) never needs the
+decided words themselves. This scan reads each module's syntax tree and reports what would put one there by
+hand: importing `HOLDS`, `WRONG`, `ROUNDING` or `NOT_DISTINGUISHABLE` from any module (`lab.intervals` has a
+significance word equal to a verdict: study code asks `lab.intervals.significance_word` for it), reading one as
+an attribute of any module (`claims.HOLDS`), a string constant that is exactly one of those words,
+`from_flag(True)` / `from_flag(False)`, and a constant passed as the lab's value to `judged` or `verdict` (a
+figure the rules cannot be wrong about). "not checkable here" and "wrong by argument" are not decided by
+evidence and stay allowed (each with its reason in the row). Prose that merely mentions a word ("not a plain
+'holds'" in a docstring) is not a constant equal to it, so it passes.
 """
 
 from __future__ import annotations
@@ -17,24 +20,36 @@ from pathlib import Path
 from lab.ledger.rules import HOLDS, NOT_DISTINGUISHABLE, ROUNDING, WRONG
 
 DECIDED = {"HOLDS": HOLDS, "WRONG": WRONG, "ROUNDING": ROUNDING, "NOT_DISTINGUISHABLE": NOT_DISTINGUISHABLE}
-RULE_MODULES = ("lab.claims", "lab.ledger.rules")
-STUDIES = Path(__file__).resolve().parents[1] / "studies"
+LAB = Path(__file__).resolve().parents[1]
+STUDIES = LAB / "studies"
+SCANNED = (LAB / "studies", LAB / "arithmetic")  # the code that builds claims tables
+JUDGES = ("judged", "verdict")  # the rules' entry points that take the lab's value second
 
 
 def _found(node: ast.AST) -> str | None:
     """What makes `node` a verdict literal, or None."""
-    if isinstance(node, ast.ImportFrom) and node.module in RULE_MODULES:
+    if isinstance(node, ast.ImportFrom):
         names = sorted(a.name for a in node.names if a.name in DECIDED)
         return f"imports {', '.join(names)} from {node.module}" if names else None
-    if isinstance(node, ast.Attribute) and node.attr in DECIDED and isinstance(node.value, ast.Name) \
-            and node.value.id in ("claims", "rules"):
+    if isinstance(node, ast.Attribute) and node.attr in DECIDED and isinstance(node.value, ast.Name):
         return f"{node.value.id}.{node.attr}"
     if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in DECIDED.values():
         return f"the string {node.value!r}"
     if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "from_flag" \
             and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, bool):
         return f"from_flag({node.args[0].value})"
+    if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in JUDGES \
+            and len(node.args) >= 2 and _constant(node.args[1]):
+        return f"a constant judged ({ast.unparse(node.args[1])})"
     return None
+
+
+def _constant(node: ast.AST) -> bool:
+    """A number written into the code (a signed one too), not a value computed from evidence."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        node = node.operand
+    return isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str)) \
+        and not isinstance(node.value, bool)
 
 
 def scan(source: str, name: str = "<source>") -> list[str]:
@@ -43,7 +58,8 @@ def scan(source: str, name: str = "<source>") -> list[str]:
             if (what := _found(node)) is not None]
 
 
-def find(directory: Path = STUDIES) -> list[str]:
-    """The verdict literals in every module under `directory` (default: lab/studies)."""
-    return [hit for path in sorted(Path(directory).rglob("*.py"))
+def find(*directories: Path) -> list[str]:
+    """The verdict literals in every module under `directories` (default: `SCANNED`, lab/studies and
+    lab/arithmetic)."""
+    return [hit for directory in (directories or SCANNED) for path in sorted(Path(directory).rglob("*.py"))
             for hit in scan(path.read_text(), str(path.relative_to(Path(directory).parent)))]

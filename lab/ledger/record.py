@@ -11,9 +11,10 @@ registry, so that one error repeated over many rows (a KV size with one head ins
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from lab.ledger.rules import BY_ARGUMENT, EVIDENCE, NOT_CHECKABLE, NOT_YET, ON_CPU, SCOPES, VERDICTS, Rule
+from lab.ledger.rules import BY_ARGUMENT, EVIDENCE, NOT_CHECKABLE, NOT_YET, ON_CPU, SCOPES, VERDICTS, ModelClass, Rule
 
 SEEDS = {"000": "000_6360c6a068e5cdc2.txt", "002": "002_2e53536036edbb4f.txt", "003": "003_1a250c76ca76c1c9.txt"}
 
@@ -42,6 +43,60 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Assumption:
+    """A number a verdict rests on that the article does not state (issue 48 item 3): a threshold read into a vague
+    word ("hardly worth it"), a latency or bandwidth, a context length, a request-length distribution. `value`
+    (in `unit`) is the one the lab's figure used and `source` where it comes from; `low`-`high` is the range a
+    reader could defend (`plausible` says why). The ledger recomputes the lab's figure over the range through the
+    same code and finds where the verdict flips: through the notebook's claims table with its parameter `param`
+    set to each value (the notebook's `Rebuild`), or through `figure(value)`, a function of the assumed value
+    that calls what the notebook's row calls; or, where the assumption is the threshold the lab reads into a vague
+    word, `rule(value)` gives the claim's rule at that threshold and the row's figure stays as measured. A verdict that flips inside the plausible range is not
+    distinguishable, with the range stated."""
+    name: str
+    value: float
+    unit: str
+    source: str
+    low: float
+    high: float
+    plausible: str
+    param: str = ""
+    figure: Callable[[float], float] | None = None
+    rule: Callable[[float], Rule] | None = None
+    log: bool = True
+
+    def __post_init__(self):
+        if not (self.low <= self.value <= self.high) or self.low >= self.high:
+            raise ValueError(f"{self.name}: the plausible range {self.low}-{self.high} must hold the value used, "
+                             f"{self.value}")
+        if sum((bool(self.param), self.figure is not None, self.rule is not None)) != 1:
+            raise ValueError(f"{self.name}: the assumption moves the figure (through a notebook parameter or a "
+                             f"function) or the rule (a threshold read into the article's words), one of these")
+        if self.log and self.low <= 0:
+            raise ValueError(f"{self.name}: a log-scaled range needs a positive low end")
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One reading of an article's ambiguous words (「顯存占用」: the weights alone, or the weights and a KV cache),
+    with the lab's figure under it: `lab_pattern` picks it out of the row's measured cell (a regex with group `v`).
+    Where a claim has readings the ledger judges each and decides only where they agree."""
+    name: str
+    lab_pattern: str
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of a claim made of several (acceptance of at least 0.7 on code, rewriting, translation and
+    summarization, under 0.5 on open-ended writing): its figure picked out of the row's measured cell by
+    `lab_pattern` (group `v`, and `lo`, `hi` for its interval) and judged by its own `rule`; the claim's verdict is
+    `rules.all_of` the parts'."""
+    name: str
+    lab_pattern: str
+    rule: Rule
+
+
+@dataclass(frozen=True)
 class Claim:
     """A claim: id ("003-16"), seed ("003") and section ("§2.1"), the claim in one English sentence, the article's
     number as printed. `rule` (a Number, Range or Bound) makes the ledger judge the linked row's number by the
@@ -63,10 +118,20 @@ class Claim:
     cause: str = ""
     about: str = ""
     scope: str = ""
+    model: ModelClass | None = None
+    assumptions: tuple[Assumption, ...] = ()
+    readings: tuple[Reading, ...] = ()
+    parts: tuple[Part, ...] = ()
 
     def __post_init__(self):
+        if self.parts and (self.rule is not None or self.link is None):
+            raise ValueError(f"{self.id}: a claim made of parts is judged by its parts' rules, on a linked row")
         if self.scope and self.scope not in SCOPES:
             raise ValueError(f"{self.id}: scope {self.scope!r} is not one of {sorted(SCOPES)}")
+        if self.scope and SCOPES[self.scope].needs_class and self.model is None:
+            raise ValueError(f"{self.id}: a {self.scope} claim names the class of model it is about (`model`)")
+        if (self.assumptions or self.readings) and self.rule is None:
+            raise ValueError(f"{self.id}: assumptions and readings move a figure judged by a rule; this claim has none")
         if self.seed not in SEEDS or not self.id.startswith(self.seed + "-"):
             raise ValueError(f"{self.id}: seed {self.seed!r} is not one of {sorted(SEEDS)} or not its id's prefix")
         if not self.section.startswith("§"):

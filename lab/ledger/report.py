@@ -22,7 +22,7 @@ from lab.ledger.rules import ARGUED, EVIDENCE, MEASURED, MISSING, SCOPES, UNDECI
 ORDER = (*VERDICTS, MISSING)
 CSV_COLUMNS = ("id", "seed", "section", "claim", "article", "lab", "verdict", "why", "cause", "decider", "notebook",
                "run", "table", "row", "notebook verdict", "scope", "claim setting", "evidence", "lab setting",
-               "in this setting")
+               "in this setting", "model class", "undecided by", "assumptions")
 MISTAKES = "distinct mistakes"
 HEADER = """# The claims ledger
 
@@ -123,6 +123,7 @@ def evidence_lines(entries: list[Entry]) -> list[str]:
     lines += ["", "| scope | what the claim is about | decided by |", "| --- | --- | --- |"]
     for s in SCOPES.values():
         by = ", ".join(s.decides) + (" (16-bit weights only)" if s.needs16 else "")
+        by += " (a measurement only on a model of the claim's class)" if s.needs_class else ""
         by += f"; refuted only by {', '.join(s.refutes)}" if s.refutes else ""
         lines.append(f"| {s.name} | {_cell(s.meaning)} | {_cell(by)} |")
     return lines
@@ -167,15 +168,18 @@ def write_markdown(entries: list[Entry], out_dir: Path, causes: dict[str, dict[s
     for seed, name in SEEDS.items():
         lines += ["", f"## Seed {seed} (`seeds/{name}`)", "",
                   "| id | section | claim | article | claim's setting | lab | lab's setting | verdict | in this setting "
-                  "| why | evidence |", "|" + " --- |" * 11]
+                  "(kept from deciding by) | assumptions and readings (where the verdict flips) | why | evidence |",
+                  "|" + " --- |" * 12]
         for e in (e for e in entries if e.claim.seed == seed):
             c = e.claim
             verdict = f"**{e.verdict}**" if e.verdict == MISSING else e.verdict
             why = "; ".join(x for x in (e.why, c.decider and f"decided by: {c.decider}") if x)
-            about = f"{c.about} ({c.scope})" if c.scope else c.about
+            about = "; ".join(x for x in (c.about, c.model and f"model class: {c.model}") if x)
+            about = f"{about} ({c.scope})" if c.scope else about
+            in_setting = f"{e.in_setting} ({e.undecided_by})" if e.in_setting and e.undecided_by else e.in_setting
             lines.append("| " + " | ".join(_cell(x) for x in (c.id, c.section, c.claim, c.article, about, e.lab,
-                                                                 e.lab_setting, verdict, e.in_setting, why,
-                                                                 _evidence(e, out_dir))) + " |")
+                                                                 e.lab_setting, verdict, in_setting, e.assumptions,
+                                                                 why, _evidence(e, out_dir))) + " |")
     path = out_dir / "CLAIMS.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -191,5 +195,6 @@ def write_csv(entries: list[Entry], out_dir: Path) -> Path:
             run = Path(os.path.relpath(e.run_dir, out_dir)).as_posix() if e.run_dir else ""
             w.writerow((c.id, c.seed, c.section, c.claim, c.article, e.lab, e.verdict, e.why, c.cause, c.decider,
                         c.link.notebook if c.link else "", run, e.table, e.row or "", e.notebook_verdict, c.scope,
-                        c.about, e.evidence, e.lab_setting, e.in_setting))
+                        c.about, e.evidence, e.lab_setting, e.in_setting, str(c.model or ""), e.undecided_by,
+                        e.assumptions))
     return path

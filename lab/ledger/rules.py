@@ -287,12 +287,55 @@ ARGUMENT, NO_EVIDENCE = "argument", "none"
 EVIDENCE = (ON_CPU, ON_GPU, PROJECTED, PHYSICS_BOUND, ARITHMETIC, ARGUMENT, NO_EVIDENCE)
 
 
+# Model classes (issue 48 item 1): what a model-dependent figure (acceptance, quantization error, how a cost grows
+# with context) can stand for. A measurement decides such a claim only on a model of the claim's class.
+ANY = "any"
+SCALE_BANDS = ((1e9, "under 1B"), (1e10, "1B-10B"), (1e11, "10B-100B"), (math.inf, "100B and over"))
+ARCHITECTURES = ("dense", "MoE")
+
+
+def scale_band(params: float) -> str:
+    """The scale band of a model of `params` parameters ("under 1B", "1B-10B", "10B-100B", "100B and over")."""
+    return next(name for top, name in SCALE_BANDS if params < top)
+
+
+@dataclass(frozen=True)
+class ModelClass:
+    """A class of models: a scale band (`SCALE_BANDS`) and an architecture (`ARCHITECTURES`), each or both `ANY`
+    where the claim is about any model. A claim's class admits a measured model's when each part is `ANY` or
+    equal."""
+    scale: str = ANY
+    arch: str = ANY
+
+    def __post_init__(self):
+        if self.scale not in (ANY, *(name for _, name in SCALE_BANDS)):
+            raise ValueError(f"scale {self.scale!r} is not one of {[n for _, n in SCALE_BANDS]} or {ANY!r}")
+        if self.arch not in (ANY, *ARCHITECTURES):
+            raise ValueError(f"architecture {self.arch!r} is not one of {ARCHITECTURES} or {ANY!r}")
+
+    def mismatch(self, measured: ModelClass | None) -> str:
+        """Which part of `measured` (a measured model's class; None when unknown) keeps it from standing for this
+        class: "" where it does, else e.g. "model scale (measured: under 1B; the claim: 10B-100B)"."""
+        if measured is None:
+            return "model (the measured model's size is not known)"
+        out = [f"{what} (measured: {m}; the claim: {c})" for what, c, m in
+               (("model scale", self.scale, measured.scale), ("architecture", self.arch, measured.arch))
+               if c != ANY and c != m]
+        return "; ".join(out)
+
+    def __str__(self) -> str:
+        return "any model" if self.scale == ANY and self.arch == ANY else \
+            " ".join(x for x in (self.scale if self.scale != ANY else "", self.arch if self.arch != ANY else "") if x)
+
+
 @dataclass(frozen=True)
 class Evidence:
     """What a verdict rests on: its `kind` (`EVIDENCE`) and, for a measurement, whether the model measured had
-    16-bit weights (`weights16`: False for the embedded model, dequantized from a Q4_1 GGUF; None when unknown)."""
+    16-bit weights (`weights16`: False for the embedded model, dequantized from a Q4_1 GGUF; None when unknown)
+    and its class (`model`: None when unknown)."""
     kind: str
     weights16: bool | None = None
+    model: ModelClass | None = None
 
     def __post_init__(self):
         if self.kind not in EVIDENCE:
@@ -303,21 +346,28 @@ class Evidence:
 class Scope:
     """A kind of claim and the evidence that can decide it: `decides` (kinds whose verdict stands), `refutes`
     (kinds that can only show the claim impossible, a bound: "wrong" stands, anything else says what it allows),
-    `needs16` (only a model with 16-bit weights decides), and `wanting`, what would decide it otherwise."""
+    `needs16` (only a model with 16-bit weights decides), `needs_class` (a measurement decides only on a model of
+    the claim's class: its scale band and architecture), and `wanting`, what would decide it otherwise."""
     name: str
     meaning: str
     decides: tuple[str, ...]
     refutes: tuple[str, ...] = ()
     needs16: bool = False
+    needs_class: bool = False
     wanting: str = ""
 
 
 SCOPES = {s.name: s for s in (
     Scope("arithmetic", "the article's own arithmetic on inputs it states, or a published figure",
           (ARITHMETIC, ON_CPU, ON_GPU, PROJECTED, PHYSICS_BOUND)),
-    Scope("behaviour", "what a method or system does whatever the device's speed: outputs, token and byte counts, "
-                       "acceptance, memory held, the shape of a trade-off",
+    Scope("behaviour", "what a method or system does whatever the model and the device's speed: token and byte "
+                       "counts, blocks held, exactness, what a scheduler or a cache does",
           (ON_CPU, ON_GPU, ARITHMETIC, PROJECTED)),
+    Scope("model-behaviour", "what a method does that depends on the model it runs: acceptance, quantization and KV "
+                             "error, perplexity changes, how a cost grows with context on a given machine",
+          (ON_CPU, ON_GPU, ARITHMETIC, PROJECTED), needs_class=True,
+          wanting="the same measurement on a model of the claim's class (its scale and architecture: `lab run all "
+                  "--model`), or a projection from measured inputs"),
     Scope("gpu-speed", "a time, speed or speedup on a GPU (its kernels, its serving stack)",
           (ON_GPU, PROJECTED), refutes=(PHYSICS_BOUND, ARITHMETIC),
           wanting="a measurement on the GPU the claim names"),
@@ -325,17 +375,35 @@ SCOPES = {s.name: s for s in (
           (ON_CPU, ON_GPU), needs16=True,
           wanting="the same measurement on a 16-bit checkpoint (notebook 02's MODEL parameter)"),
 )}
+MEASUREMENTS = (ON_CPU, ON_GPU)
 
 
-def scoped(scope: str, evidence: Evidence, measured: str) -> tuple[str, str]:
+def undecided_by(scope: str, evidence: Evidence, claim_model: ModelClass | None = None) -> str:
+    """Which dimension of the lab's setting keeps `evidence` from deciding a claim of `scope` about models of
+    `claim_model` ("" where it decides): the device (a GPU claim measured on a CPU), the weights' precision (not
+    16-bit), or the model's scale or architecture (a model-dependent figure measured on another class)."""
+    rule = SCOPES[scope]
+    if evidence.kind in (ARGUMENT, NO_EVIDENCE):
+        return ""
+    if evidence.kind not in rule.decides:
+        return f"device ({evidence.kind}; the claim needs {rule.wanting or ', '.join(rule.decides)})"
+    if rule.needs16 and evidence.weights16 is not True:
+        return "weight precision (the measured model's weights are not 16-bit)"
+    if rule.needs_class and evidence.kind in MEASUREMENTS:
+        return (claim_model or ModelClass()).mismatch(evidence.model)
+    return ""
+
+
+def scoped(scope: str, evidence: Evidence, measured: str, claim_model: ModelClass | None = None) -> tuple[str, str]:
     """(the verdict, the verdict in the lab's setting): `measured`, the rules' verdict on the evidence, stands where
-    the claim's `scope` lets this evidence decide it; elsewhere the verdict is "not checkable here" and `measured`
-    is kept as the verdict in this setting ("" where it stands as the verdict). A bound that refutes a claim
-    (`Scope.refutes`) decides "wrong" only: a claim inside what physics allows is not thereby shown to hold."""
+    the claim's `scope` lets this evidence decide it (`undecided_by` finds nothing in the way); elsewhere the
+    verdict is "not checkable here" and `measured` is kept as the verdict in this setting ("" where it stands as the
+    verdict). A bound that refutes a claim (`Scope.refutes`) decides "wrong" only: a claim inside what physics
+    allows is not thereby shown to hold."""
     rule = SCOPES[scope]
     if measured not in MEASURED or evidence.kind in (ARGUMENT, NO_EVIDENCE):
         return measured, ""
-    if evidence.kind in rule.decides and not (rule.needs16 and evidence.weights16 is not True):
+    if not undecided_by(scope, evidence, claim_model):
         return measured, ""
     if evidence.kind in rule.refutes and measured in (WRONG, ROUNDING):
         return measured, ""

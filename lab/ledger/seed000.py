@@ -16,9 +16,9 @@ and a recompute cost that leaves out the window's forward pass through the model
 
 from __future__ import annotations
 
-from lab.ledger.record import Cause, Claim, Link
+from lab.ledger.record import Assumption, Cause, Claim, Link
 from lab.ledger.rules import (ARGUMENT, ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, PHYSICS_BOUND, PROJECTED,
-                              Bound, Number, Range)
+                              Bound, ModelClass, Number, Range)
 
 MEM, REPLAY, PAR = "01_memory_accounting", "04_replay_break_even", "08_parallelism"
 GPU_CLUSTER = "an anecdote from a 70B deployment on 8 GPUs: needs that cluster"
@@ -29,6 +29,9 @@ ONE_H100 = ("the lab's figure assumes one H100 holds the 70B model in fp16 (141 
             "stands but the lab's number is for a device that does not exist")
 # The settings the claims are about.
 EX70 = "a 70B model (80 layers, 8 KV heads of 128, d_model 8192), fp16"
+A70_CLASS = ModelClass("10B-100B", "dense")
+# Its 70B's KV bytes per token in fp16: 80 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes.
+KV_PER_TOKEN_70B = 80 * 8 * 128 * 2 * 2
 H100 = f"{EX70}, on one H100 SXM"
 ANY = "any"
 # How a notebook-04 or notebook-01 row's figure was obtained, where it is not a measurement here.
@@ -61,8 +64,6 @@ CAUSES = (
     Cause("pd-link-rate", "§3.2", "Its 'internal simulation' moves a 32K context's KV (10.7 GB at eight KV heads) "
                                   "from the prefill node to the decode node in 2.9 ms, 3.7 TB/s, faster than an "
                                   "H100's own memory and 74x a 400 Gb/s network link."),
-    Cause("kv-volume", "§3.2", "It calls the KV of 10 requests 'tens of GB'; at the 32K-128K contexts it is about, "
-                               "eight KV heads make it 107-429 GB."),
     Cause("bigger-models", "§4.1", "It says bigger models show more of Replay's advantage, when the recompute's FLOPs "
                                    "per KV byte grow with the model's width (its own formula gives (2 d_model + W) / "
                                    "4), so on one GPU replay pays less the bigger the model."),
@@ -155,11 +156,16 @@ def _section_2() -> list[Claim]:
         c(37, "§2.2", "Recomputing a recent window costs a constant, whatever the context length M (「这个数字跟上下文"
                       "长度 M 没有关系，它是常数」; §2.3 「重算窗口与历史长度无关」; §3.1 「与总上下文长度弱相关」).",
           "constant in M", link=Link(REPLAY, "a recent window's recompute costs the same whatever the context"),
-          rule=Bound("0.5", above=False), cause="recompute-undercounted",
+          rule=Bound("0.5", above=False),
+          assumptions=(Assumption("the largest growth d log t / d log M that still reads as 'constant' or 'weakly "
+                                  "related' (弱相关)", 0.5, "", "the lab's reading: nearer 0 than 1", 0.1, 0.5,
+                                  "from a tenth to halfway to the whole context's read",
+                                  rule=lambda x: Bound(repr(x), above=False)),),
           why="the growth of the engine's measured recompute time with the prefix, d log t / d log M, over the "
               "measured (model, window) cells: nearer 0 (constant) than 1 (the KV read of the whole context) would "
               "hold; the window's attention reads and scores every prefix position",
-          about="any decoder-only model, a window of W tokens after M", scope="behaviour"),
+          about="the article's 70B at 32K-128K, a window of W tokens after M", scope="model-behaviour",
+          model=A70_CLASS),
         c(13, "§2.2", "Recomputing the last 32 tokens (5.38e9 FLOPs) takes about 0.05 ms on an H100.", "0.05 ms",
           link=Link(REPLAY, "time to recompute 32 tokens with its 5.38e9 FLOPs", evidence=ARITHMETIC),
           rule=Number("0.05"), cause="flops-over-peak", about=H100, scope="arithmetic"),
@@ -187,7 +193,8 @@ def _section_3() -> list[Claim]:
     return [
         c(19, "§3.1", "Recomputing a recent window beats reading its KV on long contexts (「开销1 > 开销2 时触发 "
                       "Replay」; §2.2 「后者的优势是数量级的」).", "by an order of magnitude",
-          link=Link(REPLAY, "recomputing a recent window beats reading its KV"),
+          link=Link(REPLAY, "recomputing a recent window beats reading its KV",
+                    lab_pattern=r"than host memory in (?P<v>\d+) of"), rule=Bound("0"),
           why="a time on a GPU: this CPU's engine against a copy within its host memory cannot stand in for an "
               "H100's compute against its HBM; notebook 04 at its gpu preset (the engine's recompute of W tokens "
               "after up to 32K against reading the window's KV from device memory, on an H100 or H200) would "
@@ -198,7 +205,12 @@ def _section_3() -> list[Claim]:
         c(38, "§3.2", "In PD disaggregation, a prefill node that has computed 10 requests' KV must move tens of GB "
                       "(「10 个请求的 KV Cache，要把这几十 GB 的数据传输」).", "几十 GB",
           link=Link(MEM, "the KV of 10 requests (8 KV heads, fp16)", evidence=ARITHMETIC), rule=Range("10", "99"),
-          cause="kv-volume", about=f"{EX70}, 10 requests at 32K-128K context", scope="arithmetic"),
+          assumptions=(Assumption("the context of each of the 10 requests", 32768, "tokens",
+                                  "notebook 01's 32K, the context of the article's PD example (§3.2); the sentence "
+                                  "itself states none", 8192, 131072,
+                                  "from the 8K requests its §1 starts from to its 128K example",
+                                  figure=lambda tokens: 10 * tokens * KV_PER_TOKEN_70B / 1e9),),
+          about=f"{EX70}, 10 requests at 32K-128K context", scope="arithmetic"),
         c(21, "§3.2", "In PD disaggregation, pulling a 32K context's KV from the prefill node takes about 2.9 ms.",
           "2.9 ms", link=Link(REPLAY, "PD: pull the 32K context's KV", evidence=PHYSICS_BOUND,
                               setting="a 400 Gb/s link at its line rate, a lower bound on the time"),
@@ -212,8 +224,9 @@ def _section_3() -> list[Claim]:
         c(23, "§3.2", "So the decode node should recompute the last 64 tokens rather than receive their KV.",
           "recompute",
           link=Link(REPLAY, "PD: recompute the last 64 tokens rather than receive", evidence=PROJECTED,
+                    lab_pattern=r"receive / recompute (?P<v>[\d.]+)",
                     setting=f"{BY_COST}; the KV over 400 Gb/s at line rate"),
-          why=ONE_H100, cause="recompute-undercounted",
+          rule=Bound("1"), why=ONE_H100, cause="recompute-undercounted",
           about=f"{EX70}, 32K context, an H100 decode node, a 400 Gb/s link", scope="gpu-speed"),
         c(24, "§3.3", "Speculative drafts are 4-8 tokens, and verifying them is a short parallel prefill.",
           "4-8 tokens", verdict=NOT_CHECKABLE,
@@ -239,13 +252,13 @@ def _section_4_to_6() -> list[Claim]:
         c(27, "§4.1", "Replay pays only from about 32K of context, and the shorter the context the less it pays "
                       "(its table: 「≥32K，上下文越短，Replay越不划算」).", ">= 32K",
           link=Link(REPLAY, "replay pays more the longer the context"), rule=Bound("0", above=False),
-          cause="recompute-undercounted",
           why="measured: how (recompute / load the window's KV) grows with the prefix, d log / d log M, below 0 if "
               "replay paid more the longer the context; what replay "
               "saves is the window's KV read, which does not grow with the context, while the recompute does (its "
               "attention over the prefix); the article's frame, against the whole context's read, counts a read "
               "replay does not save (000-18)",
-          about="7B-70B models, a replay window after 32K or more", scope="behaviour"),
+          about="7B-70B models, a replay window after 32K or more", scope="model-behaviour",
+          model=ModelClass("1B-10B", "dense")),
         c(28, "§5.1", "With replay on, TTFT rose from 700 ms to 1.2 s at 33K context.", "0.7 -> 1.2 s",
           verdict=NOT_CHECKABLE, why=GPU_CLUSTER, about="a 70B deployment with replay on, 33K context",
           scope="gpu-speed"),
@@ -271,8 +284,9 @@ def _section_4_to_6() -> list[Claim]:
         c(30, "§5.4", "Set the window to 1/8-1/4 of the KV segment size.", "1/8-1/4",
           verdict=NOT_CHECKABLE, why=SETTING, about="a replay controller", scope="behaviour"),
         c(31, "§5.5", "Self-diagnosis on its 128K example: replay pays (read > 1.2 x recompute at 50% efficiency).",
-          "yes (1.6 ms vs 0.08-0.12 ms)", link=Link(REPLAY, "self-diagnosis on its 128K example", evidence=ARITHMETIC),
-          cause="recompute-undercounted", about=f"{H100}, 128K context, its rule at 50% efficiency",
+          "yes (1.6 ms vs 0.08-0.12 ms)", link=Link(REPLAY, "self-diagnosis on its 128K example", evidence=ARITHMETIC,
+                                                    lab_pattern=r"read / recompute (?P<v>[\d.]+)"),
+          rule=Bound("1.2"), cause="recompute-undercounted", about=f"{H100}, 128K context, its rule at 50% efficiency",
           scope="behaviour"),
         c(32, "§6 (closing)", "Replay let one card serve 16-32 requests where it served 8.", "8 -> 16-32",
           link=Link(MEM, "one card's concurrency with replay, from 8", evidence=ARITHMETIC), rule=Range("16", "32"),

@@ -15,8 +15,9 @@ over slow links.
 
 from __future__ import annotations
 
-from lab.ledger.record import Cause, Claim, Link
-from lab.ledger.rules import ARITHMETIC, NOT_CHECKABLE, NOT_YET, Bound, Number, Range, run_cell
+from lab.ledger.record import Assumption, Cause, Claim, Link
+from lab.ledger.rules import (ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, Bound, ModelClass, Number, Range,
+                              run_cell)
 
 MEM, QUANT, KV, SPEC, STRUCT, PAR = ("01_memory_accounting", "02_quantization_accuracy", "03_kv_quantization",
                                      "05_speculative_acceptance", "07_structured_output", "08_parallelism")
@@ -30,13 +31,23 @@ INT4_DECODE = "a GPU's INT4 (GPTQ/AWQ) decode kernels against FP16, a 70B-class 
 QUANT_16 = "4-bit GPTQ/AWQ of a 16-bit model, its calibration set, any device"
 KV_ANY = "a KV cache quantized to FP8/INT8/INT4 in online serving, any model and device"
 PAGED = "a paged KV cache (vLLM-style) against a contiguous reservation per request, real request lengths"
+# The class of model the article speaks of (issue 48): its examples are 70B-class dense models on 80 GB GPUs, so a
+# figure that depends on the model (KV error, acceptance, retries) measured on the embedded 135M model stands only in
+# this setting.
+A70_CLASS = ModelClass("10B-100B", "dense")
+PPL = r"^(?P<v>[-+]?[\d.]+) \[(?P<lo>[-+]?[\d.]+), (?P<hi>[-+]?[\d.]+)\]% perplexity"
+
+
+def safe_line(above: bool) -> Assumption:
+    """The perplexity change a KV format may cost and still be called safe: the article gives no number, the
+    notebooks read it as 1% (notebook 03's SAFE_PPL_PCT); `above`: the claim is that the format costs more."""
+    return Assumption("the perplexity change a 'safe' KV format may cost", 1.0, "%",
+                      "notebook 03's SAFE_PPL_PCT: the article gives no number", 0.5, 2.0,
+                      "from half a percent to two: the lines quantization papers and serving guides call lossless",
+                      rule=lambda x: Bound(repr(x), above=above))
 
 # The article's mistakes behind its wrong verdicts (a claim's `cause`), in the order they first appear.
 CAUSES = (
-    Cause("kv-format-not-scale", "§2.3", "It ranks KV-cache formats by number type alone (FP8 usually safe, INT8 "
-                                         "needs care), when the scale's granularity matters as much: INT8 with "
-                                         "per-token scales keeps more precision than FP8 with one per-tensor scale, "
-                                         "as its own advice on per-token scales later in §2.3 implies."),
     Cause("rounded-down", "§3.1", "Its prose rounds its own arithmetic down a digit: 1 - 500/4096 = 0.88 as eight "
                                   "tenths (八成, §3.1), 70e9 x 0.55 B = 35.86 GiB as 35.8 where its own code prints "
                                   "35.9 (§6.2)."),
@@ -48,14 +59,6 @@ CAUSES = (
                                   "when each card then reads only its share of the weights: projected over PCIe Gen5, "
                                   "8 cards stay well ahead of one even where the collectives take most of the step; "
                                   "TP falls behind only at an all-reduce latency of a network link, not of PCIe."),
-    Cause("acceptance-cut-off", "§5.1", "It puts speculation's break-even at an acceptance rate of 0.4 alone, when "
-                                        "its own formula with its own c = 0.05 and k = 4 still gives 1.1x well below "
-                                        "a = 0.4: where speculation stops paying depends on c, k and the cost of "
-                                        "verification, not on a alone."),
-    Cause("acceptance-by-task", "§5.1", "It attaches acceptance rates to the task type (code, rewriting, translation "
-                                        "and summarization at 0.7 or more, open-ended writing under 0.5), when "
-                                        "acceptance depends as much on the drafter: on the same prompts the lab's "
-                                        "three drafters fall on both sides of both lines."),
     Cause("example-shape", "§6.2", "Its sizing example gives a 70B model the 32 layers of an 8B one (8 KV heads x "
                                    "128, hidden 4096): a real 70B has 80 layers and holds 2.5x that KV cache, so the "
                                    "example that 'just fits' an 80 GB card does not fit it, nor do its remedies."),
@@ -129,6 +132,9 @@ MEMORY = [
                   "(「一次读权重同时算几十个请求把带宽成本摊薄」).", "amortized",
       link=Link(MEM, "batching amortizes the weight read over tens of requests (bfloat16", lab_pattern=run_cell(", x: ")),
       rule=Bound("2"),
+      assumptions=(Assumption("the gain that shows the weights' read 'amortized' (摊薄) over a batch of 32", 2, "x",
+                              "the notebook's reading: at least twice batch 1's tokens/s", 1.5, 8,
+                              "from half again to a quarter of the batch", rule=lambda x: Bound(repr(x))),),
       why="'amortized' read as tokens per second at batch 32 at least twice batch 1's, in every run: a step whose "
           "time grew in proportion to the batch would give 1x",
       about="decode while bandwidth-bound, any device, batch 1 to tens", scope="behaviour"),
@@ -188,24 +194,32 @@ QUANTIZATION = [
       why=f"{FOUR_BIT}; what would decide it: notebook 02's sensitive categories on a 16-bit checkpoint, the pass-"
           "rate drop of each against that of ordinary prompts",
       about=QUANT_16, scope="weight-accuracy"),
-    c(20, "§2.3", "An FP8 KV cache is usually safe.", "safe", link=kv("FP8 (e4m3, calibrated per-tensor scale)"),
-      about=KV_ANY, scope="behaviour"),
+    c(20, "§2.3", "An FP8 KV cache is usually safe.", "safe",
+      link=Link(KV, "FP8 (e4m3, calibrated per-tensor scale)", lab_pattern=PPL), rule=Bound("1.0", above=False),
+      assumptions=(safe_line(above=False),),
+      why="the perplexity half of notebook 03's safety rule; the other half, no sensitive item lost, is its note",
+      about=KV_ANY, scope="model-behaviour", model=A70_CLASS),
     c(68, "§2.3", "An FP8 KV cache halves the 32 GB (「同样是 32GB 的缓存占用直接砍半」).", "16 GB",
       link=arith("an FP8 KV cache for 32 requests of 8K"), rule=Number("16"),
       about="32 layers x 8 KV heads x 128, FP8 KV with a per-tensor scale, 32 requests of 8K", scope="arithmetic"),
-    c(21, "§2.3", "An INT8 KV cache needs care.", "needs care", link=kv("INT8 needs care"),
-      cause="kv-format-not-scale", about=KV_ANY, scope="behaviour"),
-    c(22, "§2.3", "An INT4 KV cache is not for online serving.", "not safe", link=kv("INT4 is not safe"),
-      about=KV_ANY, scope="behaviour"),
+    c(21, "§2.3", "An INT8 KV cache needs care.", "needs care",
+      link=Link(KV, "INT8 needs care", lab_pattern=PPL), rule=Bound("1.0", above=True),
+      assumptions=(safe_line(above=True),),
+      about=KV_ANY, scope="model-behaviour", model=A70_CLASS),
+    c(22, "§2.3", "An INT4 KV cache is not for online serving.", "not safe",
+      link=Link(KV, "INT4 is not safe", lab_pattern=PPL), rule=Bound("1.0", above=True),
+      assumptions=(safe_line(above=True),), about=KV_ANY, scope="model-behaviour", model=A70_CLASS),
     c(23, "§2.3", "Keys are more sensitive to quantization than values.", "K > V",
-      link=kv("keys are more sensitive than values (int4/per-token)"), about=KV_ANY, scope="behaviour"),
+      link=kv("keys are more sensitive than values (int4/per-token)"), rule=Bound("1"),
+      about=KV_ANY, scope="model-behaviour", model=A70_CLASS),
     c(24, "§2.3", "Keys want finer (per-channel) scales.", "per-channel K", link=kv("keys want per-channel scales"),
-      about=KV_ANY, scope="behaviour"),
+      rule=Bound("1", above=False), about=KV_ANY, scope="model-behaviour", model=A70_CLASS),
     c(25, "§2.3", "Per-token dynamic scales beat a per-tensor static scale on long context.", "per-token",
-      link=kv("per-token dynamic beats per-tensor static on long context (int8)"), about=KV_ANY + ", long context",
-      scope="behaviour"),
+      link=kv("per-token dynamic beats per-tensor static on long context (int8)"), rule=Bound("1", above=False),
+      about=KV_ANY + ", long context", scope="model-behaviour", model=A70_CLASS),
     c(26, "§2.3", "KV quantization error grows with context, so short prompts hide it.", "grows",
-      link=kv("the error grows with context"), about=KV_ANY + ", thousands of tokens", scope="behaviour"),
+      link=kv("the error grows with context"), rule=Bound("1"), about=KV_ANY + ", thousands of tokens",
+      scope="model-behaviour", model=A70_CLASS),
 ]
 
 PAGING = [
@@ -216,17 +230,35 @@ PAGING = [
       link=arith("a contiguous reservation's KV waste"), rule=Range("60", None),
       why="request lengths are the article's to state and it does not: notebook 01's log-normal (the lengths its "
           "paging table uses) stands in for real traffic",
+      assumptions=(Assumption("the length a contiguous cache reserves per request (max_model_len)", 8192, "tokens",
+                              "notebook 01's SEQ_LEN: the article does not say what it reserves", 4096, 32768,
+                              "from its own §3.1 example's 4096 to the 32K long-context services reserve",
+                              param="SEQ_LEN"),),
       about=PAGED, scope="behaviour"),
     c(69, "§3.1", "Paging cuts the waste to single digits (「…压到个位数百分比」).", "< 10%",
       link=arith("paged KV waste at block 16"), rule=Range(None, "9"),
       why="the same log-normal lengths; a paged cache wastes only the tail of each request's last block",
+      assumptions=(Assumption("the length a contiguous cache reserves per request (max_model_len)", 8192, "tokens",
+                              "notebook 01's SEQ_LEN: the article does not say what it reserves", 4096, 32768,
+                              "from its own §3.1 example's 4096 to the 32K long-context services reserve",
+                              param="SEQ_LEN"),),
       about=PAGED + ", block 16", scope="behaviour"),
     c(70, "§3.1", "The same card then carries several times the concurrency (「同样的卡能多扛好几倍并发」).",
       "several times", link=arith("paged at block 16 over contiguous"), rule=Range("3", None),
       why="sequences per unit of KV memory, from the same log-normal lengths; 'several' (好几) read as at least 3",
+      assumptions=(Assumption("the length a contiguous cache reserves per request (max_model_len)", 8192, "tokens",
+                              "notebook 01's SEQ_LEN: the article does not say what it reserves", 4096, 32768,
+                              "from its own §3.1 example's 4096 to the 32K long-context services reserve",
+                              param="SEQ_LEN"),
+                   Assumption("the smallest multiple 'several times' (好几倍) means", 3, "x",
+                              "the lab's reading of 好几", 2, 5, "from 'a couple' to 'five or so'",
+                              rule=lambda x: Range(repr(x), None))),
       about=PAGED + ", block 16, at most 8192 tokens a request", scope="behaviour"),
     c(71, "§3.1", "Block sizes 8, 16 and 32 make little difference (「差异不会特别大」).", "little difference",
       link=arith("block 8 over block 32"), rule=Bound("1.1", above=False),
+      assumptions=(Assumption("the largest ratio 'little difference' (差异不会特别大) allows", 1.1, "x",
+                              "the notebooks' reading of 'hardly' a difference", 1.05, 1.25,
+                              "five to twenty-five percent", rule=lambda x: Bound(repr(x), above=False)),),
       why="in memory: the sequences the same KV memory holds; the block table's size and the addressing cost, which "
           "the article also weighs, are a kernel's and not counted",
       about=PAGED + ", block 8 to 32", scope="behaviour"),
@@ -243,14 +275,19 @@ PAGING = [
       "a big chunk", link=Link(SERVE, "prefix caching cuts TTFT by a big chunk",
                                lab_pattern=run_cell("% lower: ")),
       rule=Bound("25"), about="a GPU serving engine with prefix caching under load, a long shared system prompt",
+      assumptions=(Assumption("the TTFT cut 'a big chunk' (一大截) means", 25, "% lower",
+                              "the notebook's reading: more than a quarter off", 20, 50, "a fifth to a half",
+                              rule=lambda x: Bound(repr(x))),),
       scope="gpu-speed"),
     c(73, "§3.3", "Dynamic content such as a timestamp inserted into the prompt defeats the prefix cache entirely "
-                  "(「中间插入了动态内容比如时间戳就完全失效」).", "entirely",
-      link=Link(SERVE, "a timestamp inserted into the prompt defeats the prefix cache"), rule=Number("0"),
+                  "(「中间插入了动态内容比如时间戳就完全失效」).", "entirely", verdict=BY_ARGUMENT,
       cause="prefix-cache-all-or-nothing",
-      why="'entirely' is none of the system prompt served from the cache; a cache that hashes each block with its "
-          "parent's (vLLM's, the lab engine's) keeps the full blocks before the change, so only a change at the "
-          "very start loses all of it",
+      why="the article's own rule, that a prefix matches from the first token (「前缀必须严格从第一个 token 开始匹配」), "
+          "keeps everything before the inserted field: a cache that hashes each block with its parent's (vLLM's, "
+          "the lab engine's) serves every full block before the change, so a timestamp halfway through a system "
+          "prompt costs the half after it and only one at the very start costs all of it. Notebook 06 shows it "
+          "(50% of a 512-token prompt served with the field at token 256), but that share is fixed by where the "
+          "field was put, so it is an illustration, not a measurement that could have come out otherwise",
       about="a block-hashed prefix cache (vLLM-style), a shared system prompt with a changing field",
       scope="behaviour"),
 ]

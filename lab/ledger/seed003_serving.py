@@ -4,9 +4,10 @@ starting configuration and the troubleshooting notes); §1-§3 and the article's
 
 from __future__ import annotations
 
-from lab.ledger.record import Link
+from lab.ledger.record import Assumption, Link, Part
 from lab.ledger.rules import ARITHMETIC, NOT_CHECKABLE, NOT_YET, PROJECTED, Bound, Number, Range, run_cell
-from lab.ledger.seed003 import PAR, SERVE, SETTING, SPEC, STRUCT, arith, c
+from lab.ledger.seed003 import A70_CLASS, PAR, SERVE, SETTING, SPEC, STRUCT, arith, c
+from lab.speculative.theory import break_even
 
 SPEC_GPU = "speculative decoding on a GPU serving a large target at small batch"
 DRAFT = "a small draft model (「小模型」) against its target on a GPU"
@@ -18,6 +19,23 @@ MASK_H100 = ("projected to an H100 SXM by the roofline's decode step, the masks'
 SERVING = "an online serving stack on GPUs, the article's load"
 CONFIG = "the article's starting configuration for long-context QA (vLLM-style)"
 SPAN = r"^(?P<v>[\d.]+)% \[(?P<lo>[\d.]+), (?P<hi>[\d.]+)\]"  # notebook 07's "naive% [precompiled, naive]"
+HARDLY = Assumption("the speedup below which speculation is 'hardly worth it' (基本没什么意思)", 1.1, "x",
+                    "the notebooks' reading: the article gives no number", 1.05, 1.5,
+                    "from a few percent to the 1.5x that benchmarks of speculative decoding call marginal",
+                    figure=lambda t: break_even(0.05, 4, floor=t))
+ONE_STEP = Assumption("the verification cost, in plain steps, that still 'costs one target step'", 1.1, "x",
+                      "the notebooks' reading", 1.05, 1.25, "within five to twenty-five percent of one step",
+                      rule=lambda x: Bound(repr(x), above=False))
+
+
+def by_task(drafter: str) -> tuple[Part, ...]:
+    """The parts of "code, rewriting, translation and summarization reach a >= 0.7; open-ended writing falls under
+    0.5" for one drafter's row: each category's acceptance and its interval over prompts."""
+    def part(category: str, rule) -> Part:
+        return Part(category, rf"{category} (?P<v>[\d.]+) \[(?P<lo>[\d.]+), (?P<hi>[\d.]+)\]", rule)
+    return (*(part(cat, Range("0.7", None)) for cat in ("code", "rewriting", "translation", "summarization")),
+            part("open-ended", Range(None, "0.5")))
+
 
 KERNELS = [
     c(31, "§4.1", "Tiled attention with an online softmax keeps the scores on chip, so attention memory grows linearly "
@@ -43,7 +61,14 @@ KERNELS = [
       why="a measurement of TP=8 against one card on GPUs joined by PCIe only would decide it beyond the projection",
       about="tensor parallelism on GPUs joined by PCIe only (no NVLink), a 70B model, decode", scope="gpu-speed"),
     c(34, "§4.3", "In PP, micro-batches at least 4x the stages fill most of the bubble.", "m >= 4p",
-      link=Link(PAR, "PP: micro-batches at least 4x"),
+      link=Link(PAR, "PP: micro-batches at least 4x", lab_pattern=r"the formula (?P<v>[\d.]+)%", evidence=ARITHMETIC),
+      rule=Bound("25", above=False),
+      assumptions=(Assumption("the idle share 'most of the bubble filled' leaves, at p = 2 (half the 50% idle at m = 1 "
+                              "or less)", 25, "%", "the lab's reading of 填掉大半", 12.5, 25,
+                              "from 'more than half filled' to 'three quarters filled'",
+                              rule=lambda x: Bound(repr(x), above=False)),),
+      why="judged on the formula (p - 1) / (m + p - 1) at m = 4p, which the run's measured wait matches (one run, "
+          "a time: it stands beside the formula, not in its place)",
       about="pipeline parallelism over p stages, m micro-batches, any device", scope="behaviour"),
     c(35, "§4.3", "TP inside a node of at most 8 cards; PP across nodes.", "TP <= 8",
       link=Link(PAR, "TP inside a node of at most 8 cards"), about="multi-node GPU clusters", scope="gpu-speed"),
@@ -67,38 +92,54 @@ SPECULATIVE = [
       rule=Number("1.6"), about="the article's speedup formula at a = 0.5, k = 4, c = 0.05", scope="arithmetic"),
     c(41, "§5.1", "Below a = 0.4 speculation is hardly worth it (「α 低于 0.4 基本没什么意思」).", "a < 0.4",
       link=Link(SPEC, "a below 0.4", lab_pattern=r"^(?P<v>[\d.]+), where its own formula", evidence=ARITHMETIC),
-      rule=Range("0.4", None), cause="acceptance-cut-off",
+      rule=Range("0.4", None), assumptions=(HARDLY,),
       why="the a where its own formula falls to 1.1x (the notebooks' 'hardly worth it') against 0.4; this engine's "
           "verification costs more than one step (003-42)",
       about="the article's speedup formula, k = 4, c = 0.05 (verifying k drafts costing one step, as on a GPU at "
             "small batch)", scope="arithmetic"),
     c(42, "§5.1", "Verifying k drafts costs one target step (a round costs 1 + k c).", "1 + k c",
-      link=Link(SPEC, "verifying k drafts costs one target step"), about=SPEC_GPU, scope="gpu-speed"),
-    c(43, "§5.1", "Acceptance decides everything.", "a decides", link=Link(SPEC, "acceptance decides everything"),
+      link=Link(SPEC, "verifying k drafts costs one target step",
+                lab_pattern=r"(?P<v>[\d.]+) \(layerskip\)"), rule=Bound("1.1", above=False), assumptions=(ONE_STEP,),
+      why="judged on the cheapest of the three drafters' verifications (the layer-skip drafter's)",
+      about=SPEC_GPU, scope="gpu-speed"),
+    c(43, "§5.1", "Acceptance decides everything.", "a decides",
+      link=Link(SPEC, "acceptance decides everything", lab_pattern=r"outside 10% at (?P<v>\d+)"),
+      rule=Range(None, "0"), why="judged on the rows where the article's prediction from a alone misses the measured "
+                                 "speedup by more than 10% (none, for a alone to decide)",
       about=SPEC_GPU, scope="gpu-speed"),
     c(44, "§5.1", "Code, rewriting, translation and summarization reach a >= 0.7; open-ended writing falls under 0.5 "
                   "(n-gram drafter).", "a >= 0.7 / < 0.5",
-      link=Link(SPEC, "open-ended writing a < 0.5 (ngram)"), cause="acceptance-by-task",
-      about="speculative decoding by task type, any drafter and device", scope="behaviour"),
+      link=Link(SPEC, "open-ended writing a < 0.5 (ngram)"), parts=by_task("ngram"),
+      about="speculative decoding by task type, any drafter and device", scope="model-behaviour", model=A70_CLASS),
     c(45, "§5.1", "The same, for the layer-skip drafter.", "a >= 0.7 / < 0.5",
-      link=Link(SPEC, "open-ended writing a < 0.5 (layerskip)"), cause="acceptance-by-task",
-      about="speculative decoding by task type, any drafter and device", scope="behaviour"),
+      link=Link(SPEC, "open-ended writing a < 0.5 (layerskip)"), parts=by_task("layerskip"),
+      about="speculative decoding by task type, any drafter and device", scope="model-behaviour", model=A70_CLASS),
     c(46, "§5.1", "The same, for a quantized copy as drafter.", "a >= 0.7 / < 0.5",
-      link=Link(SPEC, "open-ended writing a < 0.5 (quantized)"), cause="acceptance-by-task",
-      about="speculative decoding by task type, any drafter and device", scope="behaviour"),
+      link=Link(SPEC, "open-ended writing a < 0.5 (quantized)"), parts=by_task("quantized"),
+      about="speculative decoding by task type, any drafter and device", scope="model-behaviour", model=A70_CLASS),
     c(47, "§5.2", "N-gram drafts work wonders for rewriting and RAG at almost zero cost.", "near-zero cost",
-      link=Link(SPEC, "n-gram drafts work wonders"), about=SPEC_GPU + ", n-gram drafts, rewriting and RAG",
+      link=Link(SPEC, "n-gram drafts work wonders",
+                lab_pattern=r"rewriting: a [\d.]+, (?P<v>[\d.]+) \[(?P<lo>[\d.]+), (?P<hi>[\d.]+)\]x"),
+      rule=Bound("1"), why="judged on rewriting's speedup over plain decoding (its interval over prompts)",
+      about=SPEC_GPU + ", n-gram drafts, rewriting and RAG",
       scope="gpu-speed"),
     c(48, "§5.2", "A same-family small model drafts best.", "same family", link=Link(SPEC, "same-family small model"),
-      about="draft models of the target's family against others, any device", scope="behaviour"),
+      about="draft models of the target's family against others, any device", scope="model-behaviour",
+      model=A70_CLASS),
 ]
 
 STRUCTURED = [
     c(49, "§5.3", "Constrained decoding makes the format absolutely correct.", "100% valid",
-      link=Link(STRUCT, "makes the format absolutely correct"), about=GRAMMAR, scope="behaviour"),
-    c(50, "§5.3", "... and faster, through fewer retries.", "faster", link=Link(STRUCT, "and faster: a smaller"),
-      why="decided by the work to a valid answer: the tokens (with retries) the row counts beside the seconds",
-      about=GRAMMAR + ", retried until valid", scope="behaviour"),
+      link=Link(STRUCT, "makes the format absolutely correct", lab_pattern=r"^T=0\.0: \d+/\d+ = (?P<v>\d+)%"),
+      rule=Number("100"), why="judged on greedy decoding's schema-valid share with the grammar",
+      about=GRAMMAR, scope="behaviour"),
+    c(50, "§5.3", "... and faster, through fewer retries.", "faster",
+      link=Link(STRUCT, "and faster: a smaller", lab_pattern=r"tokens to a valid answer, with over without the "
+                                                             r"grammar: (?P<v>[\d.]+)"),
+      rule=Bound("1", above=False),
+      why="decided by the work to a valid answer (the tokens with retries), not by the seconds of one run; how often "
+          "a model's unconstrained output is invalid depends on the model",
+      about=GRAMMAR + ", retried until valid", scope="model-behaviour", model=A70_CLASS),
     c(51, "§5.3", "Computing the full mask over a 100k+ vocabulary every step (「每步都全量算一遍掩码」) takes 20-30% "
                   "(「两三成」) of a step at small batch (「在小 batch 下」): measured here.", "20-30%",
       link=Link(STRUCT, "两三成): this machine", lab_pattern=SPAN), rule=Range("20", "30"),
@@ -108,7 +149,9 @@ STRUCTURED = [
       rule=Range("20", "30"),
       about=MASK, scope="gpu-speed"),
     c(54, "§5.3", "Precompiling the state transitions reduces masking to a lookup and a bitwise AND.", "lookup",
-      link=Link(STRUCT, "precompiling the state transitions"), about=GRAMMAR + ", xgrammar-style token-mask cache",
+      link=Link(STRUCT, "precompiling the state transitions", lab_pattern=r"\((?P<v>[\d.]+)x\)"), rule=Bound("1"),
+      why="judged on the naive mask's time over the precompiled fill's",
+      about=GRAMMAR + ", xgrammar-style token-mask cache",
       scope="behaviour"),
     c(55, "§5.3", "Deeply nested schemas make the state machine explode (「嵌套太深的状态机会爆炸」).", "explodes",
       link=Link(STRUCT, "deeply nested schemas"),
@@ -127,6 +170,9 @@ BENCHMARKING = [
       "seriously overestimate", link=Link(SERVE, "fixed-length load tests seriously overestimate",
                                           lab_pattern=run_cell("x: ")),
       rule=Bound("1.2"), about="load tests of a continuous-batching engine, fixed against long-tailed lengths",
+      assumptions=(Assumption("the overestimate 'seriously' (严重) means", 1.2, "x",
+                              "the notebook's reading: by more than a fifth", 1.1, 1.5, "a tenth to a half",
+                              rule=lambda x: Bound(repr(x))),),
       scope="behaviour"),
     c(78, "§6.2", "Raising concurrency, throughput rises to a knee where it flattens or falls while TPOT worsens fast "
                   "(「开始走平甚至下降同时 TPOT 快速恶化」).", "a knee",
@@ -148,14 +194,14 @@ BENCHMARKING = [
       about="the article's example: 70e9 weights at 0.55 B, 32 layers x 8 KV heads x 128, 32 requests of 8K",
       scope="arithmetic"),
     c(61, "§6.2", "Dropping to 24 requests or an FP8 KV cache both make the example fit (「两条路都能走通」).",
-      "both fit", link=arith("the example at 24 requests or with an FP8"), rule=Bound("80", above=False),
+      "both fit (80 GB)", link=arith("the example at 24 requests or with an FP8"), rule=Bound("80", above=False),
       about="the article's example at 24 requests, or with FP8 KV, on an 80 GB card", scope="arithmetic"),
     c(76, "§6.2", "The example is a 70B model, and it just fits one 80 GB card (「单张 80GB 卡刚好卡在边缘」).",
       "fits 80 GB", link=arith("the example for a real 70B"), rule=Bound("80", above=False), cause="example-shape",
       why="with a real 70B's shape (Llama-3-70B: 80 layers), the example's own weights and reserve",
       about="a real 70B (Llama-3-70B: 80 layers x 8 KV heads x 128), INT4 weights, 32 requests of 8K in FP16",
       scope="arithmetic"),
-    c(77, "§6.2", "For that 70B, 24 requests or an FP8 KV cache both make it fit.", "both fit",
+    c(77, "§6.2", "For that 70B, 24 requests or an FP8 KV cache both make it fit.", "both fit (80 GB)",
       link=arith("a real 70B at 24 requests"), rule=Bound("80", above=False), cause="example-shape",
       why="the larger of the two totals must fit; with a real 70B's KV, 24 requests of 8K in FP16 do not",
       about="a real 70B (Llama-3-70B), 24 requests in FP16 KV or 32 in FP8, an 80 GB card", scope="arithmetic"),
@@ -174,7 +220,7 @@ CONFIGURATION = [
     c(82, "§6.3", "Speculation per business line, draft length 4 as a start, off below an acceptance of 0.55 "
                   "(「draft_len: 4」, 「acceptance_threshold: 0.55」).", "4, 0.55",
       link=Link(SPEC, "acceptance_threshold 0.55 and draft_len 4"), about=CONFIG + ", speculative decoding",
-      scope="behaviour"),
+      scope="model-behaviour", model=A70_CLASS),
 ]
 
 TROUBLESHOOTING = [
@@ -187,6 +233,9 @@ TROUBLESHOOTING = [
       link=Link(PAR, "communication eats most of the compute", lab_pattern=r"^(?P<v>[\d.]+)% of the step",
                 evidence=PROJECTED, setting=PCIE),
       rule=Bound("50", above=True), why="'most' read as over half the step, at the batch where it is largest",
+      assumptions=(Assumption("the share 'most of the compute' (大部分算力) means", 50, "% of the step",
+                              "over half, the plain reading", 50, 67, "from half to two thirds",
+                              rule=lambda x: Bound(repr(x))),),
       about="tensor parallelism on GPUs joined by PCIe only (no NVLink), a 70B model, decode", scope="gpu-speed"),
     c(85, "§7.2", "Too small a max_model_len silently truncates the front of long inputs (「超长输入被悄悄截掉前半部分」).",
       "silently", verdict=NOT_CHECKABLE,

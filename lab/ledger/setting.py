@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lab.ledger.rules import ON_CPU, ON_GPU, Evidence
+from lab.ledger.rules import ON_CPU, ON_GPU, Evidence, ModelClass, scale_band
 
 MODEL_PARAMS = ("MODEL", "ENGINE_MODEL", "LOSSLESS_MODEL")
 
@@ -36,6 +36,23 @@ def weights16(model: str | None) -> bool | None:
     return True if model.startswith("random:") else None
 
 
+def model_class(model: str | None) -> ModelClass | None:
+    """The class of `model` (its scale band and architecture): an embedded model's, a `random:<preset>` model's or
+    a local checkpoint's, from its shape (`lab.memory.ModelShape`); None where its shape cannot be read."""
+    from lab.memory import ModelShape, param_counts
+    from lab.models.loader import EMBEDDED_MODELS
+
+    if not model:
+        return None
+    name = model.removeprefix("random:")
+    try:
+        shape = ModelShape.load("smollm2-135m" if name in EMBEDDED_MODELS else name)
+    except (OSError, ValueError, KeyError):
+        return None
+    counts = param_counts(shape)
+    return ModelClass(scale_band(counts["total"]), "MoE" if shape.is_moe else "dense")
+
+
 def _model(params: dict) -> str | None:
     return next((params[k] for k in MODEL_PARAMS if isinstance(params.get(k), str)), None)
 
@@ -48,7 +65,9 @@ def run_evidence(run_dir: Path | None, kind: str) -> Evidence:
     meta = _json(run_dir / "params.json")
     stated = _json(run_dir / "metrics.json").get("weights16")
     w16 = stated if isinstance(stated, bool) else weights16(_model(meta.get("parameters", {})))
-    return Evidence(ON_GPU if meta.get("gpu") else ON_CPU, w16)
+
+    model = _model(meta.get("parameters", {}))
+    return Evidence(ON_GPU if meta.get("gpu") else ON_CPU, w16, model_class(model))
 
 
 def describe(run_dir: Path | None, evidence: Evidence, extra: str = "") -> str:
@@ -58,8 +77,9 @@ def describe(run_dir: Path | None, evidence: Evidence, extra: str = "") -> str:
         meta = _json(run_dir / "params.json")
         device = meta.get("gpu") or f"{meta.get('cpu', 'a CPU')}, {meta.get('cpu_cores', '?')} cores, no GPU"
         model = _model(meta.get("parameters", {}))
-        weights = {False: " (weights already 4-bit)", True: " (16-bit weights)", None: ""}[evidence.weights16]
-        text = f"{evidence.kind}: {device}" + (f"; {model}{weights}" if model else "")
+        weights = {False: "weights already 4-bit", True: "16-bit weights", None: ""}[evidence.weights16]
+        facts = ", ".join(x for x in (str(evidence.model) if evidence.model else "", weights) if x)
+        text = f"{evidence.kind}: {device}" + (f"; {model}" + (f" ({facts})" if facts else "") if model else "")
     else:  # a projection, bound or arithmetic: the link's `extra` says which GPU or formula
         text = evidence.kind
     return f"{text}; {extra}" if extra else text

@@ -63,3 +63,18 @@ def conditional_acceptance(accepted_per_round: list[int], k: int) -> float:
     before it were accepted). Spec-Bench's mean accepted tokens per step is mean(accepted) + 1."""
     reached = sum(min(n + 1, k) for n in accepted_per_round)
     return sum(accepted_per_round) / reached if reached else float("nan")
+
+
+def break_even(c: float, k: int | None = None, verify_cost: float = 1.0, floor: float = 1.1) -> float:
+    """The acceptance rate a at which the predicted speedup (k drafts, or the best k when None) reaches `floor`, by
+    bisection (the speedup grows with a); NaN when even a = 1 does not reach it."""
+    def speedup(a: float) -> float:
+        ks = [k] if k is not None else range(1, 17)
+        return max(predicted_speedup(a, n, c, verify_cost) for n in ks)
+
+    if speedup(1.0) < floor:
+        return float("nan")
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        lo, hi = ((lo + hi) / 2, hi) if speedup((lo + hi) / 2) < floor else (lo, (lo + hi) / 2)
+    return hi

@@ -34,7 +34,7 @@ import pandas as pd
 from lab.claims import CLAIMS_COLUMNS, NOT_CHECKABLE, Bound, claim_row, from_flag, holds_cell
 from lab.claims import verdict as rules_verdict
 from lab.eval.scores import SequenceScores, paired
-from lab.intervals import (DISTINGUISHABLE, NOT_DISTINGUISHABLE, Interval, bootstrap, mean_interval, proportion,
+from lab.intervals import (Interval, significance_word, undecided, bootstrap, mean_interval, proportion,
                            significance)
 from lab.studies.kv_quantization import UNIT_SCALE
 
@@ -191,7 +191,7 @@ def _why(verdict: str, null: float, claim_above: bool) -> str:
     """The note of an interval claim: where its interval lies when the verdict is not a plain "holds"."""
     if holds_cell(verdict):
         return ""
-    if verdict == NOT_DISTINGUISHABLE:
+    if undecided(verdict):
         return f"the interval holds {null:g}"
     return f"the interval lies {'below' if claim_above else 'above'} {null:g}"
 
@@ -234,7 +234,7 @@ def _safety_rows(p, e2e: pd.DataFrame, add) -> None:
             # the safety rule decides, not the perplexity interval alone, so the significance word is the rule's
             add(text, f"{article} ({SECTION})", ppl, p.SAFE_PPL_PCT, measured,
                 from_flag(None if safe is None else safe == want), note,
-                NOT_DISTINGUISHABLE if safe is None else DISTINGUISHABLE)
+                significance_word(safe is not None))
 
 
 def _ratio_rows(blocks: pd.DataFrame, roles: pd.DataFrame, add) -> None:

@@ -27,7 +27,7 @@ import pandas as pd
 from lab.claims import NOT_CHECKABLE, Bound, all_of, claim_row, verdict
 from lab.eval.scores import SequenceScores, paired, recovered
 from lab.eval.sensitive import CATEGORIES
-from lab.intervals import NOT_DISTINGUISHABLE, Interval, bootstrap, ratio_interval, significance
+from lab.intervals import Interval, bootstrap, undecided, ratio_interval, significance
 from lab.ledger.rules import ON_CPU, ON_GPU, SCOPES, Evidence, scoped
 from lab.quant.gguf_grids import QuantizedBaseline
 
@@ -210,7 +210,7 @@ def _recovery_text(r, metric: str, loss: str) -> str:
     """The share of RTN's `loss` a method recovers, in words; where RTN's loss is not distinguishable from zero
     (the 8-bit grids) there is nothing to recover and the share, a ratio over a loss near zero, is not printed."""
     column = "perplexity_recovered" if metric == "perplexity" else "kl_mean_recovered"
-    if r.get(f"rtn_{metric}_loss") == NOT_DISTINGUISHABLE or not np.isfinite(r[column]):
+    if undecided(str(r.get(f"rtn_{metric}_loss"))) or not np.isfinite(r[column]):
         return f"RTN's {loss} is not distinguishable from zero, so there is none to recover"
     return (f"recovers {100 * r[column]:.0f}% ({100 * r[f'{column}_low']:.0f} to "
             f"{100 * r[f'{column}_high']:.0f}%) of RTN's {loss}")

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from lab.claims import NOT_CHECKABLE, Bound, Number, Range, all_of, claim_row, from_flag, holds_cell, judged, shown
-from lab.intervals import NOT_DISTINGUISHABLE, Interval
+from lab.intervals import Interval, significance_word, undecided
 from lab.speculative.drafters import weight_bytes_ratio
 from lab.speculative.measure import StepCosts
 from lab.speculative.speculator import SpeculativeConfig
-from lab.speculative.theory import expected_tokens_per_round, predicted_speedup
+from lab.speculative.theory import break_even, expected_tokens_per_round, predicted_speedup
 
 if TYPE_CHECKING:
     from lab.studies.spec_acceptance import SpecParams
@@ -36,7 +36,7 @@ C_RANGE = Range("0.03", "0.1")  # seeds/003 §5.1: a draft's cost ratio c
 C_NOTE = {"inside": "",
           "below": "far below the range (the range does not describe this drafter)",
           "above": "on this engine: a draft forward's fixed cost does not shrink with its size",
-          NOT_DISTINGUISHABLE: "the interval straddles an end of the range"}
+          significance_word(False): "the interval straddles an end of the range"}
 # The notebook's reading of "hardly worth it" (a speedup) and of "costs one target step" (a verification's cost in
 # plain steps): under 1.1x.
 UNDER_1_1 = Bound("1.1", above=False)
@@ -82,7 +82,7 @@ def range_verdict(iv: Interval, lo: float | None, hi: float | None) -> str:
         return "above" if hi is not None and iv.low > hi else "below"
     if (lo is None or iv.low >= lo) and (hi is None or iv.high <= hi):
         return "inside"
-    return NOT_DISTINGUISHABLE
+    return significance_word(False)
 
 
 def _interval(row, name: str) -> Interval:
@@ -98,7 +98,7 @@ def _bracketed(iv: Interval, fmt: str = ".3g") -> str:
 
 def _all_inside(sides: list[str]) -> bool | None:
     """True when every interval is inside its range, False when one lies wholly outside, else None."""
-    return True if all(x == "inside" for x in sides) else None if all(x in ("inside", NOT_DISTINGUISHABLE)
+    return True if all(x == "inside" for x in sides) else None if all(x == "inside" or undecided(x)
                                                                        for x in sides) else False
 
 
@@ -115,21 +115,6 @@ def _theory_rows() -> list[dict]:
                               "the article's arithmetic is right" if holds_cell(word) else
                               "the article's arithmetic is wrong"))
     return rows
-
-
-def break_even(c: float, k: int | None = None, verify_cost: float = 1.0, floor: float = 1.1) -> float:
-    """The acceptance rate a at which the predicted speedup (k drafts, or the best k when None) reaches `floor`, by
-    bisection (the speedup grows with a); NaN when even a = 1 does not reach it."""
-    def speedup(a: float) -> float:
-        ks = [k] if k is not None else range(1, 17)
-        return max(predicted_speedup(a, n, c, verify_cost) for n in ks)
-
-    if speedup(1.0) < floor:
-        return float("nan")
-    lo, hi = 0.0, 1.0
-    for _ in range(40):
-        lo, hi = ((lo + hi) / 2, hi) if speedup((lo + hi) / 2) < floor else (lo, (lo + hi) / 2)
-    return hi
 
 
 def _cut_off_row(overall: pd.DataFrame, k: int) -> dict:

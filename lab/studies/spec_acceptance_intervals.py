@@ -23,7 +23,7 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
-from lab.intervals import NOT_DISTINGUISHABLE, bootstrap, ratio_interval, ratio_of_sums, significance
+from lab.intervals import bootstrap, significance_word, ratio_interval, ratio_of_sums, significance
 from lab.speculative.speculator import SpecStats
 
 TOLERANCE = 0.10  # "within 10%" of a prediction
@@ -87,7 +87,7 @@ def error_columns(row: dict, name: str) -> dict:
     predicted = row[f"predicted_{name}"]
     low, high = predicted / row["measured_speedup_high"] - 1, predicted / row["measured_speedup_low"] - 1
     word = (SINGLE if row["speedup_vs_plain"] == SINGLE else "within 10%" if -TOLERANCE <= low and high <= TOLERANCE
-            else "outside 10%" if high < -TOLERANCE or low > TOLERANCE else NOT_DISTINGUISHABLE)
+            else "outside 10%" if high < -TOLERANCE or low > TOLERANCE else significance_word(False))
     return {f"error_{name}_low": low, f"error_{name}_high": high, f"error_{name}_vs_10pct": word}
 
 
