@@ -12,27 +12,19 @@ from lab.ledger.gather import latest_reference_runs
 from lab.runs import results_root
 
 
-def memory_claims(run_dir):
-    from lab.studies import int4_decode, memory_accounting
+def _rebuilt(notebook: str):
+    """The notebook's claims table rebuilt from a run's inputs by its `Rebuild` (`lab.studies.evidence`), the same
+    code the evidence-level mutation test perturbs."""
+    from lab.studies.evidence import rebuilds
 
-    int4 = int4_decode.claim_rows(pd.read_csv(run_dir / "int4_speedup.csv"))
-    batching = int4_decode.batching_rows(pd.read_csv(run_dir / "int4_decode.csv"))
-    return pd.concat([memory_accounting.claims_table(), int4, batching], ignore_index=True)
-
-
-def replay_claims(run_dir):
-    from lab.studies.replay_break_even import ReplayParams, claims_table
-
-    return claims_table(ReplayParams(), pd.read_csv(run_dir / "measured.csv"))
+    def build(run_dir):
+        rebuild = rebuilds()[notebook]
+        return rebuild.table(rebuild.load(run_dir))
+    return build
 
 
-def kv_claims(run_dir):
-    from lab.studies.kv_quantization import KVStudyParams
-    from lab.studies.kv_quantization_claims import claims_table, role_table
-
-    blocks = pd.read_csv(run_dir / "error_by_block.csv")
-    roles = role_table(blocks[blocks["format"].str.endswith(("k-only", "v-only"))])
-    return claims_table(KVStudyParams(), blocks, roles, pd.read_csv(run_dir / "end_to_end.csv"))[0]
+memory_claims, kv_claims, replay_claims = (_rebuilt(nb) for nb in ("01_memory_accounting", "03_kv_quantization",
+                                                                     "04_replay_break_even"))
 
 
 @pytest.mark.parametrize("notebook, build", [("01_memory_accounting", memory_claims),

@@ -189,6 +189,17 @@ def test_readings_that_disagree_decide_nothing_and_readings_that_agree_decide():
     assert _unstated(Entry(agree, cell, WRONG, "", measured=WRONG), {}).verdict == WRONG
 
 
+def test_readings_that_miss_the_claim_on_both_sides_decide_nothing():
+    # the two ends of a range between methods (a precompiled mask and a naive one) around the article's 20-30%
+    cell = "74.9% [1.8, 74.9] of a step"
+    claim = Claim("003-93", "003", "§5.3", "the full mask costs 20-30%", "20-30%", link=Link("07", "mask"),
+                  rule=Range("20", "30"), about="x", scope="behaviour",
+                  readings=(Reading("naive", r"^(?P<v>[\d.]+)%"), Reading("precompiled", r"\[(?P<v>[\d.]+),")))
+    assert _unstated(Entry(claim, cell, WRONG, "", measured=WRONG), {}).verdict == NOT_DISTINGUISHABLE
+    above = dataclasses.replace(claim, rule=Range("0.5", "1"))  # both ends above the claim: wrong stands
+    assert _unstated(Entry(above, cell, WRONG, "", measured=WRONG), {}).verdict == WRONG
+
+
 # -- holes in the machinery ------------------------------------------------------------------------------------------
 
 def test_a_verdict_in_a_note_is_never_adopted(tmp_path):

@@ -148,8 +148,11 @@ def test_the_claims_table_holds_only_where_the_articles_arithmetic_does():
 
     claims = claims_table(ReplayParams())  # no measurement: the recomputed rows alone
     assert_one_shape(claims)
-    holds = claims.loc[claims["verdict"] == "holds", "claim"]
-    assert [c.split(":")[0] for c in holds] == ["§2.1", "§2.2"]  # ridge point, its 1.6 ms read
+    holds = claims.loc[claims["verdict"] == "holds", "claim"].tolist()
+    # the ridge point, its 1.6 ms read, the real read per card of the 8 a 70B in fp16 needs (issue 48: one H100 holds
+    # neither the weights nor the KV), and the recompute's growth with the context projected to its 70B
+    assert [c.split(":")[0] for c in holds] == ["§2.1", "§2.2", "§2.2", "§2.2 (projected to its 70B)"]
+    assert "per card at TP=8" in holds[2]
     # its formula's 1.078e10 prints as 10.8e9, not its "10.7e9": the rules' "wrong by rounding", and the note says so
     formula = claims[claims["claim"].str.contains("(its formula)", regex=False)].iloc[0]
     assert formula["verdict"] == "wrong by rounding" and "last printed digit is off" in formula["note"]

@@ -54,10 +54,11 @@ def _section_2(s: mem.ModelShape) -> list[dict]:
     return [
         recomputed("000 §2.2: its 2.6 MB, 80 x 64 x 512 B (one KV head's K and V, fp16)", "262 万字节 ≈ 2.6 MB",
                    Number("2.62e6"), formula_bytes(s, 64), "B"),
+        # the quotient the sentence names, of the two figures it printed (its formula's own ratio is another number)
         recomputed("000 §2.2: its FLOPs per KV byte of the 64-token window, 107 亿 / 262 万", "≈ 4072 FLOPs/Byte",
-                   Number("4072"), ratio, "FLOPs/B",
-                   why=f"its formula's own ratio is (2 x 8192 + 64) / 4 = {ratio:.0f}; 107 亿 / 262 万 is "
-                       f"{10.7e9 / 2.62e6:.0f}"),
+                   Number("4072"), 10.7e9 / 2.62e6, "FLOPs/B",
+                   why=f"the quotient of its two printed figures; its formula's own ratio, (2 x 8192 + 64) / 4, is "
+                       f"{ratio:.0f}"),
         recomputed("000 §2.2: so recomputing the 64-token window in place of its KV does not pay (FLOPs per KV byte "
                    "above the H100's 295; the whole work, no prefix)", "4072 远大于 295 … 反而是不划算的",
                    Bound(f"{h100.peak_flops / h100.mem_bandwidth:.0f}"), whole.flops_per_kv_byte, "FLOPs/B"),
@@ -100,7 +101,26 @@ def _section_3_to_6(s: mem.ModelShape) -> list[dict]:
     ]
 
 
+def _unrowed(s: mem.ModelShape) -> list[dict]:
+    """Claims a skeptic's re-read found without a row (issue 48 item 5), each settled by arithmetic on the article's
+    inputs: its §1.1 concurrency, §3.2 link against memory and §4.1 chunk limit."""
+    h100 = GPUS["h100-sxm"]
+    node = 8 * 80e9 - mem.weight_bytes(s, "fp16", unquantized="fp16")["total"]  # its 8 x 80 GB less the fp16 weights
+    return [
+        recomputed("000 §1.1: 16 concurrent 128K requests' KV (8 KV heads, 80 layers, fp16) over what its 8 x 80 GB "
+                   "node holds beside the fp16 weights, above 1", "16 路、32 路显存瞬间就爆了", Bound("1"),
+                   16 * mem.kv_cache_bytes(s, 131072, dtype="fp16") / node, "x",
+                   why="with its own 1 GB a request (000-02) 16-32 requests would fit; with the eight heads they do not"),
+        recomputed("000 §3.2: an H100's memory bandwidth over a 400 Gb/s link's, above 1", "通信带宽…比显存带宽更稀缺",
+                   Bound("1"), h100.mem_bandwidth / 50e9, "x",
+                   why="its own 2.9 ms for a 32K context's KV over the link (000-21) needs 3.7 TB/s, more than HBM"),
+        recomputed("000 §4.1: the chunk W at which its formula's W^2 term matches its linear term (2 x d_model)",
+                   "chunk 通常不能超过 64", Number("64", exact=False), 2 * s.hidden_size, "tokens",
+                   why=f"at W = 64 the W^2 term is {100 * 64 / (2 * s.hidden_size + 64):.2f}% of its per-window cost"),
+    ]
+
+
 def rows() -> list[dict]:
     """One `recomputed` row per claim of seed 000 that arithmetic on its stated inputs decides."""
     s = seventy_b()
-    return [*_section_2(s), *_section_3_to_6(s)]
+    return [*_section_2(s), *_section_3_to_6(s), *_unrowed(s)]

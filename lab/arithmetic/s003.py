@@ -115,6 +115,25 @@ def _section_6() -> list[dict]:
     ]
 
 
+def _unrowed() -> list[dict]:
+    """Claims a skeptic's re-read found without a row (issue 48 item 5): §4.3's pipeline traffic against tensor
+    parallelism's, and §7.3's one 32K request against the article's own cache pool (§6.2's 32 x 8K of fp16 KV)."""
+    l70 = mem.ModelShape.preset("llama-3-70b")
+    act = l70.hidden_size * 2  # one token's activation in fp16
+    tp = 2 * l70.num_layers * act * 2 * (8 - 1) / 8  # two ring all-reduces a layer over 8 cards
+    pp = (8 - 1) * act  # seven stage boundaries
+    pool = mem.kv_cache_bytes(ARTICLE, 8192, 32, dtype="fp16")
+    return [
+        recomputed("003 §4.3: bytes a token moves under TP=8 (two all-reduces a layer) over PP=8 (seven boundaries), "
+                   "a 70B's 80 layers of d_model 8192 in fp16, above 1", "通信量小很多", Bound("1"), tp / pp, "x"),
+        recomputed("003 §7.3: one 32K request's KV on its own model (128 KB a token, fp16) over its own 32 GB pool "
+                   "(§6.2: 32 x 8K), above 1 to burst it", "直接把缓存池撑爆", Bound("1"),
+                   mem.kv_cache_bytes(ARTICLE, 32768, dtype="fp16") / pool, "x",
+                   why="a 32K request takes an eighth of the pool its own example sizes; its own §6.3 configuration "
+                       "(max_model_len 16384) refuses it before it reaches the pool"),
+    ]
+
+
 def rows(paging: Paging) -> list[dict]:
     """One `recomputed` row per claim of seed 003 that arithmetic on its stated inputs decides."""
-    return [*_section_1(), *_section_2(), *_section_3(paging), *_section_6()]
+    return [*_section_1(), *_section_2(), *_section_3(paging), *_section_6(), *_unrowed()]

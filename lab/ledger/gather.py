@@ -35,7 +35,7 @@ from lab.ledger import assumptions
 from lab.ledger.rebuild import Rebuild
 from lab.ledger.record import Claim
 from lab.ledger.rules import (ARGUMENT, BY_ARGUMENT, MEASURED, MISSING, NO_EVIDENCE, NOT_DISTINGUISHABLE, PHYSICS_BOUND,
-                              WRONG, Evidence, all_of, beyond, from_notebook, judge, parse_lab, scoped, undecided_by, verdict)
+                              ROUNDING, WRONG, Evidence, all_of, beyond, from_notebook, judge, parse_lab, scoped, side, undecided_by, verdict)
 from lab.ledger.setting import describe, run_evidence
 from lab.results_index import list_runs
 
@@ -158,7 +158,10 @@ def _unstated(entry: Entry, rebuilds: dict[str, Rebuild]) -> Entry:
             judged.append((r.name, number.text if number else "?", judge(claim.rule, number) if number else MISSING))
         notes.append("readings: " + "; ".join(f"{name}: {fig} ({v})" for name, fig, v in judged))
         verdicts = {v for _, _, v in judged}
-        if len(verdicts) > 1 and verdict in MEASURED:
+        sides = {side(claim.rule, float(fig)) for _, fig, v in judged if v in (WRONG, ROUNDING)}
+        # readings that disagree, or that miss the claim on both sides (the range between two ways of computing it
+        # spans the claim, and a way in between would hold), decide nothing
+        if (len(verdicts) > 1 or len(sides) > 1) and verdict in MEASURED:
             verdict = NOT_DISTINGUISHABLE
     point = parse_lab(entry.lab, claim.link.lab_pattern)
     row_verdict = verdict_of(claim, point.text) if point else ""

@@ -48,7 +48,10 @@ Scope (issue 40): a verdict says where it holds. The articles speak of 70B model
 measures a 135M model whose weights are already 4-bit, on a 2-core CPU. `scoped` lets a measurement decide a claim
 only where the evidence's setting matches the claim's in what the claim depends on, by one rule per kind of claim
 (`SCOPES`); elsewhere the verdict is "not checkable here" and the measurement's verdict is kept apart as the
-verdict *in this setting*, so a reader counting "wrong" counts the articles' errors, not the lab's setting.
+verdict *in this setting*, so a reader counting "wrong" counts the articles' errors, not the lab's setting. A figure
+that depends on the model (acceptance, quantization error, how a cost grows with context) is decided only on a model
+of the claim's class, its scale band and architecture (`ModelClass`, issue 48), and `undecided_by` names the
+dimension of the setting that kept a measurement from deciding.
 """
 
 from __future__ import annotations
@@ -214,6 +217,19 @@ def verdict(rule: Rule, value, interval=None) -> str:
     lo, hi = min(ends), max(ends)
     seen = {_point(rule, lo), _point(rule, hi)} | {_point(rule, e) for e in _edges(rule) if lo <= e <= hi}
     return seen.pop() if len(seen) == 1 else NOT_DISTINGUISHABLE
+
+
+def side(rule: Rule, value: float) -> int:
+    """Which side of the claim's band `value` misses it on: -1 below, +1 above, 0 inside or at it (a bound's wrong
+    side is its only one)."""
+    x = Decimal(repr(float(value)))
+    if isinstance(rule, Bound):
+        return 0 if _point(rule, x) == HOLDS else (-1 if rule.above else 1)
+    if isinstance(rule, Range):
+        x = _round(x, precision(rule))
+        return -1 if rule.lo is not None and x < Decimal(rule.lo) else 1 if rule.hi is not None and \
+            x > Decimal(rule.hi) else 0
+    return 0 if _point(rule, x) == HOLDS else (-1 if x < Decimal(rule.text) else 1)
 
 
 def judge(claim: Rule, lab: LabNumber) -> str:

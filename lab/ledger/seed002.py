@@ -65,6 +65,14 @@ CAUSES = (
     Cause("calibration-length-cost", "§5.2", "It has dequantization cost more once inputs pass the calibration length, "
                                              "when dequantizing costs the same per weight and per token at any "
                                              "length: the calibration length sets the scales, not their cost."),
+    Cause("tmp-shm", "§2.2", "It calls /tmp/model_cache shared memory, when /tmp is an ordinary directory of the "
+                             "container's own filesystem; Linux shared memory is /dev/shm."),
+    Cause("utilisation-reading", "§5.3", "It reads GPU utilisation above 80% as compute fully used, when the counter "
+                                         "is the share of time any kernel runs: a bandwidth-bound decode shows near "
+                                         "100% at a few percent of peak FLOPs."),
+    Cause("static-oom-gc", "§6.2", "It has a static KV reservation cause OOM or frequent GC, when a static reservation "
+                                   "fails at admission, which is what keeps a running request from an OOM, and GPU "
+                                   "memory has no garbage collector.")
 )
 
 
@@ -310,4 +318,29 @@ CLAIMS = [
                   "max-model-len hourly to the P90 input length x 1.2 (「當延遲持續超過500ms」, "
                   "「將其乘以1.2作為新閾值」).", "500 ms, P90 x 1.2", verdict=NOT_CHECKABLE, why=SETTING,
       about="a GPU serving deployment's control loop", scope=GPU),
+    # Claims a skeptic's re-read found without a row (issue 48 item 5); the quotes are its words.
+    c(52, "§2.2", "Pre-cache the model weights in the image in shared memory, such as /tmp/model_cache "
+                  "(「預緩存模型權重至共享內存（如/tmp/model_cache）」).", "/tmp is shared memory",
+      verdict=BY_ARGUMENT, cause="tmp-shm",
+      why="/tmp is an ordinary directory (the container's writable layer, on most distributions not even a tmpfs), "
+          "shared with no other pod; Linux shared memory is /dev/shm, which the article's §3.2 itself names",
+      about="a Linux container image on a Kubernetes node", scope=BEHAVIOUR),
+    c(53, "§4", "The TTFT cut from KV reuse is larger for prompts over 1024 tokens "
+                "(「尤其是在prompt長度超過1024 token的請求中收益更為顯著」).", "> 1024 tokens", verdict=NOT_YET,
+      why="notebook 09's hit-rate sweep runs 1024-token prompts only",
+      decider="notebook 09's hit-rate sweep at 256, 1024 and 4096-token prompts at one hit rate: the TTFT cut of each",
+      about="prefix caching, prompts of a few hundred to a few thousand tokens", scope=BEHAVIOUR),
+    c(54, "§5.3", "GPU utilisation above 80% means compute is fully used, while TTFT can still soar from queueing "
+                  "(「高利用率（>80%）往往意味著計算資源被充分使用」).", "> 80% = fully used",
+      verdict=BY_ARGUMENT, cause="utilisation-reading",
+      why="GPU utilisation (nvidia-smi, DCGM's GPU_UTIL) is the share of time any kernel runs, not of the compute "
+          "used: a bandwidth-bound decode shows near 100% at a few percent of peak FLOPs; the queueing half holds "
+          "(an M/M/1 queue at 80% load waits 4 service times on average)",
+      about="a GPU serving deployment's utilisation counters", scope=BEHAVIOUR),
+    c(55, "§6.2", "Static pre-allocation (4096 tokens, say) wastes memory and causes OOM or frequent GC "
+                  "(「靜態預分配（如固定為4096 tokens）會造成顯存浪費，導致OOM或頻繁GC」).", "OOM or GC",
+      verdict=BY_ARGUMENT, cause="static-oom-gc",
+      why="the waste holds (seed 003's paging rows, 003-28); but a static reservation fails when a request is "
+          "admitted, which is what keeps a running request from an OOM, and GPU memory has no garbage collector",
+      about="a serving engine reserving 4096 tokens of KV per request", scope=BEHAVIOUR),
 ]

@@ -59,9 +59,17 @@ CAUSES = (
                                   "when each card then reads only its share of the weights: projected over PCIe Gen5, "
                                   "8 cards stay well ahead of one even where the collectives take most of the step; "
                                   "TP falls behind only at an all-reduce latency of a network link, not of PCIe."),
+    Cause("only-batching", "§1.2", "It calls batching the only way to raise throughput, when it names two others "
+                                   "itself: INT4 weights (§2) and speculative decoding (§5.1)."),
+    Cause("flash-compute", "§4.1", "It credits tiled attention with bringing attention's cost down from quadratic, when "
+                                   "it does the same quadratic arithmetic and saves only the memory it holds."),
     Cause("example-shape", "§6.2", "Its sizing example gives a 70B model the 32 layers of an 8B one (8 KV heads x "
                                    "128, hidden 4096): a real 70B has 80 layers and holds 2.5x that KV cache, so the "
                                    "example that 'just fits' an 80 GB card does not fit it, nor do its remedies."),
+    Cause("pool-burst", "§7.3", "It says one 32K request can burst the cache pool, when by its own model and §6.2 pool "
+                                "the request takes an eighth of it."),
+    Cause("queue-tail", "§7.3", "It reads a P99 queueing time far above the mean as a burst or a sick instance, when "
+                                "a healthy queue under steady load has that tail by itself.")
 )
 
 

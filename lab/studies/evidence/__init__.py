@@ -9,8 +9,11 @@ import importlib
 from lab.ledger.rebuild import Rebuild
 
 # notebook -> the module under lab.studies.evidence that defines its REBUILD
-MODULES = {"01_memory_accounting": "memory_accounting", "04_replay_break_even": "replay_break_even",
-           "08_parallelism": "parallelism", "09_ttft_claims": "ttft_claims"}
+MODULES = {"01_memory_accounting": "memory_accounting", "02_quantization_accuracy": "quant_accuracy",
+           "03_kv_quantization": "kv_quantization", "04_replay_break_even": "replay_break_even",
+           "05_speculative_acceptance": "spec_acceptance", "06_serving_ttft": "serving",
+           "07_structured_output": "structured_output", "08_parallelism": "parallelism",
+           "09_ttft_claims": "ttft_claims"}
 
 
 def rebuilds() -> dict[str, Rebuild]:
