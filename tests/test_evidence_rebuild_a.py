@@ -7,52 +7,39 @@ must tell a figure fixed by construction from one that moves with its evidence."
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import io
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from rebuild_helpers import as_saved, rebuild_of, reference_runs
+
 from lab.ledger import CLAIMS
-from lab.ledger.gather import latest_reference_runs
 from lab.ledger.record import Link
 from lab.ledger.rebuild import movements, perturbations
 from lab.ledger.rules import parse_lab
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
-MODULES = {"01_memory_accounting": "memory_accounting", "04_replay_break_even": "replay_break_even",
-           "08_parallelism": "parallelism", "09_ttft_claims": "ttft_claims"}
+NOTEBOOKS = ("01_memory_accounting", "04_replay_break_even", "08_parallelism", "09_ttft_claims")
 CELLS = ("claim", "measured here", "verdict")
 
-
-def _rebuild(notebook: str):
-    return importlib.import_module(f"lab.studies.evidence.{MODULES[notebook]}").REBUILD
 
 
 @pytest.fixture(scope="module")
 def runs() -> dict[str, Path]:
-    return latest_reference_runs(RESULTS)
+    return reference_runs()
 
 
-def _as_saved(table: pd.DataFrame) -> pd.DataFrame:
-    """`table` as claims.csv holds it, read back as text (what the ledger reads)."""
-    buf = io.StringIO()
-    table.to_csv(buf, index=False)
-    buf.seek(0)
-    return pd.read_csv(buf, dtype=str, keep_default_na=False)
 
-
-@pytest.mark.parametrize("notebook", sorted(MODULES))
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
 def test_rebuild_reproduces_the_committed_claims(notebook, runs):
     """Every claim, measured and verdict cell of the run's claims.csv, rebuilt from the run's own inputs through
     the study's claims code. (At the time of writing the code had not changed since these runs, so the measured
     cells match exactly as well as the claims; a change to the claims code that alters a figure fails here, and
     then this test must say what still holds.)"""
-    rebuild = _rebuild(notebook)
+    rebuild = rebuild_of(notebook)
     assert rebuild.notebook == notebook
     run = runs[notebook]
-    got = _as_saved(rebuild.table(rebuild.load(run)))
+    got = as_saved(rebuild.table(rebuild.load(run)))
     want = pd.read_csv(run / rebuild.name, dtype=str, keep_default_na=False)
     assert list(got.columns) == list(want.columns)
     assert len(got) == len(want)
@@ -61,11 +48,11 @@ def test_rebuild_reproduces_the_committed_claims(notebook, runs):
         assert not diff, f"{notebook} {col}: {diff[:3]}"
 
 
-@pytest.mark.parametrize("notebook", sorted(MODULES))
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
 def test_settings_and_fixed_name_real_inputs(notebook, runs):
     """A misspelled setting would silently be perturbed as a measurement: every name must be an input, every
     setting a numeric column of it, and every linked row of the notebook found exactly once in the rebuilt table."""
-    rebuild = _rebuild(notebook)
+    rebuild = rebuild_of(notebook)
     inputs = rebuild.load(runs[notebook])
     assert set(rebuild.fixed) <= set(inputs)
     for name, cols in rebuild.settings.items():
@@ -98,7 +85,7 @@ def test_a_new_prompt_with_cache_over_without_is_found_by_construction(runs):
     move: it also prints the cached-prefix ratio and the share needed for 2.5x, both read from prefill_flops.)"""
     # the ledger now records 002-23 as wrong by argument for this reason; its row is still in notebook 09's run
     link = Link("09_ttft_claims", "2.5x longer without the cache", lab_pattern=r"(?P<v>[\d.]+)x with no cached prefix")
-    rebuild = _rebuild("09_ttft_claims")
+    rebuild = rebuild_of("09_ttft_claims")
     moved = movements(rebuild, runs["09_ttft_claims"],
                       {link.match: _ledger_figure(link)})[link.match]
     assert moved.base == "1.00"
@@ -119,7 +106,7 @@ def test_a_new_prompt_with_cache_over_without_is_found_by_construction(runs):
 ])
 def test_a_measured_figure_moves_with_its_evidence(notebook, claim_id, source, runs):
     """The other side: a measured row's figure moves, and with the input it is measured from."""
-    rebuild, link = _rebuild(notebook), _link(claim_id)
+    rebuild, link = rebuild_of(notebook), _link(claim_id)
     moved = movements(rebuild, runs[notebook], {link.match: lambda row: row["measured here"]},
                       stop_at=10 ** 6)[link.match]
     assert not moved.by_construction
@@ -129,7 +116,7 @@ def test_a_measured_figure_moves_with_its_evidence(notebook, claim_id, source, r
 def test_article_arithmetic_of_notebook_01_is_fixed_but_follows_its_stated_lengths(runs):
     """01's parameters are fixed (the paging rows' request lengths are settings the claim states), so its paging
     figure moves under no perturbation, yet the arithmetic does read them: halving the lengths moves it."""
-    rebuild, link = _rebuild("01_memory_accounting"), _link("003-69")
+    rebuild, link = rebuild_of("01_memory_accounting"), _link("003-69")
     run = runs["01_memory_accounting"]
     assert movements(rebuild, run, {link.match: lambda row: row["measured here"]})[link.match].by_construction
     inputs = rebuild.load(run)

@@ -7,8 +7,6 @@ only the ones computed by construction fixed."""
 
 from __future__ import annotations
 
-import importlib
-import io
 import re
 import warnings
 from pathlib import Path
@@ -16,15 +14,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from rebuild_helpers import as_saved, rebuild_of, reference_runs
+
 from lab.ledger import CLAIMS
-from lab.ledger.gather import latest_reference_runs
 from lab.ledger.rebuild import movements, perturbations
 from lab.ledger.rules import parse_lab
 
-RESULTS = Path(__file__).resolve().parents[1] / "results"
-MODULES = {"02_quantization_accuracy": "quant_accuracy", "03_kv_quantization": "kv_quantization",
-           "05_speculative_acceptance": "spec_acceptance", "06_serving_ttft": "serving",
-           "07_structured_output": "structured_output"}
+NOTEBOOKS = ("02_quantization_accuracy", "03_kv_quantization", "05_speculative_acceptance", "06_serving_ttft", "07_structured_output")
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 
 # Measured cells that do not come back verbatim, by notebook and a piece of the row's claim, and why:
@@ -53,37 +49,27 @@ BY_CONSTRUCTION = {
 }
 
 
-def _rebuild(notebook: str):
-    return importlib.import_module(f"lab.studies.evidence.{MODULES[notebook]}").REBUILD
-
 
 @pytest.fixture(scope="module")
 def runs() -> dict[str, Path]:
-    return latest_reference_runs(RESULTS)
+    return reference_runs()
 
-
-def _as_saved(table: pd.DataFrame) -> pd.DataFrame:
-    """`table` as claims.csv holds it, read back as text (what the ledger reads)."""
-    buf = io.StringIO()
-    table.to_csv(buf, index=False)
-    buf.seek(0)
-    return pd.read_csv(buf, dtype=str, keep_default_na=False)
 
 
 def _linked(notebook: str) -> dict[str, str]:
     """The ledger's links into `notebook`'s claims table: match -> claim id."""
     return {c.link.match: c.id for c in CLAIMS
-            if c.link and c.link.notebook == notebook and c.link.table == _rebuild(notebook).name}
+            if c.link and c.link.notebook == notebook and c.link.table == rebuild_of(notebook).name}
 
 
-@pytest.mark.parametrize("notebook", sorted(MODULES))
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
 def test_rebuild_reproduces_the_committed_claims(notebook, runs):
     """Every claim and verdict cell of the run's claims.csv, and every measured cell but those `MEASURED_CHANGED`
     names, rebuilt from the run's own inputs through the study's claims code; for those, what still holds."""
-    rebuild = _rebuild(notebook)
+    rebuild = rebuild_of(notebook)
     assert rebuild.notebook == notebook
     run = runs[notebook]
-    got = _as_saved(rebuild.table(rebuild.load(run)))
+    got = as_saved(rebuild.table(rebuild.load(run)))
     want = pd.read_csv(run / rebuild.name, dtype=str, keep_default_na=False)
     assert list(got.columns) == list(want.columns)
     assert len(got) == len(want)
@@ -102,11 +88,11 @@ def test_rebuild_reproduces_the_committed_claims(notebook, runs):
     assert all(any(piece in c for c in want["claim"]) for piece in changed), "a listed change names no row"
 
 
-@pytest.mark.parametrize("notebook", sorted(MODULES))
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
 def test_settings_and_fixed_name_real_inputs(notebook, runs):
     """A misspelled setting would silently be perturbed as a measurement: every name must be an input, every
     setting a numeric column of it, and every linked row of the notebook found exactly once in the rebuilt table."""
-    rebuild = _rebuild(notebook)
+    rebuild = rebuild_of(notebook)
     inputs = rebuild.load(runs[notebook])
     assert set(rebuild.fixed) <= set(inputs)
     for name, cols in rebuild.settings.items():
@@ -123,7 +109,7 @@ def test_settings_and_fixed_name_real_inputs(notebook, runs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("notebook", sorted(MODULES))
+@pytest.mark.parametrize("notebook", NOTEBOOKS)
 def test_linked_figures_move_with_their_evidence_unless_by_construction(notebook, runs):
     """Every linked row's measured cell moves under some perturbation of a measured input, except the rows
     `BY_CONSTRUCTION` names, which none moves (so a new link to a fixed figure, or a figure that stops moving,
@@ -132,7 +118,7 @@ def test_linked_figures_move_with_their_evidence_unless_by_construction(notebook
     assert linked
     with warnings.catch_warnings():  # x1000 on a log-likelihood overflows exp: that perturbation moves nothing
         warnings.simplefilter("ignore", RuntimeWarning)
-        moved = movements(_rebuild(notebook), runs[notebook], {m: lambda row: row["measured here"] for m in linked})
+        moved = movements(rebuild_of(notebook), runs[notebook], {m: lambda row: row["measured here"] for m in linked})
     fixed = {linked[m] for m, mv in moved.items() if mv.by_construction}
     assert fixed == set(BY_CONSTRUCTION.get(notebook, {})) & set(linked.values())
     assert all(mv.base is not None for mv in moved.values())  # each link found its one row
@@ -150,7 +136,7 @@ def _cell(table: pd.DataFrame, match: str) -> str:
 def _moves_with(notebook: str, claim_id: str, source: str, runs) -> list[str]:
     """The perturbations of `source` (an input, or "input:column") that move the linked row's measured cell, up
     to the first that does (the others of the input are not tried: each rebuild of 03 takes seconds)."""
-    rebuild, match = _rebuild(notebook), _link(claim_id).match
+    rebuild, match = rebuild_of(notebook), _link(claim_id).match
     inputs = rebuild.load(runs[notebook])
     base = _cell(rebuild.table(inputs), match)
     tried = []
@@ -192,7 +178,7 @@ def test_the_article_formula_cut_off_is_fixed_while_the_engines_move(runs):
         number = parse_lab(str(row["measured here"]), link.lab_pattern)
         return None if number is None else number.text
 
-    moved = movements(_rebuild("05_speculative_acceptance"), runs["05_speculative_acceptance"],
+    moved = movements(rebuild_of("05_speculative_acceptance"), runs["05_speculative_acceptance"],
                       {link.match: ledger_figure})[link.match]
     assert moved.base is not None and moved.by_construction, moved.moved_by
     assert _moves_with("05_speculative_acceptance", "003-41", "main:c_effective", runs)
@@ -203,7 +189,7 @@ def test_the_outputs_stand_in_keeps_the_grid_pass_rates(runs):
     """02's per-item outputs are not saved: the stand-in passes as many items per category as the grid says, so
     every model's pass rate over the short categories is the grid's `pass_all`."""
     run = runs["02_quantization_accuracy"]
-    inputs = _rebuild("02_quantization_accuracy").load(run)
+    inputs = rebuild_of("02_quantization_accuracy").load(run)
     grid = pd.read_csv(run / "grid.csv").set_index("model")
     for model, frame in inputs["outputs"].items():
         assert frame["passed"].mean() == pytest.approx(grid.loc[model, "pass_all"], abs=1e-12), model

@@ -221,3 +221,24 @@ def test_the_literal_scan_closes_its_holes():
                     "a constant judged (-2)"]
     assert literals.LAB / "arithmetic" in literals.SCANNED  # the articles' arithmetic is scanned too
     assert literals.find() == []
+
+
+def test_a_drop_from_a_baseline_that_passes_nothing_is_not_measured():
+    """Notebook 02 on a model whose unquantized baseline passes none of the sensitive items (a small 16-bit
+    checkpoint of a user's, say) cannot see a drop: the claim is not checkable there, with the reason."""
+    from lab.studies.quant_accuracy_stats import _floor
+
+    assert "passes none of the sensitive items" in _floor(pd.DataFrame({"pass_all": [0.0, 0.0]}))
+    assert _floor(pd.DataFrame({"pass_all": [0.4, 0.3]})) == ""
+
+
+def test_docs_state_the_ledgers_counts_and_the_check_rewrites_them(tmp_path):
+    from lab.ledger.report import COUNTS_BEGIN, COUNTS_END, counts_block, write_counts
+
+    claim = Claim("003-92", "003", "§1", "a claim", "1", verdict=NOT_CHECKABLE, why="w", about="x", scope="behaviour")
+    doc = tmp_path / "claims.md"
+    doc.write_text(f"intro\n{COUNTS_BEGIN}\nold counts\n{COUNTS_END}\nrest\n")
+    entries = [Entry(claim, "", NOT_CHECKABLE, "w")]
+    assert write_counts(entries, doc) == (doc, True)
+    assert counts_block(entries) in doc.read_text() and "old counts" not in doc.read_text()
+    assert write_counts(entries, doc) == (doc, False)  # current now

@@ -5,11 +5,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
 
 def _claims(args) -> int:
     from lab.ledger import write_ledger
     from lab.ledger.checks import committed_rows, failures
-    from lab.ledger.report import summary_lines
+    from lab.ledger.report import summary_lines, write_counts
     from lab.runs import results_root
     from lab.studies import evidence
 
@@ -19,6 +21,11 @@ def _claims(args) -> int:
     rebuilds = evidence.rebuilds()
     entries, paths = write_ledger(root, out, rebuilds=rebuilds)
     failed = failures(entries, committed, rebuilds=rebuilds, root=root) if args.check else []
+    if args.out is None:  # the repository's own ledger: docs/claims.md states its counts
+        doc, changed = write_counts(entries, DOCS / "claims.md")
+        paths.append(doc)
+        if changed and args.check:
+            failed.append(f"stale: {doc.name}'s counts were not the ledger's (rewritten: commit it)")
     print("\n".join(summary_lines(entries)))
     for path in paths:
         print(f"wrote {path}")

@@ -21,6 +21,7 @@ so the choice to hold it fixed is in sight; a figure that moves only with a sett
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -47,6 +48,17 @@ class Rebuild:
     settings: dict[str, tuple[str, ...]] = field(default_factory=dict)
     fixed: tuple[str, ...] = ()
     name: str = "claims.csv"
+
+
+def run_parameters(run_dir: Path, params_class: type):
+    """A run's notebook parameters (params.json's "parameters") as `params_class`, keeping only its fields (the
+    preset's and the runner's keys are not the study's); a GPU run's DEVICE becomes "auto", since no claim reads it
+    and a CPU refuses a CUDA device."""
+    given = json.loads((Path(run_dir) / "params.json").read_text())["parameters"]
+    kept = {k: v for k, v in given.items() if k in {f.name for f in dataclasses.fields(params_class)}}
+    if kept.get("DEVICE", "auto") not in ("auto", "cpu"):
+        kept["DEVICE"] = "auto"
+    return params_class(**kept)
 
 
 @dataclass(frozen=True)

@@ -198,3 +198,29 @@ def write_csv(entries: list[Entry], out_dir: Path) -> Path:
                         c.about, e.evidence, e.lab_setting, e.in_setting, str(c.model or ""), e.undecided_by,
                         e.assumptions))
     return path
+
+
+COUNTS_BEGIN = "<!-- counts from the ledger, written by `lab claims`: begin -->"
+COUNTS_END = "<!-- counts: end -->"
+
+
+def counts_block(entries: list[Entry]) -> str:
+    """The ledger's counts as docs/claims.md states them: per seed by verdict (measured, by argument apart, the
+    distinct mistakes, the undecided), then by the kind of evidence each verdict rests on."""
+    table = evidence_lines(entries)[1:]  # without the section's introduction
+    return "\n".join(["Per seed, by verdict:", "", *summary_lines(entries), "", "By the kind of evidence:", "",
+                       *table[:table.index("")]])
+
+
+def write_counts(entries: list[Entry], doc: Path) -> tuple[Path, bool]:
+    """Rewrite `doc`'s generated counts block; (the path, whether it changed)."""
+    import re
+
+    text = doc.read_text()
+    pattern = re.compile(re.escape(COUNTS_BEGIN) + r".*?" + re.escape(COUNTS_END), re.S)
+    if not pattern.search(text):
+        raise ValueError(f"{doc}: no counts block ({COUNTS_BEGIN} ... {COUNTS_END}) to fill")
+    new = pattern.sub(lambda _: f"{COUNTS_BEGIN}\n{counts_block(entries)}\n{COUNTS_END}", text)
+    if new != text:
+        doc.write_text(new)
+    return doc, new != text

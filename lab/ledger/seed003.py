@@ -15,7 +15,7 @@ over slow links.
 
 from __future__ import annotations
 
-from lab.ledger.record import Assumption, Cause, Claim, Link
+from lab.ledger.record import Assumption, Cause, Claim, Link, Part
 from lab.ledger.rules import (ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, Bound, ModelClass, Number, Range,
                               run_cell)
 
@@ -35,6 +35,8 @@ PAGED = "a paged KV cache (vLLM-style) against a contiguous reservation per requ
 # figure that depends on the model (KV error, acceptance, retries) measured on the embedded 135M model stands only in
 # this setting.
 A70_CLASS = ModelClass("10B-100B", "dense")
+# notebook 02's paired intervals, "v (lo to hi)"
+PAIRED = r"(?P<v>[\d.]+) \((?P<lo>[\d.]+) to (?P<hi>[\d.]+)\)"
 PPL = r"^(?P<v>[-+]?[\d.]+) \[(?P<lo>[-+]?[\d.]+), (?P<hi>[-+]?[\d.]+)\]% perplexity"
 
 
@@ -166,7 +168,8 @@ QUANTIZATION = [
       about="FP8 weights of a 16-bit model, no calibration, any device", scope="weight-accuracy"),
     c(15, "§2.1", "AWQ is steadier on instruction and chat tasks; GPTQ is slightly better in perplexity; the gap is "
                   "small (「GPTQ 在纯语言建模的困惑度上略占优两者差距不大」).", "GPTQ <= AWQ in perplexity",
-      link=Link(QUANT, "GPTQ is slightly better than AWQ in perplexity (w4g64, code)"),
+      link=Link(QUANT, "GPTQ is slightly better than AWQ in perplexity (w4g64, code)", lab_pattern=PAIRED),
+      rule=Bound("1", above=False),
       why="the perplexity half, on held-out code at w4g64 (a paired interval over sequences); notebook 02's claims "
           "table has the prose domain and the sensitive-set half (AWQ against GPTQ) in rows of their own",
       about=QUANT_16, scope="weight-accuracy"),
@@ -188,12 +191,15 @@ QUANTIZATION = [
       about="Llama-3-70B, INT4 group 128 against FP16 weights, FP16 KV at 4096 tokens, batch 1", scope="behaviour"),
     c(18, "§2.2", "Calibrate on 256-512 samples of real traffic; a short-QA calibration set degrades long-document "
                   "summaries.", "degrades",
-      link=Link(QUANT, "a short-Q&A calibration set degrades long-document summarization"),
+      link=Link(QUANT, "a short-Q&A calibration set degrades long-document summarization", lab_pattern=PAIRED),
+      rule=Bound("1"),
       why="KL on held-out Spec-Bench summarization prompts, short-Q&A against the stratified mix, paired over prompts",
       about=QUANT_16, scope="weight-accuracy"),
     c(19, "§2.2", "Perplexity barely moves under quantization, up a few tenths (「涨个零点几」: +0.x in perplexity "
                   "itself, not +0.x%), while task metrics drop.", "perplexity +0.x",
       link=Link(QUANT, "perplexity barely moves under 4-bit weight quantization"),
+      parts=tuple(Part(d, rf"{d} (?P<v>[-+][\d.]+)% \((?P<lo>[-+][\d.]+) to (?P<hi>[-+][\d.]+)\)",
+                       Bound("1", above=False)) for d in ("code", "prose")),
       why="the best 4-bit method's perplexity rise on two held-out domains; notebook 02's claims table tests the "
           "task-metric half per method (the sensitive pass rate, paired over items)",
       about=QUANT_16, scope="weight-accuracy"),

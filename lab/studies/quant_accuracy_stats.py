@@ -131,6 +131,17 @@ def _above(i: Interval, x: float) -> str:
     return verdict(Bound(repr(float(x))), i.value, (i.low, i.high))
 
 
+def _floor(grid: pd.DataFrame) -> str:
+    """Why a drop in the sensitive pass rate cannot be measured (issue 48: a comparison from a floor), or "": the
+    unquantized baseline (the grid's first row) passes none of the sensitive items, so every quantized model's
+    change is +0 or a gain, whatever quantization did."""
+    if "pass_all" not in grid.columns or not len(grid):
+        return ""
+    base = float(grid["pass_all"].iloc[0])
+    return ("the unquantized baseline passes none of the sensitive items (pass rate 0): a drop from the floor cannot "
+            "be measured; a larger or instruction-tuned model that passes some would decide it") if base == 0 else ""
+
+
 def claims_table(sens: pd.DataFrame, recovery: pd.DataFrame, grid: pd.DataFrame, scores: pd.DataFrame, outputs: dict,
                  config: str, mismatch_ratio: Interval | None = None, baseline: QuantizedBaseline | None = None,
                  on_gpu: bool = False) -> pd.DataFrame:
@@ -147,10 +158,14 @@ def claims_table(sens: pd.DataFrame, recovery: pd.DataFrame, grid: pd.DataFrame,
         f"perplexity barely moves under 4-bit weight quantization ({config}, best method: {best})", "+0.x% (under 1%)",
         "; ".join(f"{d} {_pct(i)}" for d, i in rises.items()),
         all_of(*(_below(i, 1.0) for i in rises.values()))))
+    floor = _floor(grid)
     for model in at.index:
         drop = Interval(*at.loc[model, ["all_pass_change_pts", "all_pass_change_pts_low", "all_pass_change_pts_high"]])
-        rows.append(claim_row(f"task metrics drop under quantization: sensitive pass rate, {model}", "drops",
-                              _pct(drop, " pts"), _below(drop, 0.0)))
+        claim = f"task metrics drop under quantization: sensitive pass rate, {model}"
+        if floor:  # a baseline that passes nothing cannot drop: no measurement here could have found a drop
+            rows.append(claim_row(claim, "drops", _pct(drop, " pts"), NOT_CHECKABLE, floor))
+            continue
+        rows.append(claim_row(claim, "drops", _pct(drop, " pts"), _below(drop, 0.0)))
     if {"gptq", "awq"} <= set(grid["method"]) and not recovery[recovery["config"] == config].empty:
         for d in doms:
             g, a = (scores_of(scores, f"{m} {config}", d) for m in ("gptq", "awq"))

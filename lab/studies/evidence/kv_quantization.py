@@ -12,13 +12,11 @@ the rest, perplexity, KL, per-category pass rates, is not read, and perturbing i
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from pathlib import Path
 
 import pandas as pd
 
-from lab.ledger.rebuild import Inputs, Rebuild
+from lab.ledger.rebuild import Inputs, Rebuild, run_parameters
 from lab.studies import kv_quantization as study
 from lab.studies import kv_quantization_claims as claims_mod
 
@@ -31,13 +29,7 @@ ROLE_SUFFIXES = ("k-only", "v-only")
 
 
 def _params(run_dir: Path) -> study.KVStudyParams:
-    """The run's parameters (params.json's "parameters"), keeping only the dataclass's fields."""
-    given = json.loads((run_dir / "params.json").read_text())["parameters"]
-    names = {f.name for f in dataclasses.fields(study.KVStudyParams)}
-    kept = {k: v for k, v in given.items() if k in names}
-    if kept.get("DEVICE", "auto") not in ("auto", "cpu"):  # a GPU run rebuilt on a CPU: no claim reads DEVICE
-        kept["DEVICE"] = "auto"
-    return study.KVStudyParams(**kept)
+    return run_parameters(run_dir, study.KVStudyParams)
 
 
 def load(run_dir: Path) -> Inputs:

@@ -10,22 +10,17 @@ saved, and its measured columns (the speedups, their spans, the step-time median
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from pathlib import Path
 
 import pandas as pd
 
-from lab.ledger.rebuild import Inputs, Rebuild
+from lab.ledger.rebuild import Inputs, Rebuild, run_parameters
 from lab.studies import int4_decode
 from lab.studies import memory_accounting as study
 
 
 def _params(run_dir: Path) -> study.MemoryParams:
-    """The run's parameters (params.json's "parameters"), keeping only the dataclass's fields."""
-    given = json.loads((run_dir / "params.json").read_text())["parameters"]
-    names = {f.name for f in dataclasses.fields(study.MemoryParams)}
-    return study.MemoryParams(**{k: v for k, v in given.items() if k in names})
+    return run_parameters(run_dir, study.MemoryParams)
 
 
 def load(run_dir: Path) -> Inputs:

@@ -4,22 +4,17 @@ bubble.csv and projected_memory.csv."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from pathlib import Path
 
 import pandas as pd
 
-from lab.ledger.rebuild import Inputs, Rebuild
+from lab.ledger.rebuild import Inputs, Rebuild, run_parameters
 from lab.studies import parallelism as study
 from lab.studies import parallelism_claims as claims_mod
 
 
 def _params(run_dir: Path) -> study.ParallelParams:
-    """The run's parameters (params.json's "parameters"), keeping only the dataclass's fields."""
-    given = json.loads((run_dir / "params.json").read_text())["parameters"]
-    names = {f.name for f in dataclasses.fields(study.ParallelParams)}
-    return study.ParallelParams(**{k: v for k, v in given.items() if k in names})
+    return run_parameters(run_dir, study.ParallelParams)
 
 
 def load(run_dir: Path) -> Inputs:

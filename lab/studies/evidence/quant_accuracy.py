@@ -30,7 +30,6 @@ mismatch_ratio, baseline=baseline, on_gpu=...)`. What the run saved, and how eac
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
@@ -38,7 +37,7 @@ from pathlib import Path
 import pandas as pd
 
 from lab.eval.sensitive import CATEGORIES
-from lab.ledger.rebuild import Inputs, Rebuild
+from lab.ledger.rebuild import Inputs, Rebuild, run_parameters
 from lab.memory import ModelShape
 from lab.quant.gguf_grids import QuantizedBaseline
 from lab.studies import quant_accuracy as study
@@ -49,13 +48,7 @@ PPL_RISE = re.compile(r"_ppl_rise")  # sens's columns computed from the per-sequ
 
 
 def _params(run_dir: Path) -> study.QuantAccuracyParams:
-    """The run's parameters (params.json's "parameters"), keeping only the dataclass's fields."""
-    given = json.loads((run_dir / "params.json").read_text())["parameters"]
-    names = {f.name for f in dataclasses.fields(study.QuantAccuracyParams)}
-    kept = {k: v for k, v in given.items() if k in names}
-    if kept.get("DEVICE", "auto") not in ("auto", "cpu"):  # a GPU run rebuilt on a CPU: no claim reads DEVICE
-        kept["DEVICE"] = "auto"
-    return study.QuantAccuracyParams(**kept)
+    return run_parameters(run_dir, study.QuantAccuracyParams)
 
 
 def _on_gpu(run_dir: Path) -> bool:

@@ -4,21 +4,16 @@ tiers' load times and the cost models' predictions per model, prefix and window)
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from pathlib import Path
 
 import pandas as pd
 
-from lab.ledger.rebuild import Inputs, Rebuild
+from lab.ledger.rebuild import Inputs, Rebuild, run_parameters
 from lab.studies import replay_break_even as study
 
 
 def _params(run_dir: Path) -> study.ReplayParams:
-    """The run's parameters (params.json's "parameters"), keeping only the dataclass's fields."""
-    given = json.loads((run_dir / "params.json").read_text())["parameters"]
-    names = {f.name for f in dataclasses.fields(study.ReplayParams)}
-    return study.ReplayParams(**{k: v for k, v in given.items() if k in names})
+    return run_parameters(run_dir, study.ReplayParams)
 
 
 def load(run_dir: Path) -> Inputs:

@@ -17,13 +17,12 @@ The notebook calls `serving_claims.claims_table(prefix, shapes, params.SYSTEM_PR
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import pandas as pd
 
-from lab.ledger.rebuild import Inputs, Rebuild
+from lab.ledger.rebuild import Inputs, Rebuild, run_parameters
 from lab.studies import serving as study
 from lab.studies import serving_claims as claims_mod
 
@@ -31,13 +30,7 @@ SHARE = "cached_share_of_system_prompt_%"
 
 
 def _params(run_dir: Path) -> study.ServingParams:
-    """The run's parameters (params.json's "parameters"), keeping only the dataclass's fields."""
-    given = json.loads((run_dir / "params.json").read_text())["parameters"]
-    names = {f.name for f in dataclasses.fields(study.ServingParams)}
-    kept = {k: v for k, v in given.items() if k in names}
-    if kept.get("DEVICE", "auto") not in ("auto", "cpu"):  # a GPU run rebuilt on a CPU: `device` keeps its name
-        kept["DEVICE"] = "auto"
-    return study.ServingParams(**kept)
+    return run_parameters(run_dir, study.ServingParams)
 
 
 def _device(run_dir: Path) -> str:

@@ -20,14 +20,12 @@ The notebook calls `spec_acceptance_claims.claims_table(main, costs, params, mod
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
 
-from lab.ledger.rebuild import Inputs, Rebuild
+from lab.ledger.rebuild import Inputs, Rebuild, run_parameters
 from lab.memory import ModelShape
 from lab.memory.shape import param_counts
 from lab.speculative.measure import StepCosts
@@ -40,13 +38,7 @@ WORDS = ("article", "measured_costs")
 
 
 def _params(run_dir: Path) -> study.SpecParams:
-    """The run's parameters (params.json's "parameters"), keeping only the dataclass's fields."""
-    given = json.loads((run_dir / "params.json").read_text())["parameters"]
-    names = {f.name for f in dataclasses.fields(study.SpecParams)}
-    kept = {k: v for k, v in given.items() if k in names}
-    if kept.get("DEVICE", "auto") not in ("auto", "cpu"):  # a GPU run rebuilt on a CPU: no claim reads DEVICE
-        kept["DEVICE"] = "auto"
-    return study.SpecParams(**kept)
+    return run_parameters(run_dir, study.SpecParams)
 
 
 class _Count:

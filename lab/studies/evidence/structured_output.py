@@ -17,27 +17,19 @@ nesting_depth.csv, compile_times.csv and projection.csv. Two of its inputs are r
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from pathlib import Path
 
 import pandas as pd
 
 from lab.hardware import GPUS
-from lab.ledger.rebuild import Inputs, Rebuild
+from lab.ledger.rebuild import Inputs, Rebuild, run_parameters
 from lab.memory import ModelShape
 from lab.studies import structured_output as study
 from lab.studies import structured_output_claims as claims_mod
 
 
 def _params(run_dir: Path) -> study.StructuredParams:
-    """The run's parameters (params.json's "parameters"), keeping only the dataclass's fields."""
-    given = json.loads((run_dir / "params.json").read_text())["parameters"]
-    names = {f.name for f in dataclasses.fields(study.StructuredParams)}
-    kept = {k: v for k, v in given.items() if k in names}
-    if kept.get("DEVICE", "auto") not in ("auto", "cpu"):  # a GPU run rebuilt on a CPU: no claim reads DEVICE
-        kept["DEVICE"] = "auto"
-    return study.StructuredParams(**kept)
+    return run_parameters(run_dir, study.StructuredParams)
 
 
 def load(run_dir: Path) -> Inputs:

@@ -6,22 +6,18 @@ cold_start.csv and cold_start_raw.csv, and the weights file's size in bytes as m
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import pandas as pd
 
-from lab.ledger.rebuild import Inputs, Rebuild
+from lab.ledger.rebuild import Inputs, Rebuild, run_parameters
 from lab.studies import ttft_claims as study
 from lab.studies import ttft_claims_table as claims_mod
 
 
 def _params(run_dir: Path) -> study.TTFTParams:
-    """The run's parameters (params.json's "parameters"), keeping only the dataclass's fields."""
-    given = json.loads((run_dir / "params.json").read_text())["parameters"]
-    names = {f.name for f in dataclasses.fields(study.TTFTParams)}
-    return study.TTFTParams(**{k: v for k, v in given.items() if k in names})
+    return run_parameters(run_dir, study.TTFTParams)
 
 
 def load(run_dir: Path) -> Inputs:

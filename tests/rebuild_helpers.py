@@ -1,0 +1,32 @@
+"""What the evidence-rebuild tests share: each notebook's `Rebuild` (`lab.studies.evidence`), the latest reference
+runs, and a table read back the way the ledger reads claims.csv."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pandas as pd
+
+from lab.ledger.gather import latest_reference_runs
+from lab.ledger.rebuild import Rebuild
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def rebuild_of(notebook: str) -> Rebuild:
+    from lab.studies.evidence import rebuilds
+
+    return rebuilds()[notebook]
+
+
+def reference_runs() -> dict[str, Path]:
+    return latest_reference_runs(RESULTS)
+
+
+def as_saved(table: pd.DataFrame) -> pd.DataFrame:
+    """`table` as claims.csv holds it, read back as text (what the ledger reads)."""
+    buf = io.StringIO()
+    table.to_csv(buf, index=False)
+    buf.seek(0)
+    return pd.read_csv(buf, dtype=str, keep_default_na=False)
