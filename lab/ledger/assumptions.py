@@ -107,14 +107,21 @@ def flips(claim: Claim, a: Assumption, row_verdict: str, figure: Callable[[float
         judge = lambda x: verdict(claim.rule, figure(x))  # noqa: E731
     try:
         at_value = judge(a.value)
-        xs = _span(a)
-        seen = [judge(x) for x in xs]
     except Exception as exc:  # noqa: BLE001 - a figure that cannot be recomputed has no flip point
         return Flip(a, error=f"the figure could not be recomputed ({type(exc).__name__}: {exc})")
     if at_value != row_verdict:
         return Flip(a, at_value, error=f"recomputed at the value used it gives {at_value!r}, the row {row_verdict!r}")
+    seen = []
+    for x in _span(a):
+        try:
+            seen.append((float(x), judge(x)))
+        except Exception as exc:  # noqa: BLE001 - beyond the plausible range a study may refuse a value (a median
+            # above its P90): the search stops there; inside the range the figure must be computable
+            if a.low <= x <= a.high:
+                return Flip(a, at_value, error=f"the figure could not be recomputed at {_g(x)} {a.unit} "
+                                                f"({type(exc).__name__}: {exc})")
     points = []
-    for (x0, v0), (x1, v1) in zip(zip(xs, seen), zip(xs[1:], seen[1:])):
+    for (x0, v0), (x1, v1) in zip(seen, seen[1:]):
         if v0 == v1:
             continue
         lo, hi = x0, x1
@@ -122,4 +129,4 @@ def flips(claim: Claim, a: Assumption, row_verdict: str, figure: Callable[[float
             mid = math.sqrt(lo * hi) if a.log else (lo + hi) / 2
             lo, hi = (mid, hi) if judge(mid) == v0 else (lo, mid)
         points.append(float(hi))
-    return Flip(a, at_value, tuple(points), (float(xs[0]), float(xs[-1])))
+    return Flip(a, at_value, tuple(points), (seen[0][0], seen[-1][0]))

@@ -166,6 +166,15 @@ def _unstated(entry: Entry, rebuilds: dict[str, Rebuild]) -> Entry:
     point = parse_lab(entry.lab, claim.link.lab_pattern)
     row_verdict = verdict_of(claim, point.text) if point else ""
     for a in claim.assumptions:
+        if a.flip_pattern:  # the notebook computed the flip point itself and printed it
+            at = parse_lab(entry.lab, a.flip_pattern)
+            flip = assumptions.Flip(a, row_verdict, (float(at.text),) if at else (),
+                                    (a.low, a.high), "" if at else f"no flip point in the row ({a.flip_pattern!r})")
+            found.append(flip)
+            notes.append(flip.text())
+            if flip.inside and verdict in MEASURED:
+                verdict = NOT_DISTINGUISHABLE
+            continue
         try:
             if a.rule is not None:
                 figure = lambda _, v=float(point.text): v  # noqa: E731 - the row's figure, whatever the threshold

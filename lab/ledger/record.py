@@ -51,7 +51,9 @@ class Assumption:
     same code and finds where the verdict flips: through the notebook's claims table with its parameter `param`
     set to each value (the notebook's `Rebuild`), or through `figure(value)`, a function of the assumed value
     that calls what the notebook's row calls; or, where the assumption is the threshold the lab reads into a vague
-    word, `rule(value)` gives the claim's rule at that threshold and the row's figure stays as measured. A verdict that flips inside the plausible range is not
+    word, `rule(value)` gives the claim's rule at that threshold and the row's figure stays as measured; or, where the
+    notebook's own code computes the flip point and prints it in the row (the all-reduce latency at which tensor
+    parallelism falls behind one card), `flip_pattern` reads it (group `v`). A verdict that flips inside the plausible range is not
     distinguishable, with the range stated."""
     name: str
     value: float
@@ -63,15 +65,17 @@ class Assumption:
     param: str = ""
     figure: Callable[[float], float] | None = None
     rule: Callable[[float], Rule] | None = None
+    flip_pattern: str = ""
     log: bool = True
 
     def __post_init__(self):
         if not (self.low <= self.value <= self.high) or self.low >= self.high:
             raise ValueError(f"{self.name}: the plausible range {self.low}-{self.high} must hold the value used, "
                              f"{self.value}")
-        if sum((bool(self.param), self.figure is not None, self.rule is not None)) != 1:
+        if sum((bool(self.param), self.figure is not None, self.rule is not None, bool(self.flip_pattern))) != 1:
             raise ValueError(f"{self.name}: the assumption moves the figure (through a notebook parameter or a "
-                             f"function) or the rule (a threshold read into the article's words), one of these")
+                             f"function) or the rule (a threshold read into the article's words), or the notebook's "
+                             f"row states where it flips (`flip_pattern`), one of these")
         if self.log and self.low <= 0:
             raise ValueError(f"{self.name}: a log-scaled range needs a positive low end")
 

@@ -57,10 +57,6 @@ CAUSES = (
                                                  "a block-hashed cache (vLLM's) keeps every full block before the "
                                                  "first changed token: a timestamp halfway through the system prompt "
                                                  "costs the half after it, not all of it."),
-    Cause("tp-slow-link", "§4.3", "It expects tensor parallelism over a link without NVLink to fall behind one card, "
-                                  "when each card then reads only its share of the weights: projected over PCIe Gen5, "
-                                  "8 cards stay well ahead of one even where the collectives take most of the step; "
-                                  "TP falls behind only at an all-reduce latency of a network link, not of PCIe."),
     Cause("only-batching", "§1.2", "It calls batching the only way to raise throughput, when it names two others "
                                    "itself: INT4 weights (§2) and speculative decoding (§5.1)."),
     Cause("flash-compute", "§4.1", "It credits tiled attention with bringing attention's cost down from quadratic, when "
@@ -142,6 +138,7 @@ MEMORY = [
                   "(「一次读权重同时算几十个请求把带宽成本摊薄」).", "amortized",
       link=Link(MEM, "batching amortizes the weight read over tens of requests (bfloat16", lab_pattern=run_cell(", x: ")),
       rule=Bound("2"),
+      model=ModelClass(),  # any model whose decode step is bound by reading its weights
       assumptions=(Assumption("the gain that shows the weights' read 'amortized' (摊薄) over a batch of 32", 2, "x",
                               "the notebook's reading: at least twice batch 1's tokens/s", 1.5, 8,
                               "from half again to a quarter of the batch", rule=lambda x: Bound(repr(x))),),
@@ -247,7 +244,9 @@ PAGING = [
       assumptions=(Assumption("the length a contiguous cache reserves per request (max_model_len)", 8192, "tokens",
                               "notebook 01's SEQ_LEN: the article does not say what it reserves", 4096, 32768,
                               "from its own §3.1 example's 4096 to the 32K long-context services reserve",
-                              param="SEQ_LEN"),),
+                              param="SEQ_LEN"), Assumption("the median request length (prompt and output) of the traffic", 600, "tokens",
+                              "notebook 01's log-normal (P90 2000, P99 6000): the article states none", 150, 1500,
+                              "from chat turns to document questions", param="LENGTH_P50"),),
       about=PAGED, scope="behaviour"),
     c(69, "§3.1", "Paging cuts the waste to single digits (「…压到个位数百分比」).", "< 10%",
       link=arith("paged KV waste at block 16"), rule=Range(None, "9"),
@@ -255,7 +254,9 @@ PAGING = [
       assumptions=(Assumption("the length a contiguous cache reserves per request (max_model_len)", 8192, "tokens",
                               "notebook 01's SEQ_LEN: the article does not say what it reserves", 4096, 32768,
                               "from its own §3.1 example's 4096 to the 32K long-context services reserve",
-                              param="SEQ_LEN"),),
+                              param="SEQ_LEN"), Assumption("the median request length (prompt and output) of the traffic", 600, "tokens",
+                              "notebook 01's log-normal (P90 2000, P99 6000): the article states none", 150, 1500,
+                              "from chat turns to document questions", param="LENGTH_P50"),),
       about=PAGED + ", block 16", scope="behaviour"),
     c(70, "§3.1", "The same card then carries several times the concurrency (「同样的卡能多扛好几倍并发」).",
       "several times", link=arith("paged at block 16 over contiguous"), rule=Range("3", None),
@@ -263,7 +264,9 @@ PAGING = [
       assumptions=(Assumption("the length a contiguous cache reserves per request (max_model_len)", 8192, "tokens",
                               "notebook 01's SEQ_LEN: the article does not say what it reserves", 4096, 32768,
                               "from its own §3.1 example's 4096 to the 32K long-context services reserve",
-                              param="SEQ_LEN"),
+                              param="SEQ_LEN"), Assumption("the median request length (prompt and output) of the traffic", 600, "tokens",
+                              "notebook 01's log-normal (P90 2000, P99 6000): the article states none", 150, 1500,
+                              "from chat turns to document questions", param="LENGTH_P50"),
                    Assumption("the smallest multiple 'several times' (好几倍) means", 3, "x",
                               "the lab's reading of 好几", 2, 5, "from 'a couple' to 'five or so'",
                               rule=lambda x: Range(repr(x), None))),
@@ -282,6 +285,10 @@ PAGING = [
                   "prefill slots it into their gaps.", "stall",
       link=Link(SERVE, "let one long prefill stall the running decodes", lab_pattern=run_cell("over on \\(\\d+\\), x: ")),
       rule=Bound("1"),
+      assumptions=(Assumption("how much larger the largest inter-token gap must be to read as a stall (打字突然停顿)",
+                              1.0, "x", "the notebook's reading: any growth", 1.0, 2.0,
+                              "from any growth to a doubling, a pause a reader of the stream would notice",
+                              rule=lambda x: Bound(repr(x)), log=False),),
       why="the running requests' largest inter-token gap with chunking off over on, in every run above 1 for a stall "
           "that chunking removes",
       about="a continuous-batching engine with long prompts among running decodes, any device", scope="behaviour"),
