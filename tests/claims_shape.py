@@ -19,13 +19,12 @@ def assert_one_shape(claims: pd.DataFrame) -> None:
 def assert_links_find_one_row(claims: pd.DataFrame, notebook: str) -> None:
     """Every ledger link to `notebook` matches exactly one claim cell, and a linked rule can read its figure."""
     from lab.ledger import CLAIMS
-    from lab.ledger.rules import parse_lab
 
     for c in CLAIMS:
         if c.link is not None and c.link.notebook == notebook:
             [row] = claims[claims["claim"].str.contains(c.link.match, regex=False)].to_dict("records")
             if c.rule is not None:
-                assert parse_lab(row["measured here"], c.link.lab_pattern) is not None, c.id
+                assert c.link.figure(row["measured here"]) is not None, c.id
 
 
 def assert_ledger_reads_the_same(claims: pd.DataFrame, notebook: str, run_dir, tmp_path) -> None:
@@ -34,7 +33,7 @@ def assert_ledger_reads_the_same(claims: pd.DataFrame, notebook: str, run_dir, t
     for a claim with a rule the verdict the notebook wrote is the one the rules give its printed figure."""
     from lab.ledger import CLAIMS
     from lab.ledger.gather import resolve
-    from lab.ledger.rules import MISSING, parse_lab
+    from lab.ledger.rules import MISSING
 
     claims.to_csv(tmp_path / "claims.csv", index=False)
     linked = [c for c in CLAIMS if c.link is not None and c.link.notebook == notebook]
@@ -45,4 +44,4 @@ def assert_ledger_reads_the_same(claims: pd.DataFrame, notebook: str, run_dir, t
         assert not new.disagrees, new.why  # one verdict system: the rules read back what the notebook wrote
         assert (new.verdict, new.notebook_verdict) == (old.verdict, old.notebook_verdict), c.id
         if c.rule is not None:
-            assert parse_lab(new.lab, c.link.lab_pattern) == parse_lab(old.lab, c.link.lab_pattern), c.id
+            assert c.link.figure(new.lab) == c.link.figure(old.lab), c.id

@@ -6,7 +6,7 @@ import pytest
 
 from lab import memory as mem
 from lab.hardware import GPUS
-from lab.ledger.rules import HOLDS, WRONG, Bound, Number, Range, parse_lab, verdict
+from lab.ledger.rules import HOLDS, WRONG, Bound, Number, Range, verdict
 from lab.ledger.seed000 import CLAIMS
 from lab.replay.cost import window_cost
 from lab.arithmetic import s000
@@ -31,7 +31,7 @@ def test_rows_build_with_unique_claim_cells_led_by_seed_and_section():
 @pytest.mark.parametrize("row", ROWS, ids=[r["claim"][:40] for r in ROWS])
 def test_each_row_is_linked_once_and_its_verdict_is_the_rules_on_its_printed_figure(row):
     claim = _claim(row)
-    lab = parse_lab(row["measured here"], claim.link.lab_pattern)
+    lab = claim.link.figure(row["measured here"])
     assert row["verdict"] == verdict(claim.rule, lab.text, lab.interval), claim.id
     assert row["holds"] == (row["verdict"] == HOLDS)
 

@@ -4,7 +4,7 @@ time turns it (the comparisons are not true by construction)."""
 
 import pytest
 
-from lab.ledger.rules import HOLDS, WRONG, parse_lab, verdict
+from lab.ledger.rules import HOLDS, WRONG, verdict
 from lab.ledger.seed002 import CLAIMS, MEM
 from lab.arithmetic import s002
 
@@ -27,7 +27,7 @@ def test_rows_build_with_unique_claims_each_found_by_one_ledger_link(rows):
 def test_each_verdict_is_the_ledger_rule_on_the_printed_figure(rows):
     for c in LINKED:
         [row] = [r for r in rows if c.link.match in r["claim"]]
-        lab = parse_lab(row["measured here"], c.link.lab_pattern)
+        lab = c.link.figure(row["measured here"])
         assert row["verdict"] == verdict(c.rule, lab.text, lab.interval), c.id
         assert row["verdict"] == verdict(c.rule, float(lab.text)), c.id  # printed to the digits its verdict needs
 

@@ -11,7 +11,7 @@ from claims_shape import assert_one_shape
 
 from lab import memory as mem
 from lab.ledger import CLAIMS
-from lab.ledger.rules import ARITHMETIC, HOLDS, ROUNDING, WRONG, parse_lab, verdict
+from lab.ledger.rules import ARITHMETIC, HOLDS, ROUNDING, WRONG, verdict
 from lab.studies import memory_accounting
 from lab.arithmetic import Paging, s003
 
@@ -40,7 +40,7 @@ def test_every_verdict_is_the_rules_on_the_printed_figure():
         if rows.empty:  # one of notebook 01's own rows (lab.studies.memory_accounting)
             continue
         row = rows.iloc[0]
-        lab = parse_lab(row["measured here"], claim.link.lab_pattern)
+        lab = claim.link.figure(row["measured here"])
         assert row["verdict"] == verdict(claim.rule, lab.text, lab.interval), claim.id
 
 

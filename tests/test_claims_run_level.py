@@ -13,7 +13,7 @@ import pytest
 from claims_shape import assert_links_find_one_row, assert_one_shape
 from ttft_tables import cold_raw, sweep_raw
 
-from lab.ledger.rules import HOLDS, NOT_DISTINGUISHABLE, WRONG, Range, parse_lab, verdict
+from lab.ledger.rules import HOLDS, NOT_DISTINGUISHABLE, WRONG, Range, verdict
 from lab.ledger.seed002 import CLAIMS, NB06, NB09
 from lab.studies import ttft_claims as study
 from lab.run_level import MIN_RUNS, judged_runs, spread, text
@@ -42,7 +42,7 @@ def _read_back(table: pd.DataFrame, notebook: str) -> dict:
     for c in CLAIMS:
         if c.link is not None and c.link.notebook == notebook and c.rule is not None:
             [row] = table[table["claim"].str.contains(c.link.match, regex=False)].to_dict("records")
-            lab = parse_lab(row["measured here"], c.link.lab_pattern)
+            lab = c.link.figure(row["measured here"])
             out[c.id] = (row["verdict"], verdict(c.rule, lab.text, lab.interval))
     return out
 
@@ -128,7 +128,7 @@ def test_notebook_06s_stall_and_knee_rows_are_judged_on_the_runs_and_read_back_b
     assert {c.id for c in linked} >= {"003-72", "003-73"}
     for c in linked:
         [row] = table[table["claim"].str.contains(c.link.match, regex=False)].to_dict("records")
-        lab = parse_lab(row["measured here"], c.link.lab_pattern)
+        lab = c.link.figure(row["measured here"])
         assert row["verdict"] == verdict(c.rule, lab.text, lab.interval), c.id
     assert _stall_and_knee(_chunked(), _ramp()) == {"stall (seeds/003 §3.2)": HOLDS, "a knee (seeds/003 §6.2)": HOLDS}
     # chunking that leaves the gap as it was turns the stall; a ramp still gaining 40% at its top stopped short of

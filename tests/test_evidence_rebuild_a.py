@@ -17,7 +17,6 @@ from rebuild_helpers import as_saved, rebuild_of, reference_runs
 from lab.ledger import CLAIMS
 from lab.ledger.record import Link
 from lab.ledger.rebuild import movements, perturbations
-from lab.ledger.rules import parse_lab
 
 NOTEBOOKS = ("01_memory_accounting", "04_replay_break_even", "08_parallelism", "09_ttft_claims")
 CELLS = ("claim", "measured here", "verdict")
@@ -74,7 +73,7 @@ def _link(claim_id: str):
 def _ledger_figure(link):
     """The number the ledger judges in a row (its `lab_pattern`, else the first number of the measured cell)."""
     def figure(row: dict):
-        number = parse_lab(str(row["measured here"]), link.lab_pattern)
+        number = link.figure(str(row["measured here"]))
         return None if number is None else number.text
     return figure
 

@@ -18,7 +18,6 @@ from rebuild_helpers import as_saved, rebuild_of, reference_runs
 
 from lab.ledger import CLAIMS
 from lab.ledger.rebuild import movements, perturbations
-from lab.ledger.rules import parse_lab
 
 NOTEBOOKS = ("02_quantization_accuracy", "03_kv_quantization", "05_speculative_acceptance", "06_serving_ttft", "07_structured_output")
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
@@ -175,7 +174,7 @@ def test_the_article_formula_cut_off_is_fixed_while_the_engines_move(runs):
     link = _link("003-41")
 
     def ledger_figure(row):
-        number = parse_lab(str(row["measured here"]), link.lab_pattern)
+        number = link.figure(str(row["measured here"]))
         return None if number is None else number.text
 
     moved = movements(rebuild_of("05_speculative_acceptance"), runs["05_speculative_acceptance"],

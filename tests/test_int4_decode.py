@@ -105,12 +105,12 @@ def test_batching_amortizes_only_when_every_run_clears_twice_the_tokens(rounds, 
 
 
 def test_the_ledger_reads_the_batching_row_back_to_the_verdict_it_wrote():
-    from lab.ledger.rules import parse_lab, verdict
+    from lab.ledger.rules import verdict
     from lab.ledger.seed003 import CLAIMS
 
     [claim] = [c for c in CLAIMS if c.id == "003-64"]
     for rounds in ([(30, 130), (32, 140), (31, 120)], [(30, 400), (30, 600), (30, 500)]):
         rows = int4_decode.batching_rows(_batched(rounds))
         [row] = rows[rows["claim"].str.contains(claim.link.match, regex=False)].to_dict("records")
-        lab = parse_lab(row["measured here"], claim.link.lab_pattern)
+        lab = claim.link.figure(row["measured here"])
         assert verdict(claim.rule, lab.text, lab.interval) == row["verdict"]

@@ -21,7 +21,7 @@ from lab.ledger.literals import find, scan
 from lab.ledger.record import Cause, Claim, Link, cause_table
 from lab.ledger.report import MISTAKES, cause_lines, summary_lines
 from lab.ledger.rules import (HOLDS, MEASURED, MISSING, NOT_DISTINGUISHABLE, NOT_YET, ROUNDING, WRONG, WRONGS, Bound,
-                              Number, Range, parse_lab, verdict)
+                              Number, Range, verdict)
 from lab.runs import results_root
 
 RULED = [c for c in CLAIMS if c.rule is not None]
@@ -50,7 +50,7 @@ def _inside_and_outside(rule) -> tuple[Decimal, list[Decimal]]:
 @pytest.mark.parametrize("claim", RULED, ids=[c.id for c in RULED])
 def test_every_measured_row_flips_when_its_number_crosses_the_claims_band(claim, entries):
     e = entries[claim.id]
-    lab = parse_lab(e.lab, claim.link.lab_pattern)
+    lab = claim.link.figure(e.lab)
     measured = e.measured  # the rules' verdict on the row's figure, before readings, assumptions and scope
     assert measured in MEASURED and measured == verdict(claim.rule, lab.text, lab.interval)  # from the evidence
     inside, outside = _inside_and_outside(claim.rule)

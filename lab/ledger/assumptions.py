@@ -26,7 +26,7 @@ import numpy as np
 
 from lab.ledger.rebuild import Rebuild, row_figure
 from lab.ledger.record import Assumption, Claim
-from lab.ledger.rules import parse_lab, verdict
+from lab.ledger.rules import verdict
 
 GRID = 41       # values across the searched span
 BISECTIONS = 40
@@ -85,7 +85,7 @@ def through_rebuild(claim: Claim, param: str, rebuild: Rebuild, run_dir: Path) -
     def figure(x: float) -> float:
         value = int(round(x)) if kind is int else kind(x)
         table = rebuild.table({**inputs, holder: dataclasses.replace(inputs[holder], **{param: value})})
-        number = row_figure(table, claim.link.match, lambda row: parse_lab(str(_measured(row)), claim.link.lab_pattern))
+        number = row_figure(table, claim.link.match, lambda row: claim.link.figure(str(_measured(row))))
         if number is None:
             raise ValueError(f"the rebuilt table has no figure for {claim.link.match!r} at {param}={value}")
         return float(number.text)

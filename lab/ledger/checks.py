@@ -40,7 +40,7 @@ from lab.ledger.gather import LAB_COLUMNS, Entry
 from lab.ledger.rebuild import Rebuild, movements
 from lab.ledger.record import Cause
 from lab.ledger.rules import (BY_ARGUMENT, MEASURED, MEASUREMENTS, MISSING, NOT_YET, NUMBER, SCOPES,
-                              WRONGS, Bound, parse_lab)
+                              WRONGS, Bound)
 
 # Studies whose every measured figure depends on the model it ran: quantization error, KV error, acceptance.
 MODEL_DEPENDENT_NOTEBOOKS = ("02_quantization_accuracy", "03_kv_quantization", "05_speculative_acceptance")
@@ -141,7 +141,7 @@ def _readers(entry: Entry) -> tuple:
     def judged(row: dict):
         if rule is None:
             return cell(row), row.get("verdict", "")
-        number = parse_lab(cell(row), link.lab_pattern)
+        number = link.figure(cell(row))
         return None if number is None else (number.text, number.lo, number.hi)
     return judged, cell
 

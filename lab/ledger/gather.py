@@ -118,7 +118,7 @@ def resolve(claim: Claim, runs: dict[str, Path], rebuilds: dict[str, Rebuild] | 
     why = "; ".join(x for x in (row.get("note", ""), claim.why) if x)
     verdict = said
     if claim.rule is not None:
-        number = parse_lab(lab, link.lab_pattern)
+        number = link.figure(lab)
         if number is None:
             return Entry(claim, lab, MISSING, f"no number in {link.notebook}'s row {index} (notebook {link.notebook})",
                          run, link.table, index, said)
@@ -163,33 +163,38 @@ def _unstated(entry: Entry, rebuilds: dict[str, Rebuild]) -> Entry:
         # spans the claim, and a way in between would hold), decide nothing
         if (len(verdicts) > 1 or len(sides) > 1) and verdict in MEASURED:
             verdict = NOT_DISTINGUISHABLE
-    point = parse_lab(entry.lab, claim.link.lab_pattern)
+    point = claim.link.figure(entry.lab)
     row_verdict = verdict_of(claim, point.text) if point else ""
     for a in claim.assumptions:
-        if a.flip_pattern:  # the notebook computed the flip point itself and printed it
-            at = parse_lab(entry.lab, a.flip_pattern)
-            flip = assumptions.Flip(a, row_verdict, (float(at.text),) if at else (),
-                                    (a.low, a.high), "" if at else f"no flip point in the row ({a.flip_pattern!r})")
-            found.append(flip)
-            notes.append(flip.text())
-            if flip.inside and verdict in MEASURED:
-                verdict = NOT_DISTINGUISHABLE
-            continue
-        try:
-            if a.rule is not None:
-                figure = lambda _, v=float(point.text): v  # noqa: E731 - the row's figure, whatever the threshold
-            else:
-                figure = a.figure or assumptions.through_rebuild(claim, a.param, rebuilds[claim.link.notebook],
-                                                                 entry.run_dir)
-        except (KeyError, ValueError, OSError) as exc:
-            flip = assumptions.Flip(a, error=f"no way to recompute the figure ({type(exc).__name__}: {exc})")
-        else:
-            flip = assumptions.flips(claim, a, row_verdict, figure)
+        flip = _sweep(a, entry, point, row_verdict, rebuilds)
         found.append(flip)
         notes.append(flip.text())
         if flip.inside and verdict in MEASURED:
             verdict = NOT_DISTINGUISHABLE
     return dataclasses.replace(entry, verdict=verdict, assumptions="; ".join(notes), flips=tuple(found))
+
+
+def _sweep(a, entry: Entry, point, row_verdict: str, rebuilds: dict[str, Rebuild]) -> assumptions.Flip:
+    """Assumption `a` of the entry's claim swept to its flip points: read from the row where the notebook computed
+    them (`flip_pattern`), else recomputed (the rule at each threshold on the row's figure, a function of the value,
+    or the notebook's claims table through its `Rebuild`)."""
+    claim = entry.claim
+    if a.flip_pattern:
+        at = parse_lab(entry.lab, a.flip_pattern)
+        if at is None:
+            return assumptions.Flip(a, error=f"no flip point in the row ({a.flip_pattern!r})")
+        return assumptions.Flip(a, row_verdict, (float(at.text),), (a.low, a.high))
+    if point is None:
+        return assumptions.Flip(a, error="no figure in the row to sweep")
+    try:
+        if a.rule is not None:
+            figure = lambda _, v=float(point.text): v  # noqa: E731 - the row's figure, whatever the threshold
+        else:
+            figure = a.figure or assumptions.through_rebuild(claim, a.param, rebuilds[claim.link.notebook],
+                                                             entry.run_dir)
+    except (KeyError, ValueError, OSError) as exc:
+        return assumptions.Flip(a, error=f"no way to recompute the figure ({type(exc).__name__}: {exc})")
+    return assumptions.flips(claim, a, row_verdict, figure)
 
 
 def verdict_of(claim: Claim, text: str) -> str:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lab.ledger.rules import BY_ARGUMENT, EVIDENCE, NOT_CHECKABLE, NOT_YET, ON_CPU, SCOPES, VERDICTS, ModelClass, Rule
+from lab.ledger.rules import (BY_ARGUMENT, EVIDENCE, NOT_CHECKABLE, NOT_YET, ON_CPU, SCOPES, VERDICTS, LabNumber,
+                              ModelClass, Rule, parse_lab)
 
 SEEDS = {"000": "000_6360c6a068e5cdc2.txt", "002": "002_2e53536036edbb4f.txt", "003": "003_1a250c76ca76c1c9.txt"}
 
@@ -23,7 +24,8 @@ SEEDS = {"000": "000_6360c6a068e5cdc2.txt", "002": "002_2e53536036edbb4f.txt", "
 class Link:
     """Where a notebook checks a claim: a row of `table` in the notebook's latest reference run whose claim
     cell contains `match` (exactly one row must). `lab_pattern` picks the lab's number out of the row's
-    measured cell (a regex with group `v`, optionally `lo` and `hi`); without it, the first number. `evidence`
+    measured cell (a regex with group `v`, optionally `lo` and `hi`); without it, the first number (`lab_figure`,
+    a function of the cell, where the figure needs several of its numbers). `evidence`
     says how the row's figure was obtained (`lab.ledger.rules.EVIDENCE`: measured, projected to a GPU, a physics
     bound, arithmetic; a measurement becomes "on a GPU" when the run had one), `setting` adds what the lab's
     setting needs said beyond the run's device and model (the GPU projected to, the batch), and `bound` picks
@@ -36,10 +38,19 @@ class Link:
     evidence: str = ON_CPU
     setting: str = ""
     bound: str | None = None
+    lab_figure: Callable[[str], LabNumber | None] | None = None
 
     def __post_init__(self):
         if self.evidence not in EVIDENCE:
             raise ValueError(f"{self.match!r}: evidence {self.evidence!r} is not one of {EVIDENCE}")
+        if self.lab_figure is not None and self.lab_pattern:
+            raise ValueError(f"{self.match!r}: the figure is read by a pattern or a function, not both")
+
+    def figure(self, cell: str) -> LabNumber | None:
+        """The lab's number (and interval) in a measured cell: `lab_figure(cell)` where the figure is computed from
+        several of the cell's numbers (a count with the rows that could go either way as its interval), else
+        `lab_pattern`'s groups or the first number."""
+        return self.lab_figure(cell) if self.lab_figure is not None else parse_lab(cell, self.lab_pattern)
 
 
 @dataclass(frozen=True)
