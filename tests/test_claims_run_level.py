@@ -125,7 +125,9 @@ def test_notebook_06s_stall_and_knee_rows_are_judged_on_the_runs_and_read_back_b
     assert timestamp_row(dynamic)["verdict"] == HOLDS
     assert_one_shape(table)
     linked = [c for c in seed003.CLAIMS + seed003_serving.CLAIMS if c.link is not None and c.link.notebook == NB06 and c.rule is not None]
-    assert {c.id for c in linked} >= {"003-72", "003-73"}
+    # 003-73's 50% is where the timestamp was put, so the ledger records it wrong by argument (issue 48); the
+    # notebook's row stays as its illustration
+    assert {c.id for c in linked} >= {"003-72"}
     for c in linked:
         [row] = table[table["claim"].str.contains(c.link.match, regex=False)].to_dict("records")
         lab = c.link.figure(row["measured here"])

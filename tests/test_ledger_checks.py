@@ -147,8 +147,8 @@ def test_check_fails_on_a_verdict_literal_and_on_a_stale_committed_ledger(tmp_pa
 def test_every_wrong_verdict_names_a_defined_cause_and_every_cause_explains_one(entries):
     assert unexplained(list(entries.values()), CAUSES) == []
     # the audit's example (issue 34 item 5): three of seed 000's wrong rows are one mistake, a KV size of one head
-    assert sorted(e.claim.id for e in entries.values() if e.claim.cause == "one-kv-head") == ["000-09", "000-11",
-                                                                                              "000-16"]
+    # 000-16's 1.6 ms is right per card at TP=8 (issue 48), so its row names no mistake
+    assert sorted(e.claim.id for e in entries.values() if e.claim.cause == "one-kv-head") == ["000-09", "000-11"]
 
 
 def _row(n: int, verdict: str, cause: str = "") -> Entry:

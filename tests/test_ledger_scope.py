@@ -11,8 +11,9 @@ import pytest
 
 from lab.ledger.gather import resolve
 from lab.ledger.record import Claim, Link
+from lab.ledger.model_class import ModelClass
 from lab.ledger.rules import (ARITHMETIC, HOLDS, NOT_CHECKABLE, NOT_DISTINGUISHABLE, ON_CPU, ON_GPU, PHYSICS_BOUND,
-                              PROJECTED, SCOPES, WRONG, Evidence, ModelClass, Range, beyond, scoped)
+                              PROJECTED, SCOPES, WRONG, Evidence, Range, beyond, scoped)
 from lab.ledger.setting import run_evidence, weights16
 
 

@@ -18,8 +18,9 @@ from lab.ledger.checks import by_construction, off_class, ruleless, unnamed_assu
 from lab.ledger.gather import Entry, _unstated, resolve
 from lab.ledger.rebuild import Rebuild, movements
 from lab.ledger.record import Assumption, Claim, Link, Part, Reading
+from lab.ledger.model_class import ModelClass, scale_band
 from lab.ledger.rules import (HOLDS, NOT_CHECKABLE, NOT_DISTINGUISHABLE, ON_CPU, PROJECTED, WRONG, Bound, Evidence,
-                              ModelClass, Number, Range, scale_band, scoped, undecided_by)
+                              Number, Range, scoped, undecided_by)
 from lab.ledger.setting import model_class
 
 SEVENTY = ModelClass("10B-100B", "dense")
@@ -242,3 +243,23 @@ def test_docs_state_the_ledgers_counts_and_the_check_rewrites_them(tmp_path):
     assert write_counts(entries, doc) == (doc, True)
     assert counts_block(entries) in doc.read_text() and "old counts" not in doc.read_text()
     assert write_counts(entries, doc) == (doc, False)  # current now
+
+
+def test_a_tally_is_read_with_the_rows_that_could_go_either_way_as_its_interval():
+    """003-43 reads notebook 05's tally through its link's figure function: a count the notebook does not print
+    is 0, and the rows not distinguishable from 10% make the interval, so the verdict is the notebook's."""
+    from lab.ledger.seed003_serving import rows_outside
+
+    open_only = rows_outside("of 18 rows, the article's prediction: not distinguishable at 12, within 10% at 6; x")
+    assert (open_only.text, open_only.interval) == ("0", (0, 12))
+    some_out = rows_outside("of 18 rows, the article's prediction: not distinguishable at 15, outside 10% at 3")
+    assert (some_out.text, some_out.interval) == ("3", (3, 18))
+    rule = Range(None, "0")
+    from lab.ledger.rules import judge
+    assert judge(rule, open_only) == NOT_DISTINGUISHABLE and judge(rule, some_out) == WRONG
+    assert judge(rule, rows_outside("the article's prediction: within 10% at 18")) == HOLDS
+    link = Link("05", "acceptance decides", lab_figure=rows_outside)
+    assert link.figure("the article's prediction: outside 10% at 2") == rows_outside(
+        "the article's prediction: outside 10% at 2")
+    with pytest.raises(ValueError):
+        Link("05", "x", lab_pattern="(?P<v>1)", lab_figure=rows_outside)

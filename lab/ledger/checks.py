@@ -111,7 +111,8 @@ def off_class(entries: list[Entry]) -> list[str]:
 
 def ruleless(entries: list[Entry]) -> list[str]:
     return [f"no rule: {e.claim.id} ({e.claim.link.notebook}): a measured verdict takes its notebook's word; give the "
-            f"claim the rule its notebook judged by" for e in entries if measured(e) and e.claim.rule is None and not e.claim.parts]
+            f"claim the rule its notebook judged by" for e in entries
+            if measured(e) and e.claim.rule is None and not e.claim.parts]
 
 
 def _printed(text: str) -> set[Decimal]:

@@ -35,7 +35,8 @@ from lab.ledger import assumptions
 from lab.ledger.rebuild import Rebuild
 from lab.ledger.record import Claim
 from lab.ledger.rules import (ARGUMENT, BY_ARGUMENT, MEASURED, MISSING, NO_EVIDENCE, NOT_DISTINGUISHABLE, PHYSICS_BOUND,
-                              ROUNDING, WRONG, Evidence, all_of, beyond, from_notebook, judge, parse_lab, scoped, side, undecided_by, verdict)
+                              ROUNDING, WRONG, Evidence, all_of, beyond, from_notebook, judge, parse_lab, scoped, side,
+                              undecided_by, verdict)
 from lab.ledger.setting import describe, run_evidence
 from lab.results_index import list_runs
 
@@ -126,8 +127,11 @@ def resolve(claim: Claim, runs: dict[str, Path], rebuilds: dict[str, Rebuild] | 
     if claim.parts:
         verdict, parts = parts_verdict(claim, lab)
         why = "; ".join(x for x in (parts, why) if x)
-    entry = Entry(claim, lab, verdict, why, run, link.table, index, said, measured=verdict)
-    return _scoped(_unstated(entry, rebuilds or {}))
+    entry = _unstated(Entry(claim, lab, verdict, why, run, link.table, index, said, measured=verdict), rebuilds or {})
+    if said in MEASURED and said not in (entry.verdict, entry.measured):  # shown, not overridden silently
+        entry = dataclasses.replace(entry, why=f"the notebook says {said!r}; the rules give {entry.verdict!r} from its "
+                                               f"figure" + (f": {entry.why}" if entry.why else ""))
+    return _scoped(entry)
 
 
 def parts_verdict(claim: Claim, lab: str) -> tuple[str, str]:

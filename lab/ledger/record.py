@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from lab.ledger.model_class import ModelClass
 from lab.ledger.rules import (BY_ARGUMENT, EVIDENCE, NOT_CHECKABLE, NOT_YET, ON_CPU, SCOPES, VERDICTS, LabNumber,
-                              ModelClass, Rule, parse_lab)
+                              Rule, parse_lab)
 
 SEEDS = {"000": "000_6360c6a068e5cdc2.txt", "002": "002_2e53536036edbb4f.txt", "003": "003_1a250c76ca76c1c9.txt"}
 
@@ -64,8 +65,8 @@ class Assumption:
     that calls what the notebook's row calls; or, where the assumption is the threshold the lab reads into a vague
     word, `rule(value)` gives the claim's rule at that threshold and the row's figure stays as measured; or, where the
     notebook's own code computes the flip point and prints it in the row (the all-reduce latency at which tensor
-    parallelism falls behind one card), `flip_pattern` reads it (group `v`). A verdict that flips inside the plausible range is not
-    distinguishable, with the range stated."""
+    parallelism falls behind one card), `flip_pattern` reads it (group `v`). A verdict that flips inside the
+    plausible range is not distinguishable, with the range stated."""
     name: str
     value: float
     unit: str

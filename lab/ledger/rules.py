@@ -61,6 +61,8 @@ import re
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
+from lab.ledger.model_class import ModelClass
+
 HOLDS, WRONG, ROUNDING, NOT_DISTINGUISHABLE = "holds", "wrong", "wrong by rounding", "not distinguishable"
 BY_ARGUMENT = "wrong by argument"
 NOT_CHECKABLE, NOT_YET = "not checkable here", "not yet checked"
@@ -220,16 +222,14 @@ def verdict(rule: Rule, value, interval=None) -> str:
 
 
 def side(rule: Rule, value: float) -> int:
-    """Which side of the claim's band `value` misses it on: -1 below, +1 above, 0 inside or at it (a bound's wrong
-    side is its only one)."""
+    """Which side of the claim's band `value` misses it on: -1 below, +1 above, 0 where it holds."""
     x = Decimal(repr(float(value)))
+    if _point(rule, x) == HOLDS:
+        return 0
     if isinstance(rule, Bound):
-        return 0 if _point(rule, x) == HOLDS else (-1 if rule.above else 1)
-    if isinstance(rule, Range):
-        x = _round(x, precision(rule))
-        return -1 if rule.lo is not None and x < Decimal(rule.lo) else 1 if rule.hi is not None and \
-            x > Decimal(rule.hi) else 0
-    return 0 if _point(rule, x) == HOLDS else (-1 if x < Decimal(rule.text) else 1)
+        return -1 if rule.above else 1
+    return -1 if x < Decimal(rule.lo if isinstance(rule, Range) and rule.lo is not None else
+                             rule.text if isinstance(rule, Number) else rule.hi) else 1
 
 
 def judge(claim: Rule, lab: LabNumber) -> str:
@@ -303,47 +303,6 @@ ARGUMENT, NO_EVIDENCE = "argument", "none"
 EVIDENCE = (ON_CPU, ON_GPU, PROJECTED, PHYSICS_BOUND, ARITHMETIC, ARGUMENT, NO_EVIDENCE)
 
 
-# Model classes (issue 48 item 1): what a model-dependent figure (acceptance, quantization error, how a cost grows
-# with context) can stand for. A measurement decides such a claim only on a model of the claim's class.
-ANY = "any"
-SCALE_BANDS = ((1e9, "under 1B"), (1e10, "1B-10B"), (1e11, "10B-100B"), (math.inf, "100B and over"))
-ARCHITECTURES = ("dense", "MoE")
-
-
-def scale_band(params: float) -> str:
-    """The scale band of a model of `params` parameters ("under 1B", "1B-10B", "10B-100B", "100B and over")."""
-    return next(name for top, name in SCALE_BANDS if params < top)
-
-
-@dataclass(frozen=True)
-class ModelClass:
-    """A class of models: a scale band (`SCALE_BANDS`) and an architecture (`ARCHITECTURES`), each or both `ANY`
-    where the claim is about any model. A claim's class admits a measured model's when each part is `ANY` or
-    equal."""
-    scale: str = ANY
-    arch: str = ANY
-
-    def __post_init__(self):
-        if self.scale not in (ANY, *(name for _, name in SCALE_BANDS)):
-            raise ValueError(f"scale {self.scale!r} is not one of {[n for _, n in SCALE_BANDS]} or {ANY!r}")
-        if self.arch not in (ANY, *ARCHITECTURES):
-            raise ValueError(f"architecture {self.arch!r} is not one of {ARCHITECTURES} or {ANY!r}")
-
-    def mismatch(self, measured: ModelClass | None) -> str:
-        """Which part of `measured` (a measured model's class; None when unknown) keeps it from standing for this
-        class: "" where it does, else e.g. "model scale (measured: under 1B; the claim: 10B-100B)"."""
-        if measured is None:
-            return "model (the measured model's size is not known)"
-        out = [f"{what} (measured: {m}; the claim: {c})" for what, c, m in
-               (("model scale", self.scale, measured.scale), ("architecture", self.arch, measured.arch))
-               if c != ANY and c != m]
-        return "; ".join(out)
-
-    def __str__(self) -> str:
-        return "any model" if self.scale == ANY and self.arch == ANY else \
-            " ".join(x for x in (self.scale if self.scale != ANY else "", self.arch if self.arch != ANY else "") if x)
-
-
 @dataclass(frozen=True)
 class Evidence:
     """What a verdict rests on: its `kind` (`EVIDENCE`) and, for a measurement, whether the model measured had
@@ -395,9 +354,8 @@ MEASUREMENTS = (ON_CPU, ON_GPU)
 
 
 def undecided_by(scope: str, evidence: Evidence, claim_model: ModelClass | None = None) -> str:
-    """Which dimension of the lab's setting keeps `evidence` from deciding a claim of `scope` about models of
-    `claim_model` ("" where it decides): the device (a GPU claim measured on a CPU), the weights' precision (not
-    16-bit), or the model's scale or architecture (a model-dependent figure measured on another class)."""
+    """What keeps `evidence` from deciding a claim of `scope` about models of `claim_model` ("" where nothing does):
+    the device, the weights' precision, or the model's scale or architecture."""
     rule = SCOPES[scope]
     if evidence.kind in (ARGUMENT, NO_EVIDENCE):
         return ""
@@ -411,11 +369,10 @@ def undecided_by(scope: str, evidence: Evidence, claim_model: ModelClass | None 
 
 
 def scoped(scope: str, evidence: Evidence, measured: str, claim_model: ModelClass | None = None) -> tuple[str, str]:
-    """(the verdict, the verdict in the lab's setting): `measured`, the rules' verdict on the evidence, stands where
-    the claim's `scope` lets this evidence decide it (`undecided_by` finds nothing in the way); elsewhere the
-    verdict is "not checkable here" and `measured` is kept as the verdict in this setting ("" where it stands as the
-    verdict). A bound that refutes a claim (`Scope.refutes`) decides "wrong" only: a claim inside what physics
-    allows is not thereby shown to hold."""
+    """(the verdict, the verdict in the lab's setting): `measured` stands where `undecided_by` finds nothing in the
+    way; elsewhere the verdict is "not checkable here" and `measured` is kept as the verdict in this setting. A
+    bound that refutes a claim (`Scope.refutes`) decides "wrong" only: a claim inside what physics allows is not
+    thereby shown to hold."""
     rule = SCOPES[scope]
     if measured not in MEASURED or evidence.kind in (ARGUMENT, NO_EVIDENCE):
         return measured, ""

@@ -16,24 +16,21 @@ and a recompute cost that leaves out the window's forward pass through the model
 
 from __future__ import annotations
 
+from lab.ledger.model_class import ModelClass
 from lab.ledger.record import Assumption, Cause, Claim, Link, Reading
 from lab.ledger.rules import (ARGUMENT, ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, PHYSICS_BOUND, PROJECTED,
-                              Bound, ModelClass, Number, Range)
+                              Bound, Number, Range)
 
 MEM, REPLAY, PAR = "01_memory_accounting", "04_replay_break_even", "08_parallelism"
 GPU_CLUSTER = "an anecdote from a 70B deployment on 8 GPUs: needs that cluster"
 SETTING = "a recommended setting, not a statement with a truth value"
-# The lab's 45 ms puts a 70B fp16 model's weights (141 GB) on one 80 GB H100, which cannot hold them.
 ONE_H100 = ("the lab's figure assumes one H100 holds the 70B model in fp16 (141 GB on an 80 GB card); split over "
             "8 H100s each still reads 17.6 GB of weights, about 5 ms at 3.35 TB/s, over 10x the claim, so the verdict "
             "stands but the lab's number is for a device that does not exist")
 # The settings the claims are about.
 EX70 = "a 70B model (80 layers, 8 KV heads of 128, d_model 8192), fp16"
 A70_CLASS = ModelClass("10B-100B", "dense")
-# Its 70B's KV bytes per token in fp16: 80 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes.
-KV_PER_TOKEN_70B = 80 * 8 * 128 * 2 * 2
 H100 = f"{EX70}, on one H100 SXM"
-ANY = "any"
 # How a notebook-04 or notebook-01 row's figure was obtained, where it is not a measurement here.
 AT_PEAK = "an H100's 989 TFLOP/s and 3.35 TB/s at 100%, lower bounds on the time"
 BY_COST = ("projected to an H100 by lab.replay.cost: the larger of the FLOPs at 50% of peak and the weights + prefix "
@@ -70,31 +67,30 @@ CAUSES = (
     Cause("tp-kv-split", "§5.2", "It says recomputing under tensor parallelism needs the complete K/V on one card, so "
                                  "every recompute moves K/V between cards; each card holds and recomputes its own "
                                  "heads' K/V from the layer input it already has."),
-    Cause("attention-compute-bound", "§2.1", "It calls attention itself compute-bound, when a decode step's attention "
-                                              "does 2 FLOPs per query head for each K or V element it reads, about 8 "
-                                              "FLOPs per byte under its 8-to-1 GQA, far below the H100's 295."),
+    Cause("attention-compute-bound", "§2.1", "It calls attention compute-bound, when a decode step's attention does "
+                                              "about 8 FLOPs per KV byte under its 8-to-1 GQA, far below 295."),
     Cause("efficiency-for-small-gemm", "§2.2", "It prices a 32-token window's recompute at 40-60% of peak, when a "
-                                               "W-row GEMM against 16-bit weights does W FLOPs per byte it reads: at "
-                                               "W = 32 the H100's roofline allows 32 / 295, 10.8% of peak."),
-    Cause("window-covers-history", "§3.1", "It requires the replay window to cover the whole history attention "
-                                           "depends on and concludes W >= 16, when covering the history means "
-                                           "W = M: 16 tokens cover none of a 32K-128K history."),
-    Cause("early-token-share", "§3.4", "It says caching even one or two early tokens can take a large share of "
-                                       "memory, when one token's KV in its 70B is 320 KiB: two are 8 millionths of an "
-                                       "80 GB card."),
-    Cause("read-frequency", "§3.4", "It says the recent tokens' cache is read far more often than the early tokens', "
-                                    "when dense attention reads every cached position once per decode step, early or "
-                                    "late alike."),
-    Cause("chunk-limit", "§4.1", "It caps a chunk at 64 tokens for its O(W^2) attention, when by its own formula the "
-                                 "W^2 term is 0.39% of a 64-token window's cost and matches the linear term only at "
-                                 "W = 2 x d_model = 16,384."),
-    Cause("write-back-cost", "§4.2", "It leaves recomputed KV unwritten because writing it back costs bandwidth and "
-                                     "memory, when writing a 64-token window back is 21 MB, 6 us at 3.35 TB/s, "
-                                     "against recomputing the same window every step."),
+                                               "32-row GEMM's roofline allows 32 / 295 = 10.8% on an H100."),
+    Cause("window-covers-history", "§3.1", "It requires the replay window to cover the history attention depends "
+                                           "on and concludes W >= 16, when covering it means W = M."),
+    Cause("early-token-share", "§3.4", "It says caching one or two early tokens can take a large share of memory, "
+                                       "when two tokens' KV in its 70B is 640 KiB, 8 millionths of an 80 GB card."),
+    Cause("read-frequency", "§3.4", "It says recent tokens' KV is read far more often than early tokens', when dense "
+                                    "attention reads every cached position once a decode step."),
+    Cause("chunk-limit", "§4.1", "It caps a chunk at 64 tokens for its O(W^2) attention, when by its own formula that "
+                                 "term is 0.39% of the cost at W = 64 and matches the linear one only at W = 16,384."),
+    Cause("write-back-cost", "§4.2", "It leaves recomputed KV unwritten as too costly to write back, when a 64-token "
+                                     "window's is 21 MB, 6 us at 3.35 TB/s, against recomputing it every step."),
     Cause("concurrency-gain", "§6", "It credits replay with 2-4x one card's concurrency, when replay frees only the "
                                     "KV it leaves uncached: a window of W of each request's M tokens, or at most the "
                                     "20-40% of each sequence its own settings leave uncached (1.25-1.67x)."),
 )
+
+
+def _kv_of_10_gb(tokens: float) -> float:
+    """10 requests' KV at `tokens` each on its 70B in fp16, GB: what notebook 01's row computes (`lab.memory`)."""
+    from lab.memory import ModelShape, kv_cache_bytes  # torch: imported only when the assumption is swept
+    return 10 * kv_cache_bytes(ModelShape.preset("llama-3-70b"), int(tokens), dtype="fp16") / 1e9
 
 
 def c(n: int, section: str, claim: str, article: str, **kw) -> Claim:
@@ -174,6 +170,12 @@ def _section_2() -> list[Claim]:
           "53.8 亿 FLOPs",
           link=Link(MEM, "recompute FLOPs of the last 32 tokens (its formula", evidence=ARITHMETIC),
           rule=Number("5.38e9"), about=EX70, scope="arithmetic"),
+    ]
+
+
+def _section_2_times() -> list[Claim]:
+    """§2.2's times and how they grow with the context, after its counts of FLOPs and bytes."""
+    return [
         c(37, "§2.2", "Recomputing a recent window depends at most weakly on the context length M (§3.1 「与总上下文长度"
                       "弱相关」; §2.3 「重算窗口与历史长度无关」; §2.2's 「它是常数」 is said of one token's K/V projection, "
                       "which is constant).", "weakly related to M",
@@ -238,7 +240,7 @@ def _section_3() -> list[Claim]:
                                   "notebook 01's 32K, the context of the article's PD example (§3.2); the sentence "
                                   "itself states none", 8192, 131072,
                                   "from the 8K requests its §1 starts from to its 128K example",
-                                  figure=lambda tokens: 10 * tokens * KV_PER_TOKEN_70B / 1e9),),
+                                  figure=_kv_of_10_gb),),
           about=f"{EX70}, 10 requests at 32K-128K context", scope="arithmetic"),
         c(21, "§3.2", "In PD disaggregation, pulling a 32K context's KV from the prefill node takes about 2.9 ms.",
           "2.9 ms", link=Link(REPLAY, "PD: pull the 32K context's KV", evidence=PHYSICS_BOUND,
@@ -395,4 +397,4 @@ def _unrowed() -> list[Claim]:
     ]
 
 
-CLAIMS = [*_section_1(), *_section_2(), *_section_3(), *_section_4_to_6(), *_unrowed()]
+CLAIMS = [*_section_1(), *_section_2(), *_section_2_times(), *_section_3(), *_section_4_to_6(), *_unrowed()]

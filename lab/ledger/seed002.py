@@ -19,8 +19,8 @@ KV cache saves, the rest one row each.
 from __future__ import annotations
 
 from lab.ledger.record import Assumption, Cause, Claim, Link, Reading
-from lab.ledger.rules import (ARGUMENT, ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, Bound, ModelClass, Number, Range,
-                              run_cell)
+from lab.ledger.model_class import ModelClass
+from lab.ledger.rules import ARGUMENT, ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, Bound, Number, Range, run_cell
 
 MEM, KV, NB06, PAR, NB09 = ("01_memory_accounting", "03_kv_quantization", "06_serving_ttft", "08_parallelism",
                              "09_ttft_claims")
@@ -152,7 +152,8 @@ CLAIMS = [
       rule=Bound("0.5"), cause="load-bound-by-hbm",
       assumptions=(Assumption("the share of a load a resource must take to 'bound' it (受限于)", 0.5, "of the load",
                               "the notebook's reading: over half", 0.3, 0.8, "from a large part to most of it",
-                              rule=lambda x: Bound(repr(x))),), about="70B, bf16 weights, loaded onto an A100", scope=GPU),
+                              rule=lambda x: Bound(repr(x))),),
+      about="70B, bf16 weights, loaded onto an A100", scope=GPU),
     c(15, "§3.1", "Creating the torch.distributed process groups at container start saves 200-500 ms of handshake "
                   "(「能再節省 200–500ms 的握手開銷」).", "200-500 ms", verdict=NOT_CHECKABLE,
       why="a GPU communicator's setup (NCCL over 8 GPUs); lab.parallel's gloo workers on this CPU would time "

@@ -16,8 +16,8 @@ over slow links.
 from __future__ import annotations
 
 from lab.ledger.record import Assumption, Cause, Claim, Link, Part
-from lab.ledger.rules import (ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, Bound, ModelClass, Number, Range,
-                              run_cell)
+from lab.ledger.model_class import ModelClass
+from lab.ledger.rules import ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, Bound, Number, Range, run_cell
 
 MEM, QUANT, KV, SPEC, STRUCT, PAR = ("01_memory_accounting", "02_quantization_accuracy", "03_kv_quantization",
                                      "05_speculative_acceptance", "07_structured_output", "08_parallelism")
@@ -40,6 +40,16 @@ PAIRED = r"(?P<v>[\d.]+) \((?P<lo>[\d.]+) to (?P<hi>[\d.]+)\)"
 PPL = r"^(?P<v>[-+]?[\d.]+) \[(?P<lo>[-+]?[\d.]+), (?P<hi>[-+]?[\d.]+)\]% perplexity"
 
 
+# What the paging rows rest on that the article does not state: the traffic's request lengths and what a contiguous
+# cache reserves for each, swept through notebook 01's own parameters.
+TRAFFIC = (Assumption("the length a contiguous cache reserves per request (max_model_len)", 8192, "tokens",
+                      "notebook 01's SEQ_LEN: the article does not say what it reserves", 4096, 32768,
+                      "from its own §3.1 example's 4096 to the 32K long-context services reserve", param="SEQ_LEN"),
+           Assumption("the median request length (prompt and output) of the traffic", 600, "tokens",
+                      "notebook 01's log-normal (P90 2000, P99 6000): the article states none", 150, 1500,
+                      "from chat turns to document questions", param="LENGTH_P50"))
+
+
 def safe_line(above: bool) -> Assumption:
     """The perplexity change a KV format may cost and still be called safe: the article gives no number, the
     notebooks read it as 1% (notebook 03's SAFE_PPL_PCT); `above`: the claim is that the format costs more."""
@@ -59,8 +69,8 @@ CAUSES = (
                                                  "costs the half after it, not all of it."),
     Cause("only-batching", "§1.2", "It calls batching the only way to raise throughput, when it names two others "
                                    "itself: INT4 weights (§2) and speculative decoding (§5.1)."),
-    Cause("flash-compute", "§4.1", "It credits tiled attention with bringing attention's cost down from quadratic, when "
-                                   "it does the same quadratic arithmetic and saves only the memory it holds."),
+    Cause("flash-compute", "§4.1", "It credits tiled attention with bringing attention's cost down from quadratic, "
+                                   "when it does the same quadratic arithmetic and saves only the memory it holds."),
     Cause("example-shape", "§6.2", "Its sizing example gives a 70B model the 32 layers of an 8B one (8 KV heads x "
                                    "128, hidden 4096): a real 70B has 80 layers and holds 2.5x that KV cache, so the "
                                    "example that 'just fits' an 80 GB card does not fit it, nor do its remedies."),
@@ -241,32 +251,17 @@ PAGING = [
       link=arith("a contiguous reservation's KV waste"), rule=Range("60", None),
       why="request lengths are the article's to state and it does not: notebook 01's log-normal (the lengths its "
           "paging table uses) stands in for real traffic",
-      assumptions=(Assumption("the length a contiguous cache reserves per request (max_model_len)", 8192, "tokens",
-                              "notebook 01's SEQ_LEN: the article does not say what it reserves", 4096, 32768,
-                              "from its own §3.1 example's 4096 to the 32K long-context services reserve",
-                              param="SEQ_LEN"), Assumption("the median request length (prompt and output) of the traffic", 600, "tokens",
-                              "notebook 01's log-normal (P90 2000, P99 6000): the article states none", 150, 1500,
-                              "from chat turns to document questions", param="LENGTH_P50"),),
+      assumptions=TRAFFIC,
       about=PAGED, scope="behaviour"),
     c(69, "§3.1", "Paging cuts the waste to single digits (「…压到个位数百分比」).", "< 10%",
       link=arith("paged KV waste at block 16"), rule=Range(None, "9"),
       why="the same log-normal lengths; a paged cache wastes only the tail of each request's last block",
-      assumptions=(Assumption("the length a contiguous cache reserves per request (max_model_len)", 8192, "tokens",
-                              "notebook 01's SEQ_LEN: the article does not say what it reserves", 4096, 32768,
-                              "from its own §3.1 example's 4096 to the 32K long-context services reserve",
-                              param="SEQ_LEN"), Assumption("the median request length (prompt and output) of the traffic", 600, "tokens",
-                              "notebook 01's log-normal (P90 2000, P99 6000): the article states none", 150, 1500,
-                              "from chat turns to document questions", param="LENGTH_P50"),),
+      assumptions=TRAFFIC,
       about=PAGED + ", block 16", scope="behaviour"),
     c(70, "§3.1", "The same card then carries several times the concurrency (「同样的卡能多扛好几倍并发」).",
       "several times", link=arith("paged at block 16 over contiguous"), rule=Range("3", None),
       why="sequences per unit of KV memory, from the same log-normal lengths; 'several' (好几) read as at least 3",
-      assumptions=(Assumption("the length a contiguous cache reserves per request (max_model_len)", 8192, "tokens",
-                              "notebook 01's SEQ_LEN: the article does not say what it reserves", 4096, 32768,
-                              "from its own §3.1 example's 4096 to the 32K long-context services reserve",
-                              param="SEQ_LEN"), Assumption("the median request length (prompt and output) of the traffic", 600, "tokens",
-                              "notebook 01's log-normal (P90 2000, P99 6000): the article states none", 150, 1500,
-                              "from chat turns to document questions", param="LENGTH_P50"),
+      assumptions=(*TRAFFIC,
                    Assumption("the smallest multiple 'several times' (好几倍) means", 3, "x",
                               "the lab's reading of 好几", 2, 5, "from 'a couple' to 'five or so'",
                               rule=lambda x: Range(repr(x), None))),

@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 
 from lab.ledger.record import Assumption, Link, Part, Reading
-from lab.ledger.rules import ARITHMETIC, BY_ARGUMENT, LabNumber, NOT_CHECKABLE, NOT_YET, PROJECTED, Bound, Number, Range, run_cell
+from lab.ledger.rules import (ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, PROJECTED, Bound, LabNumber, Number, Range,
+                              run_cell)
 from lab.ledger.seed003 import A70_CLASS, PAR, SERVE, SETTING, SPEC, STRUCT, arith, c
 from lab.speculative.theory import break_even
 

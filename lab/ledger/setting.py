@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lab.ledger.rules import ON_CPU, ON_GPU, Evidence, ModelClass, scale_band
+from lab.ledger.model_class import ModelClass, scale_band
+from lab.ledger.rules import ON_CPU, ON_GPU, Evidence
 
 MODEL_PARAMS = ("MODEL", "ENGINE_MODEL", "LOSSLESS_MODEL")
 
