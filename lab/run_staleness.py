@@ -12,13 +12,16 @@ import re
 import subprocess
 from pathlib import Path
 
-_IMPORT = re.compile(r"lab\.studies(?:\.(\w+)|\s+import\s+\(?([\w\s,]+)\)?)")
+# `lab.studies.x`, or `from lab.studies import a as b, c` (one line) or `... import (a,\n b)` (parenthesised): a
+# listing without parentheses ends at its line, or the next line's `from lab.studies import` would be swallowed
+_IMPORT = re.compile(r"lab\.studies(?:\.(\w+)|[ \t]+import[ \t]+(?:\(([\w\s,]+)\)|([\w \t,]+)))")
 
 
 def _modules(text: str) -> set[str]:
     names = set()
-    for dotted, listed in _IMPORT.findall(text):
-        names |= {dotted} if dotted else {n.split(" as ")[0].strip() for n in listed.split(",") if n.strip()}
+    for dotted, grouped, listed in _IMPORT.findall(text):
+        names |= {dotted} if dotted else {n.split(" as ")[0].strip() for n in (grouped or listed).split(",")
+                                          if n.strip()}
     return names
 
 

@@ -16,7 +16,7 @@ from rebuild_helpers import as_saved, rebuild_of, reference_runs
 
 from lab.ledger import CLAIMS
 from lab.ledger.record import Link
-from lab.ledger.rebuild import movements, perturbations
+from lab.ledger.rebuild import movements
 
 NOTEBOOKS = ("01_memory_accounting", "04_replay_break_even", "08_parallelism", "09_ttft_claims")
 CELLS = ("claim", "measured here", "verdict")
@@ -45,24 +45,6 @@ def test_rebuild_reproduces_the_committed_claims(notebook, runs):
     for col in CELLS:
         diff = [(i, g, w) for i, (g, w) in enumerate(zip(got[col], want[col])) if g != w]
         assert not diff, f"{notebook} {col}: {diff[:3]}"
-
-
-@pytest.mark.parametrize("notebook", NOTEBOOKS)
-def test_settings_and_fixed_name_real_inputs(notebook, runs):
-    """A misspelled setting would silently be perturbed as a measurement: every name must be an input, every
-    setting a numeric column of it, and every linked row of the notebook found exactly once in the rebuilt table."""
-    rebuild = rebuild_of(notebook)
-    inputs = rebuild.load(runs[notebook])
-    assert set(rebuild.fixed) <= set(inputs)
-    for name, cols in rebuild.settings.items():
-        assert isinstance(inputs[name], pd.DataFrame), name
-        for col in cols:
-            assert pd.api.types.is_numeric_dtype(inputs[name][col]), (name, col)
-    assert any(True for _ in perturbations(rebuild, inputs))  # something measured is left to perturb
-    table = rebuild.table(inputs)
-    for claim in CLAIMS:
-        if claim.link and claim.link.notebook == notebook and claim.link.table == rebuild.name:
-            assert table["claim"].astype(str).str.contains(claim.link.match, regex=False).sum() == 1, claim.id
 
 
 def _link(claim_id: str):

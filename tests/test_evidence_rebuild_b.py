@@ -17,6 +17,7 @@ import pytest
 from rebuild_helpers import as_saved, rebuild_of, reference_runs
 
 from lab.ledger import CLAIMS
+from lab.studies.evidence import MODULES as EVERY  # every notebook's rebuild, for the checks all share
 from lab.ledger.rebuild import movements, perturbations
 
 NOTEBOOKS = ("02_quantization_accuracy", "03_kv_quantization", "05_speculative_acceptance", "06_serving_ttft", "07_structured_output")
@@ -87,7 +88,7 @@ def test_rebuild_reproduces_the_committed_claims(notebook, runs):
     assert all(any(piece in c for c in want["claim"]) for piece in changed), "a listed change names no row"
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS)
+@pytest.mark.parametrize("notebook", sorted(EVERY))
 def test_settings_and_fixed_name_real_inputs(notebook, runs):
     """A misspelled setting would silently be perturbed as a measurement: every name must be an input, every
     setting a numeric column of it, and every linked row of the notebook found exactly once in the rebuilt table."""

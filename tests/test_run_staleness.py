@@ -36,6 +36,18 @@ def test_the_modules_a_notebook_uses_are_found_transitively(tmp_path):
         "lab/studies/alpha.py", "lab/studies/beta.py", "lab/studies/pkg"]  # gamma does not exist: skipped
 
 
+def test_consecutive_aliased_imports_are_each_found():
+    """`from lab.studies import a as x` on consecutive lines: each module counts (an unparenthesised listing once ran
+    on into the next line and hid every second module, so a changed claims module left notebook 02 current)."""
+    from lab.run_staleness import _modules
+
+    text = ("from lab.studies import quant_accuracy as study\nfrom lab.studies import quant_accuracy_ladder as ladder\n"
+            "from lab.studies import quant_accuracy_plots as plots\nfrom lab.studies import quant_accuracy_stats as stats\n"
+            "from lab.studies import (alpha,\n    beta as b)\nimport lab.studies.gamma\n")
+    assert _modules(text) == {"quant_accuracy", "quant_accuracy_ladder", "quant_accuracy_plots", "quant_accuracy_stats",
+                              "alpha", "beta", "gamma"}
+
+
 def test_a_run_is_stale_only_when_what_it_ran_changed(tmp_path):
     repo, commit = _repo(tmp_path)
     assert run_state(_run(commit), repo) == []

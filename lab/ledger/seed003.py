@@ -81,6 +81,17 @@ CAUSES = (
 )
 
 
+def _prefill_seconds(tflops: float) -> float:
+    """§1.2's prefill (5.73e14 FLOPs) at 40% of a GPU of `tflops` peak: what notebook 01's row computes."""
+    import dataclasses
+
+    from lab import roofline
+    from lab.hardware import GPUS
+    gpu = dataclasses.replace(GPUS["a100-sxm-80gb"], peak_flops=tflops * 1e12)
+    flops = roofline.prefill_flops(roofline.ModelCost(0, 70e9, 0), 4096)
+    return roofline.prefill_time_lower_bound(gpu, flops, 0, compute_efficiency=0.4).seconds
+
+
 def c(n: int, section: str, claim: str, article: str, **kw) -> Claim:
     return Claim(f"003-{n:02d}", "003", section, claim, article, **kw)
 
@@ -142,6 +153,8 @@ MEMORY = [
       about="a 70B model, 4096 prompt tokens, 2 x params x tokens", scope="arithmetic"),
     c(11, "§1.2", "At 300+ TFLOP/s and 40% utilisation that prefill takes 4+ seconds (「四秒多」).", "4+ s",
       link=arith("prefill of 5.73e14 FLOPs at 40%"), rule=Range("4.0", "4.9"),
+      assumptions=(Assumption("the GPU's peak, 'three hundred and some' TFLOP/s (三百多)", 312, "TFLOP/s",
+                              "an A100's 312", 300, 399, "the span 三百多 names", figure=_prefill_seconds, log=False),),
       why="an A100's 312 TFLOP/s stands for the article's 'three hundred and some' (三百多)",
       about="5.73e14 FLOPs on a 300+ TFLOP/s GPU (an A100) at 40% utilisation", scope="arithmetic"),
     c(64, "§1.2", "Batching is the way to raise throughput: one read of the weights serves tens of requests "
@@ -246,6 +259,8 @@ QUANTIZATION = [
 PAGING = [
     c(27, "§3.1", "Reserving 4096 tokens for a 500-token request wastes about 80% (「浪费八成」).", "八成",
       link=arith("a 4096-token reservation for a 500-token request"), rule=Number("0.8"), cause="rounded-down",
+      why="the article calls its figures orders of magnitude (「文中涉及具体数值的地方都是量级示意」), but this one is its "
+          "own arithmetic on inputs it states (500 of 4096), which that disclaimer does not cover",
       about="any: 500 tokens of a 4096-token reservation", scope="arithmetic"),
     c(28, "§3.1", "Without paging over 60% of the KV memory is wasted (「显存浪费能从六成以上…」).", "> 60%",
       link=arith("a contiguous reservation's KV waste"), rule=Range("60", None),
