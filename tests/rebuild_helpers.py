@@ -30,3 +30,15 @@ def as_saved(table: pd.DataFrame) -> pd.DataFrame:
     table.to_csv(buf, index=False)
     buf.seek(0)
     return pd.read_csv(buf, dtype=str, keep_default_na=False)
+
+
+def rebuilt_and_committed(notebook: str, run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The notebook's claims table rebuilt from `run`'s inputs and the one the run saved, both as text, checked to
+    have the same columns and rows."""
+    rebuild = rebuild_of(notebook)
+    assert rebuild.notebook == notebook
+    got = as_saved(rebuild.table(rebuild.load(run)))
+    want = pd.read_csv(run / rebuild.name, dtype=str, keep_default_na=False)
+    assert list(got.columns) == list(want.columns)
+    assert len(got) == len(want)
+    return got, want

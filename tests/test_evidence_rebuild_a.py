@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rebuild_helpers import as_saved, rebuild_of, reference_runs
+from rebuild_helpers import rebuild_of, rebuilt_and_committed, reference_runs
 
 from lab.ledger import CLAIMS
 from lab.ledger.record import Link
@@ -35,13 +35,7 @@ def test_rebuild_reproduces_the_committed_claims(notebook, runs):
     the study's claims code. (At the time of writing the code had not changed since these runs, so the measured
     cells match exactly as well as the claims; a change to the claims code that alters a figure fails here, and
     then this test must say what still holds.)"""
-    rebuild = rebuild_of(notebook)
-    assert rebuild.notebook == notebook
-    run = runs[notebook]
-    got = as_saved(rebuild.table(rebuild.load(run)))
-    want = pd.read_csv(run / rebuild.name, dtype=str, keep_default_na=False)
-    assert list(got.columns) == list(want.columns)
-    assert len(got) == len(want)
+    got, want = rebuilt_and_committed(notebook, runs[notebook])
     for col in CELLS:
         diff = [(i, g, w) for i, (g, w) in enumerate(zip(got[col], want[col])) if g != w]
         assert not diff, f"{notebook} {col}: {diff[:3]}"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rebuild_helpers import as_saved, rebuild_of, reference_runs
+from rebuild_helpers import rebuild_of, rebuilt_and_committed, reference_runs
 
 from lab.ledger import CLAIMS
 from lab.studies.evidence import MODULES as EVERY  # every notebook's rebuild, for the checks all share
@@ -66,13 +66,7 @@ def _linked(notebook: str) -> dict[str, str]:
 def test_rebuild_reproduces_the_committed_claims(notebook, runs):
     """Every claim and verdict cell of the run's claims.csv, and every measured cell but those `MEASURED_CHANGED`
     names, rebuilt from the run's own inputs through the study's claims code; for those, what still holds."""
-    rebuild = rebuild_of(notebook)
-    assert rebuild.notebook == notebook
-    run = runs[notebook]
-    got = as_saved(rebuild.table(rebuild.load(run)))
-    want = pd.read_csv(run / rebuild.name, dtype=str, keep_default_na=False)
-    assert list(got.columns) == list(want.columns)
-    assert len(got) == len(want)
+    got, want = rebuilt_and_committed(notebook, runs[notebook])
     for col in ("claim", "verdict"):
         diff = [(i, g, w) for i, (g, w) in enumerate(zip(got[col], want[col])) if g != w]
         assert not diff, f"{notebook} {col}: {diff[:3]}"

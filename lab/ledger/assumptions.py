@@ -76,6 +76,8 @@ def through_rebuild(claim: Claim, param: str, rebuild: Rebuild, run_dir: Path) -
     """The claim's figure as a function of the notebook parameter `param`: the run's inputs loaded once, the
     parameter set on the one input that carries it (the notebook's parameters), the claims table rebuilt and the
     claim's row read back by its link's pattern."""
+    from lab.ledger.gather import measured_cell  # imported here: gather imports this module
+
     inputs = rebuild.load(Path(run_dir))
     holder = next((k for k, v in inputs.items() if dataclasses.is_dataclass(v) and hasattr(v, param)), None)
     if holder is None:
@@ -85,17 +87,12 @@ def through_rebuild(claim: Claim, param: str, rebuild: Rebuild, run_dir: Path) -
     def figure(x: float) -> float:
         value = int(round(x)) if kind is int else kind(x)
         table = rebuild.table({**inputs, holder: dataclasses.replace(inputs[holder], **{param: value})})
-        number = row_figure(table, claim.link.match, lambda row: claim.link.figure(str(_measured(row))))
+        number = row_figure(table, claim.link.match, lambda row: claim.link.figure(measured_cell(row)))
         if number is None:
             raise ValueError(f"the rebuilt table has no figure for {claim.link.match!r} at {param}={value}")
         return float(number.text)
     return figure
 
-
-def _measured(row: dict) -> str:
-    from lab.ledger.gather import LAB_COLUMNS
-
-    return next(row[c] for c in LAB_COLUMNS if c in row)
 
 
 def flips(claim: Claim, a: Assumption, row_verdict: str, figure: Callable[[float], float]) -> Flip:

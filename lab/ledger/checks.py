@@ -36,7 +36,7 @@ import re
 from decimal import Decimal
 
 from lab.ledger import CAUSES, literals
-from lab.ledger.gather import LAB_COLUMNS, Entry
+from lab.ledger.gather import Entry, measured_cell
 from lab.ledger.rebuild import Rebuild, movements
 from lab.ledger.record import Cause
 from lab.ledger.rules import (BY_ARGUMENT, MEASURED, MEASUREMENTS, MISSING, NOT_YET, NUMBER, SCOPES,
@@ -136,15 +136,12 @@ def _readers(entry: Entry) -> tuple:
     """(the figure its verdict is judged on, the whole measured cell) as read from a row of the rebuilt table."""
     link, rule = entry.claim.link, entry.claim.rule
 
-    def cell(row: dict) -> str:
-        return str(next(row[c] for c in LAB_COLUMNS if c in row))
-
     def judged(row: dict):
         if rule is None:
-            return cell(row), row.get("verdict", "")
-        number = link.figure(cell(row))
+            return measured_cell(row), row.get("verdict", "")
+        number = link.figure(measured_cell(row))
         return None if number is None else (number.text, number.lo, number.hi)
-    return judged, cell
+    return judged, measured_cell
 
 
 _MOVED: dict[tuple, dict] = {}

@@ -1,7 +1,7 @@
 """Gathering the ledger: each claim's row found in its notebook's latest reference run, judged, and written out.
 
 The notebooks' claims tables grew different shapes (a "claim" or an "article (...)" column; "the lab computes",
-"measured here" or "evidence"; a "verdict" text and/or a "holds" flag); `_columns` maps them onto one. A linked
+"measured here" or "evidence"; a "verdict" text and/or a "holds" flag); `columns` maps them onto one. A linked
 row that the latest reference run no longer has is kept as "evidence missing", naming the notebook, so a
 changed table cannot drop a claim from the ledger silently.
 
@@ -78,7 +78,7 @@ def latest_reference_runs(root: Path) -> dict[str, Path]:
     return {r["notebook"]: r["dir"] for r in list_runs(root) if r["preset"] == "reference"}
 
 
-def _columns(header: list[str]) -> tuple[str, str, str | None, str | None]:
+def columns(header: list[str]) -> tuple[str, str, str | None, str | None]:
     """(claim, lab, verdict, holds) column names of a claims table, whichever shape it has."""
     claim = next((h for h in header if h in CLAIM_COLUMNS or h.startswith("article")), None)
     lab = next((h for h in LAB_COLUMNS if h in header), None)
@@ -87,11 +87,16 @@ def _columns(header: list[str]) -> tuple[str, str, str | None, str | None]:
     return claim, lab, "verdict" if "verdict" in header else None, "holds" if "holds" in header else None
 
 
+def measured_cell(row: dict) -> str:
+    """A claims-table row's measured cell, whichever of `LAB_COLUMNS` its table names it."""
+    return str(next(row[c] for c in LAB_COLUMNS if c in row))
+
+
 def find_rows(table: Path, match: str) -> list[tuple[int, dict, tuple]]:
     """The rows of `table` whose claim cell contains `match`, with their 1-based index and column names."""
     with table.open(newline="") as f:
         reader = csv.DictReader(f)
-        cols = _columns(reader.fieldnames or [])
+        cols = columns(reader.fieldnames or [])
         return [(i, row, cols) for i, row in enumerate(reader, start=1) if match in row[cols[0]]]
 
 

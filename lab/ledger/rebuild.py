@@ -149,9 +149,9 @@ def _field_change(name: str, fname: str, how: str) -> Callable[[Inputs], Inputs]
 
 def row_figure(table: pd.DataFrame, match: str, figure: Callable[[dict], Any]) -> Any:
     """The figure of the one row of `table` whose claim cell contains `match` (None when not exactly one row)."""
-    from lab.ledger.gather import _columns
+    from lab.ledger.gather import columns  # imported here: gather imports this module
 
-    claim_col = _columns(list(table.columns))[0]
+    claim_col = columns(list(table.columns))[0]
     rows = table[table[claim_col].astype(str).str.contains(match, regex=False)]
     if len(rows) != 1:
         return None
