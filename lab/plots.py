@@ -72,3 +72,29 @@ def frame_extents(df, col: str, labels=None, scale: float = 1.0) -> np.ndarray:
     """`error_extents` of a table's `col` between its `col_low` and `col_high` columns (the way
     `lab.intervals.Interval.columns` lays an interval into a row)."""
     return error_extents(df[col], df[f"{col}_low"], df[f"{col}_high"], labels=labels, scale=scale)
+
+
+# A claim's band and line: grey and black, told apart from data series by colour and named in the legend, so that
+# a reader sees the article's value beside the measurement (docs/plotting.md).
+CLAIM_COLOUR = "0.2"
+
+
+def claim_band(ax, low: float, high: float, label: str, axis: str = "y"):
+    """The article's range `low`-`high` as a grey band across the panel (horizontal for `axis="y"`), labelled."""
+    span = ax.axhspan if axis == "y" else ax.axvspan
+    return span(low, high, color="0.85", zorder=0, label=label)
+
+
+def claim_line(ax, value: float, label: str, axis: str = "y", style: str = "--"):
+    """The article's (or a bound's) value as a labelled black line across the panel."""
+    line = ax.axhline if axis == "y" else ax.axvline
+    return line(value, color=CLAIM_COLOUR, linestyle=style, linewidth=1.2, label=label)
+
+
+def finding_title(fig, sentence: str, width: int = 80) -> None:
+    """The figure's title: the finding in one sentence, wrapped to `width` characters a line."""
+    import textwrap
+
+    # anchored at the figure's top edge by its bottom, so it sits above every panel's own title; a run saves
+    # with bbox_inches="tight", which grows the canvas to hold it
+    fig.suptitle("\n".join(textwrap.wrap(sentence, width)), fontsize=10, ha="left", x=0.02, y=1.0, va="bottom")

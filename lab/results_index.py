@@ -15,8 +15,16 @@ holds `params.json` (parameters and provenance: git commit, package versions, ma
 here is typed by hand, and this index is regenerated after every run. Each notebook has a row per preset
 it ran at: `reference` runs are the committed results the docs quote; `quick` runs (what `make run` makes)
 answer the same questions on fewer points and are marked so nobody mistakes one for the other. "Matches the
-code?" says whether the run's tree was dirty, or its notebook or a study module it uses changed since its commit
-(stale): `lab runs --stale` names the files.
+code?" says whether the run's tree was dirty, or the code its notebook runs (the notebook and the study modules it
+imports) behaves otherwise since its commit (stale; read from the code's syntax, so a move, a rename or a reworded
+docstring keeps a run current): `lab runs --stale` names the files.
+
+Each notebook's folder keeps its latest run per preset at the top; the runs they superseded move into its
+`earlier/` folder (`lab runs --archive`), kept for comparison and never read by the index, the ledger, the docs or
+the report. Beside the notebooks: `bench_engine*.json`/`.jsonl`/`.png`, the engine benchmark (`lab bench engine`: the reference run
+and `make run`'s quick one), `bench_quant*.json` (`lab bench quant`), and `bench_compiled/`, `bench_profile*/`,
+the benchmark runs with per-step profiles that docs/benchmarks.md quotes; `report/` is the HTML report
+(`lab report`), `CLAIMS.md`/`.csv` the claims ledger (`lab claims`).
 """
 PRESET_ORDER = ("reference", "quick", "smoke")
 

@@ -225,7 +225,7 @@ def plot_roofline(hw: Hardware, points: Sequence[RooflinePoint] = (), *, compute
         f" at {compute_efficiency:.0%} of peak FLOP/s, {memory_efficiency:.0%} of bandwidth")
     ax.loglog(x, np.minimum(peak, x * bandwidth), color="black", lw=2,
               label=f"roof: {peak / 1e12:.4g} TFLOP/s, {bandwidth / 1e12:.4g} TB/s{derated}")
-    ax.axvline(ridge, color="gray", ls=":", lw=1)
+    ax.axvline(ridge, color="gray", ls=":", lw=1, label=f"ridge point: {ridge:.0f} FLOP/B")
     ax.annotate(f"ridge {ridge:.0f} FLOP/B", (ridge, peak), xytext=(4, -14), textcoords="offset points",
                 color="gray", fontsize=8)
 

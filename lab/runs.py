@@ -134,6 +134,23 @@ def check_range(name: str, value, lo=None, hi=None, kind=(int, float)) -> None:
         raise ValueError(f"parameter {name}={value!r} is outside [{lo}, {hi}]")
 
 
+def save_figure(directory: Path, name: str, fig, dpi: int = 110) -> Path:
+    """Save `fig` as `name`.png in a run's `directory` and record in its figure_checks.json what it breaks of the
+    plot standard (`lab.figure_check`), printing each problem; `lab docs` redraws a committed run's key figure
+    through here too."""
+    from .figure_check import problems
+
+    path = Path(directory) / f"{name}.png"
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    checks_path = Path(directory) / "figure_checks.json"
+    checks = json.loads(checks_path.read_text()) if checks_path.exists() else {}
+    checks[name] = problems(fig)
+    checks_path.write_text(json.dumps(checks, indent=2) + "\n")
+    for line in checks[name]:
+        print(f"figure {name}: {line}")
+    return path
+
+
 @dataclasses.dataclass
 class Run:
     notebook: str
@@ -147,28 +164,15 @@ class Run:
         return path
 
     def save_figure(self, name: str, fig, dpi: int = 110) -> Path:
-        """Save `fig` as `name`.png in the run directory; a figure pyplot does not manage (built as a bare
-        `Figure`) is also shown inline, which the notebook backend does for pyplot's own at the cell's end, so
-        every saved figure is in the executed notebook too (issue 35)."""
-        path = self.dir / f"{name}.png"
-        fig.savefig(path, dpi=dpi, bbox_inches="tight")
-        self._check_figure(name, fig)
+        """Save `fig` as `name`.png in the run directory (`save_figure`); a figure pyplot does not manage (built
+        as a bare `Figure`) is also shown inline, which the notebook backend does for pyplot's own at the cell's
+        end, so every saved figure is in the executed notebook too (issue 35)."""
+        path = save_figure(self.dir, name, fig, dpi)
         import matplotlib.pyplot as plt
 
         if getattr(fig, "number", None) not in plt.get_fignums():
             _show_inline(fig)
         return path
-
-    def _check_figure(self, name: str, fig) -> None:
-        """Record in figure_checks.json what `fig` breaks of the plot standard (`lab.figure_check`), and say it."""
-        from .figure_check import problems
-
-        path = self.dir / "figure_checks.json"
-        checks = json.loads(path.read_text()) if path.exists() else {}
-        checks[name] = problems(fig)
-        path.write_text(json.dumps(checks, indent=2) + "\n")
-        for line in checks[name]:
-            print(f"figure {name}: {line}")
 
     def save_metrics(self, **metrics) -> dict:
         """Merge key numbers into metrics.json (the index shows them)."""

@@ -1,5 +1,6 @@
-"""The README's studies table and each study doc's opening (question, answer, key plot), generated from the
+"""The README's studies table and each study doc's opening (question, finding, key figure), generated from the
 latest reference runs' headlines (`lab.headlines`), so that no number there can disagree with the run it names.
+Reference runs only: the quick runs `make run` leaves in results/ change neither, so `make test` passes after it.
 
 The generated text sits between `BEGIN` and `END` markers; everything outside them is written by hand (method,
 caveats, what would change the answer). `lab docs` rewrites the blocks; `lab docs --check` (and the test suite)
@@ -13,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from lab.headlines import STUDIES, Headline, headline, verdict_counts
+from lab.headlines import STUDIES, TITLES, Headline, headline, verdict_counts
 
 BEGIN, END = "<!-- generated from the reference runs by `lab docs`: begin -->", "<!-- generated: end -->"
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,46 +39,25 @@ def _plot(h: Headline, results: Path, base: Path) -> str:
     return os.path.relpath(png, base) if png.exists() else ""
 
 
-def _bullets(h: Headline) -> list[str]:
-    return [f"- {a}." if not a.endswith(".") else f"- {a}" for a in h.answer]
-
-
-def doc_block(h: Headline, results: Path, doc: Path, quick: Headline | None = None) -> str:
-    """A study doc's opening: the question, the answer as the reference run gives it, its verdicts, the key plot;
-    and, where a quick run is newer than the reference (code that changed what the study measures, not yet rerun
-    at the reference size), that run's answer beside it, marked as not a reference result."""
-    lines = [f"**Question.** {h.question}", "", "**Answer** (from the " + h.provenance + "):", "", *_bullets(h),
-             "", f"Claims this run decides: {verdict_counts(h)}."]
+def doc_block(h: Headline, results: Path, doc: Path) -> str:
+    """A study doc's opening: the question, the finding in one sentence with its verdict word, the run it comes
+    from, the count of the run's verdicts and the key figure. Reference runs only: a quick run (`make run`) never
+    changes a doc."""
+    lines = [f"**Question.** {h.question}", "", f"**Finding.** {h.finding.cell}", "",
+             f"From the {h.provenance}. Claims this run decides: {verdict_counts(h)}."]
     plot = _plot(h, results, doc.parent)
     if plot:
-        lines += ["", f"![{h.plot}]({plot})"]
-    if quick is not None:
-        lines += ["", f"**Newer, at the quick preset** (fewer points; not a reference result; from the "
-                      f"{quick.provenance}):", "", *_bullets(quick)]
-        plot = _plot(quick, results, doc.parent)
-        if plot:
-            lines += ["", f"![{quick.plot} (quick run)]({plot})"]
+        lines += ["", f"![{h.finding.sentence}]({plot})"]
     return "\n".join(lines)
 
 
-def readme_block(heads: list[Headline], results: Path, readme: Path, quick: dict | None = None) -> str:
-    rows = ["| notebook | the question | the answer, from its reference run | claims decided | doc |",
-            "| --- | --- | --- | --- | --- |"]
+def readme_block(heads: list[Headline], results: Path, readme: Path) -> str:
+    rows = ["| study | the question | the finding, from its reference run | claims decided |", "| --- | --- | --- | --- |"]
     for h in heads:
         doc = os.path.relpath(doc_path(h.notebook, readme.parent), readme.parent)
-        answer = "; ".join(h.answer).replace("|", "\\|") + f" (run {h.run_id})"
-        if h.notebook in (quick or {}):
-            answer += f"; a newer quick run ({quick[h.notebook].name}) is in the doc"
-        rows.append(f"| `{h.notebook}` | {h.question} | {answer} | {verdict_counts(h)} | [{h.notebook[:2]}]({doc}) |")
+        rows.append(f"| [{h.notebook[:2]} {h.title}]({doc}) | {h.question} | {h.finding.cell.replace('|', chr(92) + '|')} "
+                    f"| {verdict_counts(h)} |")
     return "\n".join(rows)
-
-
-def _newer_quick_runs(results: Path, reference: dict[str, Path]) -> dict[str, Path]:
-    """Each notebook's latest quick run where it is newer than the latest reference run."""
-    from lab.results_index import list_runs
-
-    quick = {r["notebook"]: r["dir"] for r in list_runs(results) if r["preset"] == "quick"}
-    return {nb: d for nb, d in quick.items() if nb in reference and d.name > reference[nb].name}
 
 
 def _replace(text: str, block: str, where: Path, after_title: bool) -> str:
@@ -102,23 +82,12 @@ def sync(root: Path = ROOT, results: Path | None = None, check: bool = False) ->
     heads = [headline(nb, runs[nb]) for nb in STUDIES if nb in runs]
     for h in heads:
         h.stale = any(r.startswith("stale") for r in states.get(h.notebook, (None, []))[1])
-    quick = _newer_quick_runs(results, runs)
-    targets = {root / "README.md": (readme_block(heads, results, root / "README.md", quick), False)}
+    targets = {root / "README.md": (readme_block(heads, results, root / "README.md"), False)}
     for h in heads:
-        doc = doc_path(h.notebook, root)
-        q = quick.get(h.notebook)
-        qh = None
-        if q is not None:
-            from lab.results_index import list_runs
-            from lab.run_staleness import run_state
-
-            qh = headline(h.notebook, q)
-            entry = next(r for r in list_runs(results) if r["dir"] == q)
-            qh.stale = any(r.startswith("stale") for r in run_state(entry, ROOT))
-        targets[doc] = (doc_block(h, results, doc, qh), True)
+        targets[doc_path(h.notebook, root)] = (doc_block(h, results, doc_path(h.notebook, root)), True)
     stale = []
     for path, (block, after_title) in targets.items():
-        old = path.read_text() if path.exists() else f"# {STUDIES[path.stem].title}\n"
+        old = path.read_text() if path.exists() else f"# {TITLES[path.stem]}\n"
         new = _replace(old, block, path, after_title)
         if new != old:
             stale.append(path)

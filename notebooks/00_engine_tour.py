@@ -158,5 +158,14 @@ if INTERACTIVE:
     budget = w.SelectionSlider(options=budgets, value=budgets[-1], continuous_update=False)
     display(panel(show, {"budget": budget}, "KV blocks over time at a token budget"))  # noqa: F821
 
+# %% [markdown]
+# ## The finding
+# One sentence, filled from this run's files, and its key figure, whose title is the sentence
+# (`lab.studies.findings`; the README, the study doc and `lab report` print the same sentence).
+
 # %%
+from lab.studies.findings import key_figure, sentence
+
+print(sentence(run.notebook, run.dir))
+run.save_figure("finding", key_figure(run.notebook, run.dir))
 run.finish()

@@ -202,5 +202,14 @@ if INTERACTIVE:
         mem.memory_report(model, weights, kv, seq_len, concurrency, gpu, params.BLOCK_SIZE)))
     display(panel(show, controls, "memory report"))  # noqa: F821
 
+# %% [markdown]
+# ## The finding
+# One sentence, filled from this run's files, and its key figure, whose title is the sentence
+# (`lab.studies.findings`; the README, the study doc and `lab report` print the same sentence).
+
 # %%
+from lab.studies.findings import key_figure, sentence
+
+print(sentence(run.notebook, run.dir))
+run.save_figure("finding", key_figure(run.notebook, run.dir))
 run.finish()

@@ -300,4 +300,15 @@ run.save_metrics(**{f"reference_{d}_perplexity": float(grid.iloc[0][f"{d}_perple
                     for _, r in steps.iterrows()},
                  **{f"{m.replace(' ', '_')}_{d}_ppl_change_%": float(sens.set_index("model").loc[m, f"{d}_ppl_rise_%"])
                     for m in control["model"] for d in params.DOMAINS})
+
+# %% [markdown]
+# ## The finding
+# One sentence, filled from this run's files, and its key figure, whose title is the sentence
+# (`lab.studies.findings`; the README, the study doc and `lab report` print the same sentence).
+
+# %%
+from lab.studies.findings import key_figure, sentence
+
+print(sentence(run.notebook, run.dir))
+run.save_figure("finding", key_figure(run.notebook, run.dir))
 run.finish()

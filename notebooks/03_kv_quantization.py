@@ -228,4 +228,15 @@ run.save_metrics(claims=dict(zip(claim_table["claim"], claim_table["verdict"])),
                  wrong_claims=int((claim_table["verdict"] == "wrong").sum()),
                  not_distinguishable_claims=int((claim_table["verdict"] == "not distinguishable").sum()),
                  exact_perplexity=float(e2e["perplexity"].iloc[0]))
+
+# %% [markdown]
+# ## The finding
+# One sentence, filled from this run's files, and its key figure, whose title is the sentence
+# (`lab.studies.findings`; the README, the study doc and `lab report` print the same sentence).
+
+# %%
+from lab.studies.findings import key_figure, sentence
+
+print(sentence(run.notebook, run.dir))
+run.save_figure("finding", key_figure(run.notebook, run.dir))
 run.finish()

@@ -203,4 +203,15 @@ run.save_metrics(lossless=bool(lossless["greedy outputs unchanged"].all()),
                  recompute_beats_host_memory=int(summary["recompute_beats_host memory"].sum()),
                  recompute_beats_disk=int(summary["recompute_beats_disk file"].sum()),
                  wrong_claims=int((claims["verdict"] == "wrong").sum()))
+
+# %% [markdown]
+# ## The finding
+# One sentence, filled from this run's files, and its key figure, whose title is the sentence
+# (`lab.studies.findings`; the README, the study doc and `lab report` print the same sentence).
+
+# %%
+from lab.studies.findings import key_figure, sentence
+
+print(sentence(run.notebook, run.dir))
+run.save_figure("finding", key_figure(run.notebook, run.dir))
 run.finish()

@@ -265,4 +265,15 @@ run.save_metrics(lossless=bool(main["lossless"].all() and (bench is None or benc
                  categories_not_distinguishable_from_10pct=int((main["category"].ne("all") & main[
                      "error_measured_costs_vs_10pct"].eq("not distinguishable")).sum()),
                  claims_that_fail=int(claims["holds"].eq(False).sum()))
+
+# %% [markdown]
+# ## The finding
+# One sentence, filled from this run's files, and its key figure, whose title is the sentence
+# (`lab.studies.findings`; the README, the study doc and `lab report` print the same sentence).
+
+# %%
+from lab.studies.findings import key_figure, sentence
+
+print(sentence(run.notebook, run.dir))
+run.save_figure("finding", key_figure(run.notebook, run.dir))
 run.finish()

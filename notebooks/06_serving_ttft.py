@@ -59,7 +59,7 @@ REPEATS = 3  # runs of the claims' experiments (sections 4 and 6): the claims' i
 # %%
 import pandas as pd
 
-from lab.bench.serve import plot_dashboard
+from lab.bench import dashboard
 from lab.models import load_model
 from lab.runs import params_from_namespace, resolve_device, start_run
 from lab.studies import serving as study
@@ -87,7 +87,7 @@ ramp_table = pd.concat([ramp, pd.DataFrame([{"concurrency": op, "operating point
 run.save_table("ramp", ramp_table)
 run.save_table("ramp_levels", levels)
 run.save_figure("ramp", serving_plots.plot_ramp(levels, knee, op))
-run.save_figure("dashboard_knee", plot_dashboard(ramp_reports[knee], f"concurrency {knee} (knee)"))
+dashboard.save(run, "dashboard_knee", ramp_reports[knee], f"concurrency {knee}")
 print(f"knee: concurrency {knee}; operating point: {op}")
 levels.round(3)
 
@@ -115,8 +115,7 @@ batch[["max_num_seqs", "ttft_p50", "ttft_p99", "tpot_p50", "output_throughput", 
 chunked, chunked_reports = study.chunked_prefill(params, model, tok, op)
 run.save_table("chunked_prefill", chunked)
 for on, rep in chunked_reports.items():
-    run.save_figure(f"dashboard_chunked_{'on' if on else 'off'}",
-                    plot_dashboard(rep, f"chunked prefill {'on' if on else 'off'}"))
+    dashboard.save(run, f"dashboard_chunked_{'on' if on else 'off'}", rep, f"chunked prefill {'on' if on else 'off'}")
 chunked[["repeat", "chunked_prefill", "max_num_batched_tokens"] + cols].round(3)
 
 # %% [markdown]
@@ -216,4 +215,15 @@ run.save_metrics(knee_concurrency=knee, operating_concurrency=op,
                  random_prompts_ttft_p50_cut=float(serving_claims.prefix_cuts(prefix, "random prompts").median()),
                  fixed_p50_goodput_overstatement=float(
                      shapes.query("lengths == 'fixed at P50'")["goodput_requests_vs_lognormal"].median()))
+
+# %% [markdown]
+# ## The finding
+# One sentence, filled from this run's files, and its key figure, whose title is the sentence
+# (`lab.studies.findings`; the README, the study doc and `lab report` print the same sentence).
+
+# %%
+from lab.studies.findings import key_figure, sentence
+
+print(sentence(run.notebook, run.dir))
+run.save_figure("finding", key_figure(run.notebook, run.dir))
 run.finish()

@@ -237,4 +237,15 @@ run.save_metrics(**{f"mask_share_batch_{int(r['batch'])}": float(r["mask share o
                  jump_forward_equal_float32=int(jump_summary.loc[True, "items equal in float32"]),
                  string_jump_share=float(bound["share"]),
                  wrong_claims=int((claims["holds"] == False).sum()))  # noqa: E712
+
+# %% [markdown]
+# ## The finding
+# One sentence, filled from this run's files, and its key figure, whose title is the sentence
+# (`lab.studies.findings`; the README, the study doc and `lab report` print the same sentence).
+
+# %%
+from lab.studies.findings import key_figure, sentence
+
+print(sentence(run.notebook, run.dir))
+run.save_figure("finding", key_figure(run.notebook, run.dir))
 run.finish()

@@ -217,4 +217,15 @@ run.save_metrics(allreduce_alpha_us=float(in_step["alpha_us"]),
                  pp_wait_share_prefill_m8=float(bubble.query("phase == 'prefill'").iloc[-1]["wait share (measured)"]),
                  weights_per_rank_70b_tp8_GB=float(per_rank["weight bytes"].max() / 1e9),
                  wrong_claims=int((claims["holds"] == False).sum()))  # noqa: E712
+
+# %% [markdown]
+# ## The finding
+# One sentence, filled from this run's files, and its key figure, whose title is the sentence
+# (`lab.studies.findings`; the README, the study doc and `lab report` print the same sentence).
+
+# %%
+from lab.studies.findings import key_figure, sentence
+
+print(sentence(run.notebook, run.dir))
+run.save_figure("finding", key_figure(run.notebook, run.dir))
 run.finish()

@@ -193,4 +193,15 @@ run.save_metrics(first_token_flops_ratio_no_prefix=1.0,
                  first_token_at_s_health=float(probe_summary.loc["/health, no warm-up", "first_token_at_s"]),
                  first_token_at_s_ready=float(probe_summary.loc["/ready, warm-up request", "first_token_at_s"]),
                  weights_bytes=cold_info["weights_bytes"], wrong_claims=int((claims["holds"] == False).sum()))  # noqa: E712
+
+# %% [markdown]
+# ## The finding
+# One sentence, filled from this run's files, and its key figure, whose title is the sentence
+# (`lab.studies.findings`; the README, the study doc and `lab report` print the same sentence).
+
+# %%
+from lab.studies.findings import key_figure, sentence
+
+print(sentence(run.notebook, run.dir))
+run.save_figure("finding", key_figure(run.notebook, run.dir))
 run.finish()

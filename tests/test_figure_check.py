@@ -36,11 +36,47 @@ def test_a_figure_that_keeps_the_standard_has_no_problems():
     (lambda f, ax: ax.legend(loc="center", bbox_to_anchor=(0.5, 0.5), fontsize=30), "legend covers"),
     (lambda f, ax: ax.set_xticks([1, 1.05, 1.1], ["a long label", "another long one", "and a third"]),
      "tick labels overlap"),
+    # issue 49: minor tick labels count (04's crossover.png), an unlabelled series among labelled ones (05's
+    # speedup_vs_k.png), one series under another (06's ramp.png: goodput equal to throughput), a numeric axis
+    # without a unit, a claim line without a label, a figure title over a panel
+    (lambda f, ax: ax.set_xticks([2.0, 2.05], ["a long minor label", "and another"], minor=True),
+     "x tick labels overlap"),
+    (lambda f, ax: ax.plot([1, 4], [2, 2.5], color=PALETTE[5]), "series without a label"),
+    (lambda f, ax: ax.plot([1, 2, 4], [0, 1, 3], "o", color=PALETTE[5], label="same as series 0"),
+     "is drawn exactly over 'series 0'"),
+    (lambda f, ax: ax.set_ylabel("time"), "the y axis is numeric and its label names no unit"),
+    (lambda f, ax: ax.axhline(2.0, color="black", ls=":"), "claim line(s) or band(s) without a label"),
+    (lambda f, ax: ax.axhspan(0.5, 1.5, color="0.9"), "claim line(s) or band(s) without a label"),
+    (lambda f, ax: f.suptitle("A finding that sits on the data", y=0.6), "title is drawn over a panel"),
 ])
 def test_each_rule_fails_a_figure_that_breaks_it(spoil, found):
     fig = _good()
     spoil(fig, fig.axes[0])
     assert any(found in p for p in problems(fig)), problems(fig)
+
+
+def test_a_panels_labels_over_its_neighbour_are_found():
+    """03's end_to_end.png: long category names on the second of three close panels ran over the first."""
+    fig, axes = plt.subplots(1, 2, figsize=(6, 3), gridspec_kw={"wspace": 0.05})
+    for i, ax in enumerate(axes):
+        ax.barh(["a very long category name", "another long category name"], [1, 2], color=PALETTE[i])
+        ax.set(title=f"panel {i}", xlabel="value (%)", ylabel="category")
+    assert any("is drawn over panel 1" in p for p in problems(fig)), problems(fig)
+
+
+def test_a_prediction_in_its_series_colour_and_a_solid_zero_line_need_no_label():
+    fig = _good()
+    ax = fig.axes[0]
+    ax.plot([1, 2, 4], [0.2, 1.2, 3.2], "--", color=PALETTE[0])  # series 0's model, its style told in a key
+    ax.axhline(0, color="0.5", lw=0.8)
+    assert problems(fig) == []
+
+
+def test_a_categorical_axis_needs_no_unit():
+    fig, ax = plt.subplots()
+    ax.barh(["fp8", "int8"], [1.0, 0.1], color=PALETTE[0])
+    ax.set(title="perplexity change by format", xlabel="perplexity change (%)", ylabel="KV cache format")
+    assert problems(fig) == []
 
 
 def test_a_suptitle_or_a_shared_x_label_serves_every_panel():

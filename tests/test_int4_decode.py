@@ -19,7 +19,7 @@ def test_ratio_interval_brackets_the_ratio_and_shrinks_with_the_spread():
 
 def _table(low, high):
     return pd.DataFrame([{"batch": 1, "int4 against": "bfloat16", "runs": 3, "measured_speedup": (low + high) / 2,
-                          "ci95_low": low, "ci95_high": high, "one_run_steps_low": low, "one_run_steps_high": high,
+                          "span_low": low, "span_high": high, "one_run_steps_low": low, "one_run_steps_high": high,
                           "bytes_read_ratio": 3.5}])
 
 
@@ -32,6 +32,20 @@ def test_the_claims_verdict_follows_the_whole_interval(low, high, said):
     # the ledger reads the speedup and its interval from the front of the measured cell
     assert claims["measured here"].iloc[0].startswith(f"{(low + high) / 2:.2f}x measured, median of 3 runs, run span "
                                                       f"[{low:.2f}, ")
+
+
+def test_the_printed_span_gets_the_verdict_the_measured_one_got():
+    """Run 98579e: the span's end 1.9456 printed as "1.95", which rounds to the article's "2" and read back as not
+    distinguishable where the notebook, on 1.9456, wrote wrong (`lab claims --check` failed). Printed to the digits
+    the verdict needs, the ledger reads the notebook's verdict."""
+    from lab.ledger.rules import parse_lab, verdict
+
+    table = _table(1.8873150177063722, 1.945576807694658).assign(measured_speedup=1.910318315106059)
+    claims = int4_decode.claim_rows(table)
+    said, cell = claims["verdict"].iloc[0], claims["measured here"].iloc[0]
+    assert said == "wrong" and "[1.887, 1.946]" in cell
+    read = parse_lab(cell)
+    assert verdict(int4_decode.CLAIM, read.text, read.interval) == said
 
 
 def _measured(ratios_per_round, steps=(1.0, 1.01, 0.99, 1.0)):
@@ -50,12 +64,12 @@ def test_the_speedup_interval_is_the_spread_of_runs_not_of_one_runs_steps():
     table = int4_decode.speedups(_measured([0.79, 0.64, 0.71]))
     row = table[table["int4 against"] == "bfloat16"].iloc[0]
     assert row["runs"] == 3 and row["measured_speedup"] == pytest.approx(0.71)
-    assert (row["ci95_low"], row["ci95_high"]) == pytest.approx((0.64, 0.79))
+    assert (row["span_low"], row["span_high"]) == pytest.approx((0.64, 0.79))
     assert row["one_run_steps_high"] - row["one_run_steps_low"] < 0.05  # one run alone would look far tighter
     said = int4_decode.claim_rows(table)["verdict"].iloc[0]
     assert said == "wrong"  # 0.64-0.79 lies wholly below 2-2.5x
     one = int4_decode.speedups(_measured([0.71]))
-    assert one["ci95_low"].isna().all()  # one run: no spread, so no verdict
+    assert one["span_low"].isna().all()  # one run: no spread, so no verdict
     assert int4_decode.claim_rows(one)["verdict"].iloc[0] == "not distinguishable"
 
 

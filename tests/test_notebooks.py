@@ -70,6 +70,9 @@ def test_parameters_cell_comes_first_and_pair_is_in_sync(name):
     assert "parameters" in code[0].metadata.get("tags", [])
     assert {"PRESET", "INTERACTIVE"} <= set(declared_parameters(NOTEBOOKS_DIR / f"{name}.ipynb"))
     assert not any(c.get("outputs") for c in code), "commit notebooks without outputs"
+    # an empty code cell is never run, so JupyterLab's "Run All" leaves it unnumbered (the browser test waits for
+    # every cell to be numbered, and timed out on one)
+    assert all(c.source.strip() for c in code), f"{name}: an empty code cell"
     twin = jupytext.read(NOTEBOOKS_DIR / f"{name}.py")
     assert [(c.cell_type, c.source) for c in twin.cells] == [(c.cell_type, c.source) for c in nb.cells], \
         "the .ipynb and its .py twin differ: run `make sync-notebooks`"

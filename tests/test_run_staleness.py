@@ -123,3 +123,50 @@ def test_no_latest_reference_run_in_the_repository_is_dirty():
     latest = {r["notebook"]: r for r in list_runs(root) if r["preset"] == "reference"}
     assert len(latest) >= 10  # every study notebook has a committed reference run
     assert [nb for nb, r in sorted(latest.items()) if r["params"].get("git_dirty")] == []
+
+
+def _commit(repo, message="two"):
+    _git(repo, "-c", "user.email=a@b", "-c", "user.name=a", "add", "-A")
+    _git(repo, "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", message)
+
+
+def test_a_move_a_rename_or_a_reworded_docstring_keeps_a_run_current(tmp_path):
+    """Issue 50 item 5: staleness follows what the code does, so a refactor that moves code costs no rerun."""
+    repo, commit = _repo(tmp_path)
+    studies = repo / "lab" / "studies"
+    (studies / "beta.py").write_text('from lab.studies import pkg\n\n\ndef g(x):\n    """New words."""\n    return x\n')
+    _commit(repo)
+    (state,) = run_state(_run(commit), repo)  # a function added: new behaviour
+    assert state.startswith("stale") and "lab/studies/beta.py" in state
+    repo, commit = _repo(tmp_path / "again")
+    (studies := repo / "lab" / "studies")
+    # pkg's X moves into a new module that beta imports instead; alpha's import is rerouted; comments added
+    (studies / "pkg" / "__init__.py").write_text('"""A package, reworded."""\n')
+    (studies / "moved.py").write_text("# X lives here now\nX = 1\n")
+    (studies / "beta.py").write_text("from lab.studies import pkg  # still imported\nfrom lab.studies import moved\n")
+    _commit(repo)
+    assert run_state(_run(commit), repo) == []
+    (studies / "moved.py").write_text("X = 3\n")  # and now it does something else
+    (state,) = run_state(_run(commit), repo)
+    assert state.startswith("stale") and "lab/studies/moved.py" in state and "beta.py" not in state
+
+
+def test_a_renamed_study_module_keeps_its_run_current(tmp_path):
+    repo, commit = _repo(tmp_path)
+    studies = repo / "lab" / "studies"
+    (studies / "alpha.py").rename(studies / "alpha_renamed.py")
+    notebook = repo / "notebooks" / "01_x.py"
+    notebook.write_text(notebook.read_text().replace("alpha as a", "alpha_renamed as a"))
+    assert run_state(_run(commit), repo) == []
+
+
+def test_a_package_counts_by_its_init_and_the_submodules_named(tmp_path):
+    """The findings package loads each study's module by name for the docs: a notebook that imports the package
+    depends on its `__init__.py` and on the submodules some file names (`lab.studies.pkg.sub`), not on all."""
+    repo, commit = _repo(tmp_path)
+    studies = repo / "lab" / "studies"
+    (studies / "pkg" / "other.py").write_text("Z = 1\n")  # in the package, named by nothing reached
+    assert run_state(_run(commit), repo) == []
+    (studies / "beta.py").write_text("from lab.studies import pkg\nfrom lab.studies.pkg.other import Z\n")
+    (state,) = run_state(_run(commit), repo)  # now reached: its code is new to the run
+    assert state.startswith("stale") and "lab/studies/pkg/other.py" in state

@@ -60,7 +60,7 @@ def _bench_serve(args) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=2, default=float) + "\n")
     if args.plot:
-        from lab.bench.serve import plot_dashboard
+        from lab.bench.dashboard import plot_dashboard
         plot_dashboard(report, args.url).savefig(args.plot, dpi=110, bbox_inches="tight")
     width = max(map(len, summary))
     for k, v in summary.items():

@@ -161,8 +161,14 @@ def add_results(sub) -> None:
 
 def _docs(args) -> int:
     """`lab docs [--check]`: the README's studies table and each study doc's opening, from the reference runs."""
+    from lab.ledger.gather import latest_reference_runs
+    from lab.runs import results_root
+    from lab.studies.findings import redraw
     from lab.study_docs import sync
 
+    if not args.check:  # each reference run's figures, from its files, before the openings that show them
+        for nb, run_dir in sorted(latest_reference_runs(results_root()).items()):
+            print(f"{nb}: redrew {len(redraw(nb, run_dir))} figures of {run_dir.name}")
     stale = sync(check=args.check)
     for path in stale:
         print(f"{'stale' if args.check else 'rewrote'}: {path}")
@@ -174,8 +180,10 @@ def _docs(args) -> int:
 
 def add_docs(sub) -> None:
     """`lab docs [--check]`"""
-    docs = sub.add_parser("docs", help="regenerate the README's studies table and each study doc's opening from the "
-                                       "latest reference runs (--check: fail if they differ)")
+    docs = sub.add_parser("docs", help="redraw each latest reference run's figures (its key figure, finding.png, "
+                                       "among them) from its files and "
+                                       "regenerate the README's studies table and each study doc's opening from "
+                                       "those runs (--check: fail if the text differs)")
     docs.add_argument("--check", action="store_true")
     docs.set_defaults(func=_docs)
 

@@ -10,8 +10,8 @@ and rebuilding recomputes every figure through the same code. A figure that no p
 moves is computed by construction: `by_construction` names it, and `lab claims --check` fails on it unless the
 claim is the article's own arithmetic (whose figure its stated inputs fix, by design) or is made an argument.
 
-The perturbations (`HOWS`) are chosen to move every kind of figure a table prints: a scale by 2 and by 1000 either
-way (absolute figures; a count of points where one side wins by a wide margin), a tilt across rows (ratios between
+The perturbations (`HOWS`) are chosen to move every kind of figure a table prints: a scale by 2, 1000 and a million
+either way (absolute figures; a count of points where one side wins by a wide margin, or by over 1000x), a tilt across rows (ratios between
 rows, slopes over a sweep), seeded noise (anything that reads single values) and a shift (a column at zero, a floor,
 which no scale can move). What an input holds that is a setting
 rather than a measurement (the prefix lengths of a sweep, a prompt's token count) is named in `Rebuild.settings`,
@@ -78,6 +78,10 @@ def _scaled(values: np.ndarray, how: str, seed: int) -> np.ndarray:
         return values * 1000.0
     if how == "x0.001":
         return values * 0.001
+    if how == "x1e6":  # a count of points where one side wins by over 1000x (04: recompute 1,271x a host read)
+        return values * 1e6
+    if how == "x1e-6":
+        return values * 1e-6
     if how == "tilt":  # the last row doubled, the first unchanged: moves ratios between rows and slopes
         return values * (1.0 + np.linspace(0.0, 1.0, n)) if n > 1 else values * 2.0
     if how == "noise":
@@ -88,7 +92,7 @@ def _scaled(values: np.ndarray, how: str, seed: int) -> np.ndarray:
     raise ValueError(how)
 
 
-HOWS = ("x2", "x0.5", "tilt", "noise", "shift", "x1000", "x0.001")
+HOWS = ("x2", "x0.5", "tilt", "noise", "shift", "x1000", "x0.001", "x1e6", "x1e-6")
 
 
 def _numeric_columns(df: pd.DataFrame) -> list[str]:

@@ -140,7 +140,7 @@ def plot_kv_over_time(steps: pd.DataFrame, num_blocks: int, title: str = ""):
     ax2.bar(steps["step"], steps["decode_tokens"], bottom=steps["prefill_tokens"], label="decode tokens",
             color=PALETTE[0])
     ax2.set_title("Tokens each step ran: prefill and decode")
-    ax2.set_xlabel("engine step")
+    ax2.set_xlabel("engine step (number)")
     ax2.set_ylabel("tokens")
     legend_outside(ax2)
     fig.tight_layout()

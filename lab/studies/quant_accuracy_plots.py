@@ -38,37 +38,59 @@ def _columns(df: pd.DataFrame, col: str) -> tuple:
     return df[col], df[f"{col}_low"], df[f"{col}_high"]
 
 
+def _by_model(ax, labels: list[str], series: dict[str, tuple], xlabel: str, transform=lambda v: v):
+    """One point per model (rows, top to bottom in the given order) and series with its interval, series offset
+    within a row; `transform` maps values and interval ends alike (monotone)."""
+    y = np.arange(len(labels))[::-1]
+    height = 0.6 / max(len(series), 1)
+    for i, (name, (v, lo, hi)) in enumerate(series.items()):
+        v, lo, hi = (transform(np.asarray(a, dtype=float)) for a in (v, lo, hi))
+        ax.errorbar(v, y + ((len(series) - 1) / 2 - i) * height, xerr=error_extents(v, lo, hi, labels), fmt="o",
+                    ms=4, capsize=2, color=PALETTE[i], label=name)
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.set_xlabel(xlabel)
+
+
 def plot_grid(grid: pd.DataFrame, sens: pd.DataFrame, domains: tuple[str, ...]):
-    """Per model, in the grid's order: the perplexity change against the unquantized model per domain (paired
-    intervals over sequences; the GGUF Q4_1 control of an already-Q4_1 model sits at exactly 0), the KL per domain,
-    and the share of sensitive outputs changed per category."""
+    """Per model, in the grid's order (rows): perplexity as a ratio to the unquantized model's per domain (paired
+    intervals over sequences; a log axis, on which the GGUF Q4_1 control of an already-Q4_1 model sits at exactly
+    1 and a change within noise on either side of it), the mean KL per domain (log axis; the control's exact 0 is
+    written in), and the share of all sensitive outputs changed (Wilson 95%; per category: `plot_pass_rates`)."""
     import matplotlib.pyplot as plt
 
-    quant = grid.iloc[1:]
+    quant = grid.iloc[1:].reset_index(drop=True)
     labels = list(sens["model"])
-    cats = [c for c in CATEGORIES if quant[f"pass_{c}"].notna().any()]
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
-    _dodged(axes[0], labels, {d: _columns(sens, f"{d}_ppl_rise_%") for d in domains},
-            "perplexity change vs unquantized, % (symlog)")
-    axes[0].set_title("Perplexity change of each re-quantized model, per held-out domain")
-    _dodged(axes[1], labels, {d: _columns(quant, f"{d}_kl_mean") for d in domains},
-            "mean KL(unquantized || quantized), nats/token (symlog)", linthresh=0.01, floor=0)
-    axes[1].set_title("KL against the unquantized model, per domain")
-    width = 0.8 / max(len(cats), 1)
-    for i, c in enumerate(cats):
-        changed = 100 * (1 - quant[f"same_output_{c}"])
-        # The share changed is 1 - the share unchanged, so its interval is the unchanged one's, mirrored.
-        yerr = (None if f"same_output_{c}_low" not in quant else
-                np.abs(np.vstack([changed - 100 * (1 - quant[f"same_output_{c}_high"]),
-                                  100 * (1 - quant[f"same_output_{c}_low"]) - changed])))
-        axes[2].bar([x + i * width for x in range(len(quant))], changed, width, label=c, yerr=yerr,
-                    color=PALETTE[i], capsize=2, error_kw={"lw": 0.8})
-    axes[2].set_xticks([x + 0.4 - width / 2 for x in range(len(quant))], labels, rotation=45, ha="right", fontsize=7)
-    axes[2].set_xlabel("model (method and configuration)")
-    axes[2].set(ylabel="% of greedy outputs changed (Wilson 95%)",
-                title="Sensitive items: outputs changed vs unquantized")
-    for ax in axes:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig, axes = plt.subplots(1, 3, figsize=(14, 5.2), sharey=True)
+    _by_model(axes[0], labels, {d: _columns(sens, f"{d}_ppl_rise_%") for d in domains},
+              "perplexity, quantized / unquantized (x, log scale)", transform=lambda v: 1 + v / 100)
+    axes[0].set_xscale("log")
+    low, high = axes[0].get_xlim()
+    ticks = [t for t in (0.9, 1, 1.1, 1.25, 1.5, 2, 3, 4, 6, 8, 16, 32) if low <= t <= high]
+    axes[0].set_xticks(ticks, [f"{t:g}" for t in ticks])
+    axes[0].xaxis.set_minor_locator(plt.NullLocator())
+    axes[0].axvline(1.0, color="0.3", lw=0.8, label="_unchanged")
+    axes[0].set_title("perplexity per held-out domain")
+    axes[0].set_ylabel("model (method and configuration)")
+    kl = {d: _columns(quant, f"{d}_kl_mean") for d in domains}
+    zero = np.all([np.asarray(v, dtype=float) == 0 for v, _, _ in kl.values()], axis=0)
+    _by_model(axes[1], labels, {d: tuple(np.where(zero, np.nan, np.asarray(a, dtype=float)) for a in cols)
+                                for d, cols in kl.items()}, "mean KL(unquantized || quantized) (nats/token, log scale)")
+    axes[1].set_xscale("log")
+    axes[1].xaxis.set_minor_formatter(plt.NullFormatter())  # a narrow range labels minor ticks, which collide
+    for yy in np.arange(len(labels))[::-1][zero]:
+        axes[1].text(0.02, yy, "exactly 0", va="center", fontsize=7, transform=axes[1].get_yaxis_transform())
+    axes[1].set_title("KL per held-out domain")
+    changed = 100 * (1 - quant["same_output_all"])
+    # the share changed is 1 - the share unchanged: its interval is the unchanged one's, mirrored
+    _by_model(axes[2], labels, {"all sensitive items": (changed, 100 * (1 - quant["same_output_all_high"]),
+                                                        100 * (1 - quant["same_output_all_low"]))},
+              "greedy outputs changed (% of sensitive items, Wilson 95%)")
+    axes[2].set_xlim(0, 100)
+    axes[2].set_title("outputs changed")
+    for ax in axes[:2]:
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=len(domains))
+    fig.suptitle("Each re-quantized model against the unquantized one (95% intervals: paired over sequences for "
+                 "perplexity and KL)", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -112,22 +134,26 @@ def plot_decomposition(decomp: pd.DataFrame, domains: tuple[str, ...]):
 
 
 def plot_pass_rates(grid: pd.DataFrame):
-    """Sensitive pass rate per category and model, with Wilson intervals."""
+    """Sensitive pass rate per model (rows, in the grid's order), one small multiple per category sharing the
+    model axis, with Wilson intervals and the unquantized model's rate as the line each model is read against."""
     import matplotlib.pyplot as plt
 
     cats = [c for c in CATEGORIES if grid[f"pass_{c}"].notna().any()]
     labels = ["unquantized"] + [f"{m} {c}" for m, c in zip(grid["method"].iloc[1:], grid["config"].iloc[1:])]
-    fig, ax = plt.subplots(figsize=(12, 4))
-    width = 0.8 / len(cats)
-    for i, c in enumerate(cats):
-        ok = grid[f"pass_{c}"].notna()
+    y = np.arange(len(grid))[::-1]
+    fig, axes = plt.subplots(1, len(cats), figsize=(2.6 * len(cats) + 1.5, 5), sharey=True, squeeze=False)
+    for i, (ax, c) in enumerate(zip(axes[0], cats)):
+        ok = grid[f"pass_{c}"].notna().to_numpy()
         g = grid[ok]
-        ax.bar([x + i * width for x in range(len(grid)) if ok.iloc[x]], 100 * g[f"pass_{c}"], width, label=c,
-               yerr=frame_extents(g, f"pass_{c}", [f"{name}, {c}" for name, o in zip(labels, ok) if o], scale=100),
-               color=PALETTE[i], capsize=2, error_kw={"lw": 0.8})
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(grid))], labels, rotation=45, ha="right", fontsize=8)
-    ax.set(xlabel="model (method and configuration)", ylabel="pass rate, % (Wilson 95%)",
-           title="Sensitive items passed, per category (greedy)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        ax.errorbar(100 * g[f"pass_{c}"], y[ok], xerr=frame_extents(g, f"pass_{c}", [n for n, o in zip(labels, ok) if o],
+                                                                    scale=100),
+                    fmt="o", ms=4, capsize=2, color=PALETTE[i], label=f"{c} (Wilson 95%)")
+        ax.axvline(100 * grid[f"pass_{c}"].iloc[0], color="0.3", ls="--", lw=0.9, label="unquantized")
+        ax.set_xlim(-5, 105)
+        ax.set(title=c.replace("_", " "), xlabel="pass rate (%)")
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.14))
+    axes[0][0].set_yticks(y, labels, fontsize=8)
+    axes[0][0].set_ylabel("model (method and configuration)")
+    fig.suptitle("Sensitive items passed per category (greedy), against the unquantized model", fontsize=10)
     fig.tight_layout()
     return fig

@@ -247,6 +247,8 @@ def plot_predicted(df: pd.DataFrame):
             ax.scatter(d["recompute_s"], d[column], color=PALETTE[i], s=18, label=model)
         ax.set(xscale="log", yscale="log", xlabel="measured recompute (s)", ylabel="predicted recompute (s)",
                title=f"Recompute time: {name} against the engine")
+        for axis in (ax.xaxis, ax.yaxis):  # a narrow range (a smoke run) labels minor ticks, which collide
+            axis.set_minor_formatter(plt.NullFormatter())
         legend_outside(ax)
     fig.tight_layout()
     return fig
@@ -267,12 +269,16 @@ def plot_crossover(df: pd.DataFrame):
         for i, (w, g) in enumerate(d.groupby("window")):
             color = PALETTE[i]
             ax.plot(g["prefix"], g["measured_crossover_GBps"], "o-", color=color, label=f"W={w} measured")
-            ax.plot(g["prefix"], g["predicted_crossover_GBps"], "x--", color=color, alpha=0.7)
+            ax.plot(g["prefix"], g["predicted_crossover_GBps"], "x--", color=color, alpha=0.7, label="_predicted")
         for tier, style in zip(_tiers(d), (":", "-.", "--", (0, (1, 4)), (0, (5, 5)))):
             bw = (d["kv_bytes"] / d[f"load {tier} s"]).median() / 1e9
             ax.axhline(bw, color="k", ls=style, lw=1, label=f"{tier}: {bw:.3g} GB/s (median)")
+        ax.plot([], [], "x--", color="0.5", label="x--: the cost model's prediction\n(in its window's colour)")
         ax.set(xscale="log", yscale="log", xlabel="prefix M (tokens)", ylabel="crossover bandwidth B* (GB/s)",
-               title=f"{name}: tiers below B* lose to recompute\n(x--: the cost model's prediction)")
+               title=f"{name}: tiers below B* lose to recompute")
+        prefixes = sorted(d["prefix"].unique())
+        ax.set_xticks(prefixes, [f"{p:,}" for p in prefixes])
+        ax.xaxis.set_minor_locator(plt.NullLocator())
         legend_outside(ax)
     fig.tight_layout()
     return fig

@@ -23,17 +23,27 @@ def plot_ramp(levels: pd.DataFrame, knee: int, op: int):
     measured points, not joined: each is its own closed-loop load."""
     import matplotlib.pyplot as plt
 
+    import numpy as np
+
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4))
-    _series(a, levels, "output_throughput", "output tokens/s", PALETTE[0], "o")
-    _series(a, levels, "goodput_tokens", "goodput tokens/s (within the SLOs)", PALETTE[1], "s")
+    if np.allclose(levels["goodput_tokens"], levels["output_throughput"]):  # one series would hide the other
+        _series(a, levels, "output_throughput", "output tokens/s = goodput (every request within the SLOs)",
+                PALETTE[0], "o")
+    else:
+        _series(a, levels, "output_throughput", "output tokens/s", PALETTE[0], "o")
+        _series(a, levels, "goodput_tokens", "goodput tokens/s (within the SLOs)", PALETTE[1], "s")
     _series(b, levels, "tpot_p50", "TPOT P50", PALETTE[0], "o")
     _series(b, levels, "tpot_p99", "TPOT P99", PALETTE[1], "s")
     _series(b, levels, "ttft_p99", "TTFT P99", PALETTE[2], "^")
-    a.set(ylabel="tokens per second", title="Throughput as concurrency rises (closed loop)")
-    b.set(ylabel="seconds (log scale)", yscale="log", title="Latency as concurrency rises")
+    a.set(ylabel="throughput (tokens/s)", title="Throughput as concurrency rises (closed loop)")
+    b.set(ylabel="latency (s, log scale)", yscale="log", title="Latency as concurrency rises")
+    # `serving.find_knee` falls back to the last level when throughput never flattens: then there is no knee
+    found = knee < levels["concurrency"].max()
+    knee_label = f"knee: concurrency {knee}" if found else \
+        f"no knee up to {knee}: throughput still rising (the operating point counts from {knee})"
     for ax in (a, b):
-        ax.axvline(knee, color="black", ls="--", lw=0.8, label=f"knee: concurrency {knee}")
-        ax.axvline(op, color="0.5", ls=":", lw=1.0, label=f"operating point (70% of the knee): {op}")
+        ax.axvline(knee, color="black", ls="--", lw=0.8, label=knee_label)
+        ax.axvline(op, color="0.5", ls=":", lw=1.0, label=f"operating point (70% of {knee}): {op}")
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(levels["concurrency"]), [str(c) for c in levels["concurrency"]])
         ax.set_xlabel("concurrency (requests in flight)")

@@ -14,13 +14,17 @@ def plot_acceptance_by_position(main: pd.DataFrame):
 
     drafters = list(dict.fromkeys(main["drafter"]))
     fig, axes = plt.subplots(1, len(drafters), figsize=(4.5 * len(drafters), 3.4), squeeze=False, sharey=True)
+    categories = list(dict.fromkeys(main["category"]))
     for ax, drafter in zip(axes[0], drafters):
         for _, r in main[(main["drafter"] == drafter) & (main["category"] != "all")].iterrows():
             rates = r["acceptance_by_position"]
             if rates:
                 rows = [f"{drafter} {r['category']} position {i}" for i in range(1, len(rates) + 1)]
-                ax.errorbar(range(1, len(rates) + 1), rates, marker="o", capsize=2, label=r["category"],
-                            color=PALETTE[list(dict.fromkeys(main["category"])).index(r["category"]) % len(PALETTE)],
+                # each category a little to the side, so equal rates (often 0 or 1 on few prompts) all show
+                shift = 0.06 * (categories.index(r["category"]) - (len(categories) - 1) / 2)
+                ax.errorbar([i + shift for i in range(1, len(rates) + 1)], rates, marker="o", capsize=2,
+                            label=r["category"],
+                            color=PALETTE[categories.index(r["category"]) % len(PALETTE)],
                             yerr=error_extents(rates, r["acceptance_by_position_low"],
                                                r["acceptance_by_position_high"], rows))
         ax.set(title=f"Acceptance by draft position: {drafter}", xlabel="draft position in the round", ylim=(0, 1.02))
@@ -42,12 +46,12 @@ def plot_speedup_vs_k(sweep: pd.DataFrame):
             color = PALETTE[i]
             ax.errorbar(g["k"], g["measured_speedup"], marker="o", color=color, capsize=2, label=f"{cat} measured",
                         yerr=frame_extents(g, "measured_speedup", [f"{drafter} {cat} k={k}" for k in g["k"]]))
-            ax.plot(g["k"], g["predicted_measured_costs"], ls="--", color=color, alpha=0.7)
+            ax.plot(g["k"], g["predicted_measured_costs"], ls="--", color=color, alpha=0.7, label="_predicted")
         ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set(title=f"Speedup against k: {drafter}\n(dashed: predicted with measured c, v(k))",
-               xlabel="k (drafts per round)")
+        ax.plot([], [], ls="--", color="0.5", label="dashed: predicted with measured c, v(k)\n(in its category's colour)")
+        ax.set(title=f"Speedup against k: {drafter}", xlabel="k (drafts per round)")
         ax.title.set_fontsize(9)
-    axes[0][0].set_ylabel("speedup over plain decoding, x (95% over prompts)")
+    axes[0][0].set_ylabel("speedup over plain decoding (x; bars: 95% over prompts)")
     legend_outside(axes[0][-1])
     fig.tight_layout()
     return fig

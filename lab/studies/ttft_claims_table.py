@@ -18,7 +18,7 @@ import pandas as pd
 
 from lab import memory as mem
 from lab.claims import BY_ARGUMENT, NOT_CHECKABLE, Bound, Number, Range, claim_row, judged
-from lab.plots import PALETTE, error_extents
+from lab.plots import PALETTE, error_extents, legend_outside
 from lab.runs import resolve_device
 from lab.run_level import Spread, judged_runs, spread, text
 from lab.studies.ttft_claims import cold_runs
@@ -264,36 +264,39 @@ PARTS = (("import_s", "import torch and the lab"), ("load_s", "load the model"),
 
 
 def plot(sweep: pd.DataFrame, first: pd.DataFrame, cold: pd.DataFrame, high: int):
-    """TTFT against the cached share of the prompt (median, min-max over runs) with the TTFT article's 60% line;
-    the first token's TTFT on a miss, a cached prefix and a hit; each cold-start case's parts stacked, so its
-    total shows."""
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(18, 4.4))
+    """Three panels in two rows: TTFT against the cached share of the prompt (median, min-max over runs), with the
+    share the claims are read at and the TTFT article's 60% hit-rate line; the first token's TTFT on a miss, a
+    cached prefix and a hit; below, across the figure, each cold-start case's parts stacked, so its total shows."""
+    fig = plt.figure(figsize=(12, 8))
+    grid = fig.add_gridspec(2, 2, height_ratios=(1.2, 1))
+    a, b, c = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, :])
     x = sweep["hit share"] * 100
-    # the bars are each row's min-max range around its median
-    a.errorbar(x, sweep["ttft median s"], fmt="o-", capsize=3, color=PALETTE[0], label="TTFT (median, min-max)",
+    tokens = int(sweep["prompt tokens"].iloc[0])
+    a.errorbar(x, sweep["ttft median s"], fmt="o-", capsize=3, color=PALETTE[0],
+               label=f"TTFT, {tokens:,}-token prompts\n(median; bars: min-max of the runs)",
                yerr=error_extents(sweep["ttft median s"], sweep["ttft min s"], sweep["ttft max s"],
                                   [f"hit share {h:.0f}%" for h in x]))
-    a.axvline(60, color="k", ls=":", label="the TTFT article's 60% hit-rate line (§5.3)")
-    a.set_xlabel("prompt share in the prefix cache (%)")
-    a.set_ylabel("TTFT (s)")
-    a.set_title(f"TTFT against the cached share ({int(sweep['prompt tokens'].iloc[0])}-token prompts; reference "
-                f"{high}%)", fontsize=9)
+    a.axvline(high, color="0.2", ls="--", label=f"{high}% cached: where the claims are read")
+    a.axvline(60, color="0.5", ls=":", label="60%: the TTFT article's hit-rate line (§5.3)")
+    a.set(xlabel="prompt share served from the prefix cache (%)", ylabel="time to first token (s)",
+          title="TTFT falls as more of the prompt is cached")
+    a.set_ylim(bottom=0)
     a.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))
-    b.bar(range(len(first)), first["ttft median s"], capsize=3, color=PALETTE[0],
+    b.bar(range(len(first)), first["ttft median s"], capsize=3, color=PALETTE[1],
+          label=f"{int(first['prompt tokens'].iloc[0])}-token prompt (median; bars: min-max of the runs)",
           yerr=error_extents(first["ttft median s"], first["ttft min s"], first["ttft max s"], list(first["label"])))
     b.set_xticks(range(len(first)), [str(lbl).replace(" (", "\n(") for lbl in first["label"]], fontsize=8)
-    b.set(xlabel="the request's prompt", ylabel="TTFT (s), median and min-max over runs",
-          title="First token: a miss, a cached prefix, a hit")
-    b.title.set_fontsize(9)
+    b.set(xlabel="the request's prompt", ylabel="time to first token (s)", title="First token: a miss, a cached "
+          "prefix, a hit")
+    b.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22))
     cases = [case for case in dict.fromkeys(cold["case"]) if (cold[cold["case"] == case]["quantity"] == "load_s").any()]
     left = pd.Series(0.0, index=cases)
     for i, (quantity, label) in enumerate(PARTS):
         part = cold[cold["quantity"] == quantity].set_index("case")["median"].reindex(cases).fillna(0.0)
-        c.barh(cases, part, left=left, color=PALETTE[i], label=label)
+        c.barh(cases, part, left=left, color=PALETTE[i + 2], label=label)
         left += part
-    c.set(xlabel="seconds (median over runs)", ylabel="cold-start case",
+    c.set(xlabel="time from a fresh process to its first token (s, median over runs)", ylabel="cold-start case",
           title="Cold start, part by part (a fresh process each)")
-    c.title.set_fontsize(9)
-    c.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16))
+    legend_outside(c)
     fig.tight_layout()
     return fig

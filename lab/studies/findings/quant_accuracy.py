@@ -1,0 +1,88 @@
+"""Notebook 02's finding: the embedded model's weights are already on a 4-bit grid, so the cost of 4 bits is not
+measurable on it; the quantizer ladder shows what each step away from its own grid costs, against the article's
+"perplexity up a few tenths" (seeds/003 §2.2, 「涨个零点几」: +0.x in perplexity itself)."""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from lab.plots import PALETTE, claim_line, error_extents, finding_title, legend_outside
+from lab.studies.findings import Finding, RunFiles
+
+TENTHS = 1.0  # "up a few tenths": at most +1.0 in perplexity, the most the words allow
+
+
+def _values(run: RunFiles) -> dict:
+    m = run.metrics
+    return {"bits": m["baseline_bits"], "ppl": f"{m['gguf-q4_1_w4g32_code_ppl_change_%']:+.1f}%"}
+
+
+def _figure(run: RunFiles, title: str):
+    df = run.csv("ladder").iloc[::-1].reset_index(drop=True)  # the model's own grid at the top
+    y = np.arange(len(df))
+    fig = Figure(figsize=(9, 4.2))
+    left, right = fig.subplots(1, 2, sharey=True)
+    left.barh(y, df["weight_error_%"], color=PALETTE[0],
+              xerr=error_extents(df["weight_error_%"], df["weight_error_%_low"], df["weight_error_%_high"]),
+              label="_weight error")
+    left.set_xlabel("weight error (% of the weight norm;\n95% bootstrap over layers)")
+    left.set_yticks(y, df["rung"])
+    left.set_ylabel("quantizer, step by step from the model's own grid")
+    left.set_title("distance from the stored weights")
+    exact = df["code_ppl_change_%"] <= 0
+    shown = df[~exact]
+    right.barh(y[~exact], shown["code_ppl_change_%"], color=PALETTE[1], label="perplexity change (95% bootstrap)",
+               xerr=error_extents(shown["code_ppl_change_%"], shown["code_ppl_change_%_low"],
+                                  shown["code_ppl_change_%_high"]))
+    for yy in y[exact]:
+        right.text(0.012, yy, "exact: +0.0%", va="center", transform=right.get_yaxis_transform(), fontsize=8)
+    right.set_xscale("log")
+    right.set_xlim(1, None)
+    claim_line(right, 100 * TENTHS / run.metrics["reference_code_perplexity"],
+               f"article: perplexity up a few tenths (+{TENTHS:.0f} = "
+               f"{100 * TENTHS / run.metrics['reference_code_perplexity']:.0f}%)", axis="x")
+    right.set_xlabel("code perplexity change (%, log scale)")
+    right.set_title("what it costs")
+    legend_outside(right)
+    finding_title(fig, title, width=100)
+    return fig
+
+
+FINDING = Finding(
+    "Is INT4 weight quantization free?",
+    "This model's decoder weights are already {bits}-bit: its own Q4_1 grid reproduces them exactly ({ppl} "
+    "perplexity), so what 4 bits cost a 16-bit model cannot be measured on it.", _values, _figure,
+    claim="perplexity barely moves under 4-bit weight quantization")
+
+
+def _domains(run: RunFiles) -> tuple[str, ...]:
+    return tuple(run.parameters["DOMAINS"])
+
+
+def _grid(run: RunFiles):
+    from lab.studies.quant_accuracy_plots import plot_grid
+
+    return plot_grid(run.csv("grid"), run.csv("sensitive_vs_perplexity"), _domains(run))
+
+
+def _pass_rates(run: RunFiles):
+    from lab.studies.quant_accuracy_plots import plot_pass_rates
+
+    return plot_pass_rates(run.csv("grid"))
+
+
+def _ladder(run: RunFiles):
+    from lab.studies.quant_accuracy_plots import plot_ladder
+
+    return plot_ladder(run.csv("ladder"), _domains(run))
+
+
+def _decomposition(run: RunFiles):
+    from lab.studies.quant_accuracy_plots import plot_decomposition
+
+    return plot_decomposition(run.csv("decomposition"), _domains(run))
+
+
+# every other figure the notebook saves, redrawn from the run's files (tests/test_figures_committed.py)
+FIGURES = {"grid": _grid, "pass_rates": _pass_rates, "ladder": _ladder, "decomposition": _decomposition}
