@@ -11,7 +11,7 @@ import torch
 
 from kernels_gpu_sweep import DecodeCase, Heads
 from kernels_gpu_timing import Bench
-from lab.quant.kv import KVCacheFormat
+from lab.kv.format import KVCacheFormat
 
 
 def cdiv(a: int, b: int) -> int:

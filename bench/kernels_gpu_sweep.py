@@ -23,7 +23,7 @@ class Heads:
 @dataclass(frozen=True)
 class DecodeCase:
     heads: Heads
-    kv_format: str  # "plain" (the sweep's dtype) or a lab.quant.kv.KVCacheFormat dtype
+    kv_format: str  # "plain" (the sweep's dtype) or a lab.kv.format.KVCacheFormat dtype
     batch: int
     context: int
 

@@ -42,6 +42,14 @@ def median_seconds(fn, repeats: int, before=None) -> float:
     return statistics.median(times)
 
 
+def probe_seconds(probe, repeats: int) -> float:
+    """Median seconds of the step a probe (`LLM.forward_probe`: a context manager yielding it) holds."""
+    if repeats < 1:
+        raise ValueError(f"need repeats >= 1, got {repeats}")
+    with probe as step:
+        return median_seconds(step, repeats)
+
+
 def decode_engine(model, tokenizer, batch: int, context: int, steps: int):
     """An engine on `model` sized for `decode_step_seconds(engine, batch, context, steps)`: `batch` sequences,
     a pool that holds them all (nothing preempted), every prompt prefilled in one step."""
@@ -60,7 +68,7 @@ def start_decode_batch(llm, batch: int, context: int, steps: int) -> None:
     for i in range(batch):
         llm.add_request([(7 * i + j) % 1000 + 10 for j in range(context)],
                         SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True))
-    while any(s.num_computed_tokens < context for s in llm.sequences.values()):
+    while any(s.num_computed_tokens < context for s in llm.view().requests):
         llm.step()  # prefill (chunked if the budget asks)
     llm.step()  # one warm decode step
 

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -67,7 +67,7 @@ for p in prompts:
     llm.add_request(p, SamplingParams(temperature=0.0, max_tokens=params.MAX_TOKENS))
 for _ in range(2):
     llm.step()
-    print("scheduled (request, tokens):", [(s.request_id, n) for s, n in llm.last_schedule.scheduled])
+    print("scheduled (request, tokens):", list(llm.view().last_step.scheduled))
 tour.block_table_view(llm)
 
 # %% [markdown]

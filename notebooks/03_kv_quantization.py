@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -24,8 +24,8 @@
 # (Hooper et al., 2024, arXiv:2401.18079: keys quantized before RoPE); the production anchor is vLLM's FP8
 # KV cache with per-tensor `k_scale`/`v_scale`, whose documentation warns that the default scale of 1.0 can
 # degrade quality. This notebook tests each claim on SmolLM2-135M-Instruct with the formats of
-# `lab.quant.kv`, served by the lab engine's paged cache. The logic lives in `lab.studies.kv_quantization`,
-# the intervals and the claims table in `lab.studies.kv_quantization_claims`.
+# `lab.kv.format`, served by the lab engine's paged cache. The logic lives in `lab.studies.kv_quantization`,
+# the intervals and the claims table in `lab.studies.kv_quantization.claims`.
 #
 # Every figure carries a 95% interval (`_low`, `_high` columns): on the one long text a block bootstrap over
 # contiguous blocks of `BLOCK_TOKENS` positions, end to end a bootstrap over held-out sequences, and Wilson
@@ -82,10 +82,10 @@ import torch
 
 from lab.models import load_model
 from lab.quant.calibration import build_calibration_set
-from lab.quant.kv_calibration import calibrate_kv_absmax
+from lab.kv.calibration import calibrate_kv_absmax
 from lab.runs import params_from_namespace, resolve_device, start_run
 from lab.studies import kv_quantization as study
-from lab.studies import kv_quantization_claims as claims
+from lab.studies.kv_quantization import claims
 
 params = params_from_namespace(study.KVStudyParams, globals())  # validates every value before heavy work
 run = start_run("03_kv_quantization", params)

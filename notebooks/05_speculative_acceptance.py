@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -77,7 +77,7 @@ import pandas as pd
 from lab.hardware import probe_inference
 from lab.runs import params_from_namespace, start_run
 from lab.studies import spec_acceptance as study
-from lab.studies import spec_acceptance_plots as plots
+from lab.studies.spec_acceptance import plots
 
 params = params_from_namespace(study.SpecParams, globals())  # validates every value before heavy work
 run = start_run("05_speculative_acceptance", params)

@@ -115,3 +115,15 @@ def rtn_quantized_copy(model, layers, spec):
 @pytest.fixture(scope="session")
 def rtn_copy():
     return rtn_quantized_copy
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The size review (tests/test_structure.py `oversized`): what is over the line hints, for a reviewer."""
+    from test_structure import MAX_FILE_LINES, MAX_FUNCTION_LINES, oversized
+
+    found = oversized()
+    if found:
+        terminalreporter.section(f"size review: over {MAX_FILE_LINES} lines a file or {MAX_FUNCTION_LINES} a "
+                                 f"function (hints, not limits)")
+        for line in found:
+            terminalreporter.write_line(line)

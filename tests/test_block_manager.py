@@ -5,7 +5,8 @@ import random
 import pytest
 
 from lab.engine.request import SamplingParams, Sequence, Status
-from lab.engine.scheduler import BlockManager, Scheduler, block_hash
+from lab.engine.block_manager import BlockManager, block_hash
+from lab.engine.scheduler import Scheduler
 
 BS = 4
 
@@ -16,7 +17,7 @@ def seq(tokens, salt=None, max_tokens=8):
 
 def computed(bm: BlockManager, s: Sequence, n: int | None = None) -> Sequence:
     """Pretend the model ran over the first `n` tokens of `s` (all by default) and name its full blocks."""
-    s.num_computed_tokens = len(s) if n is None else n
+    bm.update(s, len(s) if n is None else n)
     bm.cache_full_blocks(s)
     return s
 
@@ -335,7 +336,7 @@ def test_preemption_frees_the_most_recent_and_requeues_it_first():
     out = sched.schedule()
     assert [s for s, _ in out.scheduled] == [a, b] and bm.num_free_blocks == 0
     for s, n in out.scheduled:
-        s.num_computed_tokens += n
+        bm.update(s, s.num_computed_tokens + n)
         s.token_ids.append(7)  # the sampled token: each now needs a third block
     out = sched.schedule()
     assert out.preempted == [b]
@@ -372,7 +373,7 @@ def test_scheduler_simulation_keeps_the_pool_consistent(seed, caching):
         for s, n in out.scheduled:
             assert 0 < n <= s.num_wanted_tokens
             assert len(s.block_table) * BS >= s.num_computed_tokens + n
-            s.num_computed_tokens += n
+            bm.update(s, s.num_computed_tokens + n)
             bm.cache_full_blocks(s)
             if s.num_computed_tokens == len(s):
                 s.token_ids.append(rng.randrange(3, 500))

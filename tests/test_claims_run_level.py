@@ -14,7 +14,7 @@ from claims_shape import assert_links_find_one_row, assert_one_shape
 from ttft_tables import cold_raw, sweep_raw
 
 from lab.ledger.rules import HOLDS, NOT_DISTINGUISHABLE, WRONG, Range, verdict
-from lab.ledger.seed002 import CLAIMS, NB06, NB09
+from lab.ledger.ttft_article import CLAIMS, NB06, NB09
 from lab.studies import ttft_claims as study
 from lab.run_level import MIN_RUNS, judged_runs, spread, text
 from lab.studies.serving_claims import claims_table as serving_table
@@ -114,7 +114,7 @@ def _stall_and_knee(chunked, ramp) -> dict:
 
 
 def test_notebook_06s_stall_and_knee_rows_are_judged_on_the_runs_and_read_back_by_the_ledger():
-    from lab.ledger import seed003, seed003_serving
+    from lab.ledger import deployment_article, deployment_article_serving
 
     rows = serving_rows(_chunked(), _ramp(), 0.10, "smollm2-135m on cpu", 11, (256, 2048))
     dynamic = _dynamic()
@@ -124,7 +124,7 @@ def test_notebook_06s_stall_and_knee_rows_are_judged_on_the_runs_and_read_back_b
     dynamic["cached_share_of_system_prompt_%"] = [100.0, 0.0, 0.0, 100.0]
     assert timestamp_row(dynamic)["verdict"] == HOLDS
     assert_one_shape(table)
-    linked = [c for c in seed003.CLAIMS + seed003_serving.CLAIMS if c.link is not None and c.link.notebook == NB06 and c.rule is not None]
+    linked = [c for c in deployment_article.CLAIMS + deployment_article_serving.CLAIMS if c.link is not None and c.link.notebook == NB06 and c.rule is not None]
     # 003-73's 50% is where the timestamp was put, so the ledger records it wrong by argument (issue 48); the
     # notebook's row stays as its illustration
     assert {c.id for c in linked} >= {"003-72"}

@@ -24,7 +24,7 @@ def _table(run_dir, name):
 
 
 def spec_claims(run_dir, monkeypatch):
-    from lab.studies import spec_acceptance_claims as claims
+    from lab.studies.spec_acceptance import claims
     from lab.studies.spec_acceptance import SpecParams
 
     # the quantized copy's bandwidth bound counts the model's weights; the ledger reads none of it

@@ -100,7 +100,7 @@ def test_gptq_and_awq_keep_their_statistics_where_the_weights_are(tiny, foreign_
 @pytest.mark.parametrize("name", ["int8/per-token", "fp8_e4m3/per-tensor"])
 def test_the_kv_error_study_feeds_the_model_on_its_device(tiny, foreign_default_device, name):
     from lab.eval.kv_error import attention_error_by_position, kl_by_position, record
-    from lab.quant.kv_calibration import KVScales
+    from lab.kv.calibration import KVScales
     from lab.studies.kv_quantization import study_format
 
     fmt, roles, _ = study_format(name)

@@ -11,7 +11,7 @@ import pytest
 
 from lab.engine import LLM, EngineConfig, SamplingParams
 from lab.engine.extension import EngineExtension, StepView
-from lab.quant.kv import KVCacheFormat, parse_format, parse_kv_cache_dtype
+from lab.kv.format import KVCacheFormat, parse_format, parse_kv_cache_dtype
 from lab.replay import ReplayConfig
 from lab.speculative import SpeculativeConfig
 

@@ -171,7 +171,8 @@ def test_batched_decode_attention_equals_sdpa(dtype):
 def test_engine_bench_at_toy_sizes_reports_bounds_fractions_and_targets(tmp_path):
     import pandas as pd
 
-    from lab.bench.engine import Workload, run_engine_bench
+    from lab.bench.engine import run_engine_bench
+    from lab.bench.workloads import Workload
     from lab.bench.engine_report import format_result, targets
 
     workloads = [Workload("decode-1", 1, 6, metric="step_ms"), Workload("offline-32x128", 3, 4),

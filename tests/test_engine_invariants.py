@@ -101,11 +101,11 @@ def test_continuous_batching_of_staggered_arrivals(smollm, chat_prompt_ids, refe
     done = {}
     ids = [llm.add_request(chat_prompt_ids[0], GREEDY)]
     for _ in range(5):
-        done.update({o.request_id: o for o in llm.step()})
+        done.update({d.request_id: d.output for d in llm.step() if d.finished})
     ids += [llm.add_request(p, GREEDY) for p in chat_prompt_ids[1:]]
     while llm.has_unfinished():
         assert len(llm.scheduler.running) <= 2
-        done.update({o.request_id: o for o in llm.step()})
+        done.update({d.request_id: d.output for d in llm.step() if d.finished})
     assert [done[i].token_ids for i in ids] == reference
 
 

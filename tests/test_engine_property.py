@@ -160,7 +160,7 @@ def run_stream(llm: LLM, cfg: dict, events: list, only=None) -> dict[int, tuple[
     work = 0
 
     def step():
-        for o in llm.step():
+        for o in (d.output for d in llm.step() if d.finished):
             assert o.request_id in accepted, "an output for a request that was never accepted"
             assert o.request_id not in outputs, "a request finished twice"
             outputs[o.request_id] = o

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from lab.engine import LLM, SamplingParams
-from lab.quant.kv import KVCacheFormat
-from lab.quant.kv_calibration import calibrate_kv_absmax
+from lab.kv.format import KVCacheFormat
+from lab.kv.calibration import calibrate_kv_absmax
 
 
 def _run(model, tok, prompts, max_tokens, backend, **kwargs):

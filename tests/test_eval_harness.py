@@ -141,7 +141,7 @@ def test_evaluate_is_json(smollm, heldout, rtn_w3):
 
 
 def test_evaluate_with_a_quantized_kv_cache(smollm, heldout):
-    from lab.quant.kv import parse_format
+    from lab.kv.format import parse_format
 
     model, tok = smollm
     fmt, _ = parse_format("int4/per-token")

@@ -36,7 +36,7 @@ def test_the_transformers_peers_decode_step_is_positive_however_noisy_the_clock(
     import itertools
 
     import lab.bench.peers as peers
-    from lab.bench.engine import Workload
+    from lab.bench.workloads import Workload
 
     ticks = itertools.count()
     monkeypatch.setattr(peers.time, "perf_counter", lambda: float(next(ticks)))  # one second a call
@@ -45,7 +45,7 @@ def test_the_transformers_peers_decode_step_is_positive_however_noisy_the_clock(
 
 
 def test_the_transformers_peer_runs_on_a_random_model_and_agrees_with_the_engine():
-    from lab.bench.engine import Workload, prompt_ids
+    from lab.bench.workloads import Workload, prompt_ids
     from lab.bench.peers import _batch, run_transformers
     from lab.engine import LLM, SamplingParams
 

@@ -120,7 +120,7 @@ def test_batching_amortizes_only_when_every_run_clears_twice_the_tokens(rounds, 
 
 def test_the_ledger_reads_the_batching_row_back_to_the_verdict_it_wrote():
     from lab.ledger.rules import verdict
-    from lab.ledger.seed003 import CLAIMS
+    from lab.ledger.deployment_article import CLAIMS
 
     [claim] = [c for c in CLAIMS if c.id == "003-64"]
     for rounds in ([(30, 130), (32, 140), (31, 120)], [(30, 400), (30, 600), (30, 500)]):

@@ -18,7 +18,7 @@ from lab.kernels.replay import replay_traffic
 from lab.kernels.kv_codec import FP8_E4M3, FP8_E5M2, load_tile
 from lab.kernels.kv_write import write_traffic
 from lab.kernels.traffic import measure_traffic
-from lab.quant.kv import FP8_TYPES, KVCacheFormat
+from lab.kv.format import FP8_TYPES, KVCacheFormat
 
 FORMATS = [None, KVCacheFormat("int8"), KVCacheFormat("int4"), KVCacheFormat("int2"),
            KVCacheFormat("fp8_e4m3", "per-token"), KVCacheFormat("fp8_e5m2", "per-token"), KVCacheFormat("fp8_e4m3"),

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from lab.models.reference import ContiguousKVCache
-from lab.quant.kv import KVCacheFormat
-from lab.quant.kv_calibration import KVScales, QuantizedContiguousKVCache, calibrate_kv_absmax
+from lab.kv.format import KVCacheFormat
+from lab.kv.calibration import KVScales, QuantizedContiguousKVCache, calibrate_kv_absmax
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

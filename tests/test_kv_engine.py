@@ -7,8 +7,8 @@ import torch
 
 from lab.engine import LLM, SamplingParams
 from lab.memory import ModelShape, kv_bytes_per_token
-from lab.quant.kv import KV_CACHE_DTYPES, KVCacheFormat
-from lab.quant.kv_calibration import KVScales, QuantizedContiguousKVCache, calibrate_kv_absmax
+from lab.kv.format import KV_CACHE_DTYPES, KVCacheFormat
+from lab.kv.calibration import KVScales, QuantizedContiguousKVCache, calibrate_kv_absmax
 
 MAX_NEW = 12
 

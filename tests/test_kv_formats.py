@@ -1,4 +1,4 @@
-"""KV-cache quantization formats (lab.quant.kv): round trips within each format's error bound, static
+"""KV-cache quantization formats (lab.kv.format): round trips within each format's error bound, static
 scales required and saturation counted, windows exact, codes packed losslessly."""
 
 import itertools
@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lab.quant.kv import (GRANULARITIES, KV_CACHE_DTYPES, KVCacheFormat, dequantize, exact_mask, fake_quantize,
+from lab.kv.format import (GRANULARITIES, KV_CACHE_DTYPES, KVCacheFormat, dequantize, exact_mask, fake_quantize,
                           fp8_max, pack_codes, quantize, staging_length, static_scale, unpack_codes)
 
 

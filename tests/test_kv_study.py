@@ -11,12 +11,12 @@ import torch
 from claims_shape import assert_one_shape
 
 from lab.claims import HOLDS, WRONG
-from lab.quant.kv_calibration import calibrate_kv_absmax
-from lab.quant.kv import parse_format
+from lab.kv.calibration import calibrate_kv_absmax
+from lab.kv.format import parse_format
 from lab.intervals import NOT_DISTINGUISHABLE, Interval
 from lab.studies.kv_quantization import (attention_error_by_position, error_growth, kl_by_position,
                                          position_buckets, record)
-from lab.studies.kv_quantization_claims import (bucket_table, claims_table, decide, growth_slope, item_intervals,
+from lab.studies.kv_quantization.claims import (bucket_table, claims_table, decide, growth_slope, item_intervals,
                                                 role_table)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -251,7 +251,7 @@ def test_perplexity_change_is_paired_over_sequences(tiny):
     """The change against the exact cache brackets the pooled perplexities' ratio; the exact cache against
     itself changes nothing, "not distinguishable"."""
     from lab.eval.scores import perplexity, score_sequences
-    from lab.studies.kv_quantization_claims import perplexity_change
+    from lab.studies.kv_quantization.claims import perplexity_change
 
     model, ids = tiny
     seqs = [ids[i:i + 24] for i in range(0, 96, 24)]

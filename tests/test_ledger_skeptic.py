@@ -248,7 +248,7 @@ def test_docs_state_the_ledgers_counts_and_the_check_rewrites_them(tmp_path):
 def test_a_tally_is_read_with_the_rows_that_could_go_either_way_as_its_interval():
     """003-43 reads notebook 05's tally through its link's figure function: a count the notebook does not print
     is 0, and the rows not distinguishable from 10% make the interval, so the verdict is the notebook's."""
-    from lab.ledger.seed003_serving import rows_outside
+    from lab.ledger.deployment_article_serving import rows_outside
 
     open_only = rows_outside("of 18 rows, the article's prediction: not distinguishable at 12, within 10% at 6; x")
     assert (open_only.text, open_only.interval) == ("0", (0, 12))

@@ -186,7 +186,7 @@ def test_claims_table_has_the_one_shape_and_flags_exactly_the_wrong_claims():
     t = claims_table()
     assert_one_shape(t)
     # the notebook's own rows; the articles' arithmetic rows (lab.arithmetic) are tested per seed
-    # (tests/test_arithmetic_s00*.py)
+    # (tests/test_arithmetic_*_article.py)
     recomputed = {r["claim"] for r in rows(Paging(600, 2000, 6000, 8192))}
     assert recomputed <= set(t["claim"])
     t = t[~t["claim"].isin(recomputed)]

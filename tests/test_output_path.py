@@ -58,6 +58,6 @@ def test_an_aborted_sample_that_is_still_held_never_runs(smollm):
     llm.abort(seqs[1].request_id)  # held: the first has not computed the prompt yet
     done = {}
     while llm.has_unfinished():
-        done.update((o.request_id, o) for o in llm.step())
+        done.update((o.request_id, o) for o in (d.output for d in llm.step() if d.finished))
     assert set(done) == {seqs[0].request_id, seqs[2].request_id}
     assert llm.stats()["fanout_held"] == 0 and llm.stats()["running"] == 0

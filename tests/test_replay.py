@@ -114,7 +114,7 @@ def test_recompute_flops_model_matches_the_engines_counted_flops(smollm, chat_pr
     seq = llm.sequences[rid]
     while seq.num_computed_tokens < len(ids):
         llm.step()
-    seq.num_computed_tokens = M  # drop the window and recompute it: one chunk of W over the M-token prefix
+    llm.block_manager.update(seq, M)  # drop the window and recompute it: one chunk of W over the M-token prefix
     with FlopCounterMode(display=False, custom_mapping={FLASH_CPU: flash_cpu_flops}) as counter:
         llm.runner.execute([(seq, W)])
     measured = counter.get_total_flops()

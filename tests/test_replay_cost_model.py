@@ -20,7 +20,7 @@ from lab.replay.engine_cost import Ceilings, Terms, attention_flops, gather_byte
 from lab.replay.measure import RecomputeBench
 from lab.replay.microbench import measure_ceilings, reference_keys
 from lab.studies.replay_break_even import judge_predictions, summarize, terms_table
-from lab.studies.replay_break_even_claims import measured_rows, prefix_growth
+from lab.studies.replay_break_even.claims import measured_rows, prefix_growth
 
 
 def test_gather_bytes_is_whole_blocks_of_k_and_v():

@@ -1,7 +1,8 @@
 """The files one request runs through, measured (`lab.engine.trace.request_path_files`) and stated in
 docs/engine.md's "Follow one request" table: the table lists exactly the files whose code runs for one
-`LLM.generate` on the torch backend in float32, and the count in its sentence is theirs, at most the target of 8
-(the engine's second pass: a newcomer follows one request in a handful of files)."""
+`LLM.generate` on the torch backend in float32, and the count in its sentence is theirs. The count is a symptom
+a reader sees, not a target (issue 50 retired the old one of 8: it had merged the block pool into the scheduler
+for the number more than for the reader)."""
 
 import gc
 import re
@@ -28,5 +29,4 @@ def test_the_docs_list_the_files_one_request_runs_through(smollm):
     files = request_path_files(llm, "The capital of France is", SamplingParams(temperature=0, max_tokens=4))
     count, listed = _table()
     assert set(files) == listed, (sorted(set(files) - listed), sorted(listed - set(files)))
-    assert count == len(files)
-    assert len(files) <= 8, files
+    assert count == len(files), files

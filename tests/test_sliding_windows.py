@@ -13,7 +13,7 @@ import torch
 from test_model_families import COMMON, GREEDY, N_NEW, prompts, save_tiny_hf, tokens
 
 from lab.engine import LLM, SamplingParams
-from lab.engine.scheduler import NULL_BLOCK, BlockManager
+from lab.engine.block_manager import NULL_BLOCK, BlockManager
 from lab.engine.request import Sequence
 from lab.memory import ModelShape, blocks_held
 from lab.models import load_model
@@ -157,7 +157,7 @@ def seq(tokens_):
 def run(bm: BlockManager, s: Sequence, n: int) -> None:
     """Allocate and compute `s` up to n tokens, then free what the window leaves behind, as the engine does."""
     assert bm.allocate(s, n)
-    s.num_computed_tokens = n
+    bm.update(s, n)
     bm.cache_full_blocks(s)
     bm.free_outside_window(s)
 
@@ -223,8 +223,8 @@ def test_attention_outside_the_engine_applies_the_window_or_refuses_it_by_name(t
     KV-error recorder, the quantized contiguous cache and GPTQ/AWQ's calibration pass compute plain causal
     attention and refuse a window that binds, by name, where they computed the wrong attention silently."""
     from lab.eval.kv_error import record
-    from lab.quant.kv import parse_format
-    from lab.quant.kv_calibration import QuantizedContiguousKVCache, _Recorder
+    from lab.kv.format import parse_format
+    from lab.kv.calibration import QuantizedContiguousKVCache, _Recorder
     from lab.quant.layerwise import CalibrationPass
 
     model, ids = tiny.model, tiny.prompts[3]  # 45 tokens, the window 20

@@ -232,7 +232,7 @@ def test_bad_speculative_settings_are_refused(smollm):
         SpeculativeConfig(method="model")
     with pytest.raises(ValueError, match="min_acceptance must be in"):
         SpeculativeConfig(min_acceptance=1.5)
-    from lab.quant.kv import KVCacheFormat
+    from lab.kv.format import KVCacheFormat
     with pytest.raises(ValueError, match="speculative decoding needs a KV format without staged exact copies"):
         LLM(model, tokenizer=tok, num_kv_blocks=16, max_model_len=128, speculative=SpeculativeConfig(),
             kv_cache_dtype=KVCacheFormat("int4", window=16))
@@ -260,8 +260,8 @@ def test_speculation_on_a_quantized_pool_equals_plain_decoding_on_it(smollm, pro
     quantized K/V the two may part at a near-tie (as prefix hit and miss may, tests/test_kv_engine.py), so where
     the greedy paths part, the quantized reference must find the two tokens within 0.05 nats of each other; a
     stale code from a rolled-back draft would corrupt the context, not tip a tie."""
-    from lab.quant.kv import KVCacheFormat
-    from lab.quant.kv_calibration import QuantizedContiguousKVCache
+    from lab.kv.format import KVCacheFormat
+    from lab.kv.calibration import QuantizedContiguousKVCache
     from test_kv_engine import divergence_gap  # tests/ is on sys.path (pytest prepends it)
 
     model, tok = smollm

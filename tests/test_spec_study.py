@@ -15,8 +15,8 @@ from lab.speculative.prompts import LAB_PROMPTS, MULTI_TURN, load_prompts
 from lab.speculative.theory import expected_tokens_by_position, expected_tokens_per_round, predicted_run_speedup
 from lab.intervals import Interval
 from lab.studies.spec_acceptance import SpecParams, policy_table, summarize
-from lab.studies.spec_acceptance_claims import CUT_OFF, _cut_off_row, break_even, claims_table, range_verdict
-from lab.studies.spec_acceptance_intervals import drafter_comparison
+from lab.studies.spec_acceptance.claims import CUT_OFF, _cut_off_row, break_even, claims_table, range_verdict
+from lab.studies.spec_acceptance.intervals import drafter_comparison
 
 from claims_shape import assert_links_find_one_row, assert_one_shape
 
@@ -89,7 +89,7 @@ def test_predicted_run_speedup_counts_plain_steps_and_short_rounds():
 def test_step_costs_on_the_engine(smollm):
     from lab.engine import LLM
     from lab.speculative import SpeculativeConfig
-    from lab.speculative.measure import forward_seconds, step_costs
+    from lab.speculative.measure import step_costs
 
     model, tok = smollm
     llm = LLM(model, tokenizer=tok, num_kv_blocks=32, max_model_len=256,
@@ -99,7 +99,8 @@ def test_step_costs_on_the_engine(smollm):
     assert 0 < costs.c < 1.5  # 3 of 30 layers: a fraction of a target step plus the fixed part
     assert llm.block_manager.num_used_blocks == 0 and llm.extensions["speculative"].drafter.block_manager.num_used_blocks == 0
     with pytest.raises(ValueError, match="blocks; 32 are free"):
-        forward_seconds(llm.runner, llm.block_manager, 600, 1)
+        with llm.forward_probe(600, 1):
+            pass
 
 
 def _run(outputs, decode_s, drafted, accepted, draft_s=0.0):
@@ -188,7 +189,7 @@ def _c_claim(main, costs):
 def test_the_claims_table_has_one_shape_and_keeps_the_rows_the_ledger_links():
     import torch
 
-    from lab.ledger.seed003 import SPEC
+    from lab.ledger.deployment_article import SPEC
 
     plain, spec, costs = _varied_run()
     for run in (plain, spec):
@@ -282,7 +283,7 @@ def test_cli_spec_json(capsys):
 def test_acceptance_by_task_reads_the_source_with_more_prompts():
     """Spec-Bench's translation and summarization (20 prompts at the reference) replace the lab set's 5 prompts
     for the acceptance-by-task claim; a task Spec-Bench lacks, or ran with fewer prompts, stays the lab set's."""
-    from lab.studies.spec_acceptance_claims import task_categories
+    from lab.studies.spec_acceptance.claims import task_categories
 
     cats = pd.DataFrame({"drafter": ["ngram"] * 3 + ["layerskip"], "category": ["code", "translation",
                          "summarization", "translation"], "requests": [5, 5, 5, 5], "a": [0.5, 0.6, 0.7, 0.4]})

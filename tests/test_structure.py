@@ -1,12 +1,13 @@
 """The code's shape, checked: sizes that fit in a head, dependencies that run one way (issue 17).
 
-- no source file in lab/ or bench/ over 400 lines, no function over 80;
+- a size review, not a test: files in lab/ or bench/ over 400 lines and functions over 80 are listed after
+  every run (`oversized`, printed by conftest.py) for a reviewer to read; none is split to meet a number (issue 50);
 - the engine imports no feature (speculative decoding and replay plug in through lab.engine.extension);
 - no import cycle between lab's packages, counting imports inside functions (they hid the old cycles);
 - the kernels import only torch, triton, numpy, the standard library and the low-level formats module
-  lab.quant.kv;
+  lab.kv.format;
 - no study imports another study (shared helpers live in lab modules); a study may be split into parts named
-  after it (`spec_acceptance_claims` is part of `spec_acceptance`);
+  after it (`spec_acceptance.claims` is part of `spec_acceptance`);
 - no two test modules share a file name: without packages, pytest imports each test file under its base name, so
   tests/test_report.py and tests/browser/test_report.py stopped collection in CI (stop 44).
 """
@@ -51,14 +52,32 @@ def unit(module: str) -> str | None:
     return None if parts[0] != "lab" or len(parts) < 2 else ".".join(parts[:2])
 
 
-@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
-def test_sizes_fit_in_a_head(path):
-    source = path.read_text()
-    assert source.count("\n") <= MAX_FILE_LINES, f"{path.name} has {source.count(chr(10))} lines"
-    long = [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(source))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
-    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+def oversized(paths=SOURCES) -> list[str]:
+    """Files over MAX_FILE_LINES lines and functions over MAX_FUNCTION_LINES, for a reviewer to read (issue 50: a
+    size is a hint, never the design; no test splits a file to meet it). `pytest_terminal_summary` in
+    conftest.py prints them after every run."""
+    found = []
+    for path in paths:
+        source = path.read_text()
+        name = path.relative_to(ROOT)
+        if source.count("\n") > MAX_FILE_LINES:
+            found.append(f"{name}: {source.count(chr(10))} lines")
+        found += [f"{name}: {node.name} has {node.end_lineno - node.lineno + 1} lines"
+                  for node in ast.walk(ast.parse(source)) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    return found
+
+
+def test_the_size_review_names_what_is_over_its_hint(tmp_path):
+    long = tmp_path / "long.py"
+    long.write_text("def f():\n" + "    x = 1\n" * (MAX_FUNCTION_LINES + 1) + "y = 2\n" * MAX_FILE_LINES)
+    global ROOT
+    root, ROOT = ROOT, tmp_path
+    try:
+        assert oversized([long]) == [f"long.py: {MAX_FILE_LINES + MAX_FUNCTION_LINES + 2} lines",
+                                     f"long.py: f has {MAX_FUNCTION_LINES + 2} lines"]
+    finally:
+        ROOT = root
 
 
 def test_the_engine_imports_no_feature():
@@ -98,8 +117,77 @@ def test_no_cycles_between_lab_packages():
     assert not cycles
 
 
+def runtime_imports(path: Path) -> set[str]:
+    """The lab modules `path` imports when it runs (at the top or in a function; `if TYPE_CHECKING:` blocks, which
+    never run, left out), each resolved to the module it names: `from lab.studies import x` names lab.studies.x."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING") for n in ast.walk(node)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return found
+
+
+def module_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on, groups = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return groups
+
+
+def test_no_import_circles_between_modules():
+    """No lab module imports, through others, a module that imports it (issue 50: three studies and their claims
+    modules, re-exporting each other, made three such circles). A package's `__init__` re-exporting its own
+    submodules is not a circle of the code, only of the names: it is left out as a target of its submodules."""
+    modules = {module_name(p): p for p in SOURCES if module_name(p).startswith("lab")}
+    graph = {}
+    for name, path in modules.items():
+        targets = {m for m in runtime_imports(path) if m in modules and m != name}
+        graph[name] = {m for m in targets if not name.startswith(m + ".")}  # a submodule naming its own package
+    assert graph["lab.engine.llm"], "the graph is not empty by mistake"
+    assert not module_cycles(graph)
+    assert module_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
 def test_kernels_import_only_torch_triton_numpy_and_the_formats_module():
-    allowed_lab = {"lab.quant.kv"}
+    allowed_lab = {"lab.kv.format"}
     stdlib = set(sys.stdlib_module_names)
     for path in (ROOT / "lab" / "kernels").rglob("*.py"):
         for m in imports(path):
@@ -109,11 +197,20 @@ def test_kernels_import_only_torch_triton_numpy_and_the_formats_module():
 
 
 def test_studies_do_not_import_each_other():
-    for path in (ROOT / "lab" / "studies").glob("*.py"):
+    """A study is a package (`lab/studies/kv_quantization/`) or a module and the parts named after it
+    (`quant_accuracy_ladder` is part of `quant_accuracy`); `evidence` and `findings` read every study by design."""
+    def study(module: str) -> str:
+        return module.split(".")[2]
+
+    def related(a: str, b: str) -> bool:
+        return a == b or a.startswith(b + "_") or b.startswith(a + "_")
+
+    for path in (ROOT / "lab" / "studies").rglob("*.py"):
         me = module_name(path)
-        others = {m for m in imports(path) if m.startswith("lab.studies.") and m != me
-                  and not m.startswith(me + "_") and not me.startswith(m + "_")}
-        assert not others, f"{path.name} imports {sorted(others)}"
+        if me == "lab.studies" or study(me) in ("evidence", "findings"):
+            continue
+        others = {m for m in imports(path) if m.startswith("lab.studies.") and not related(study(m), study(me))}
+        assert not others, f"{path.relative_to(ROOT)} imports {sorted(others)}"
 
 
 def test_no_two_test_modules_share_a_name():

@@ -91,7 +91,7 @@ def test_resident_share_sees_an_eviction(tmp_path):
 
 
 def test_the_ledger_reads_seed_002s_claims_from_notebook_09():
-    from lab.ledger.seed002 import CLAIMS, NB09
+    from lab.ledger.ttft_article import CLAIMS, NB09
 
     linked = {c.id for c in CLAIMS if c.link is not None and c.link.notebook == NB09}
     # 002-23's "1.00x with no cached prefix" is computed by construction: wrong by argument since issue 48
@@ -118,7 +118,7 @@ def test_a_tied_head_in_another_format_is_a_second_copy():
 
 
 def test_claims_have_one_shape_and_keep_the_rows_and_figures_the_ledger_reads():
-    from lab.ledger.seed002 import NB09
+    from lab.ledger.ttft_article import NB09
     from ttft_tables import claims
 
     table = claims()

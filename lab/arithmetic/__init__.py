@@ -31,6 +31,6 @@ class Paging:
 
 def rows(paging: Paging) -> list[dict]:
     """Every seed's recomputed rows, in seed order."""
-    from lab.arithmetic import s000, s002, s003
+    from lab.arithmetic import deployment_article, replay_article, ttft_article
 
-    return [*s000.rows(), *s002.rows(), *s003.rows(paging)]
+    return [*replay_article.rows(), *ttft_article.rows(), *deployment_article.rows(paging)]

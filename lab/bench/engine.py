@@ -1,10 +1,8 @@
 """`lab bench engine`: the engine against this machine's roofline and against its peers, on three workloads.
 
-Workloads (greedy, EOS ignored, so every run emits the same number of tokens; `WORKLOADS`):
-
-- `decode-1`: one chat request decoding a long answer: the mean step time (TPOT);
-- `offline-32x128`: 32 chat requests x 128 tokens, all queued at once: tokens/s;
-- `prefill-2k`: one 2048-token prompt and one token out: the prefill time.
+Workloads (greedy, EOS ignored, so every run emits the same number of tokens; `lab.bench.workloads.WORKLOADS`):
+one chat request decoding a long answer (TPOT), 32 chat requests x 128 tokens queued at once (tokens/s), and one
+2048-token prompt with one token out (the prefill time).
 
 The bound of each comes from this machine's ceilings, measured in the same run in the dtype served
 (`lab.hardware.probe_inference`: the read bandwidth of a weight-shaped GEMV, the FLOP/s of a matmul): a step
@@ -31,31 +29,7 @@ import torch
 
 from lab.bench.bounds import ModelBytes, workload_bound
 from lab.bench.caselog import CaseLog
-
-TOPICS = [
-    "photosynthesis", "the French Revolution", "black holes", "compound interest", "the immune system",
-    "plate tectonics", "how vaccines work", "the Roman Empire", "machine learning", "climate change",
-    "the water cycle", "supply and demand", "quantum entanglement", "the printing press", "DNA replication",
-    "the stock market", "volcanoes", "the theory of evolution", "renewable energy", "the human brain",
-    "the Internet", "jazz music", "the Great Wall of China", "antibiotics", "electric cars",
-    "the Moon landing", "coral reefs", "inflation", "the Renaissance", "earthquakes", "honeybees", "tides",
-]
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    num_requests: int
-    max_tokens: int
-    prompt_tokens: int | None = None  # None: chat questions; N: N random token ids (a long prompt)
-    metric: str = "tokens_per_s"  # what is reported: tokens_per_s, step_ms (TPOT) or seconds (the whole run)
-
-
-WORKLOADS = {
-    "decode-1": Workload("decode-1", 1, 256, metric="step_ms"),
-    "offline-32x128": Workload("offline-32x128", 32, 128),
-    "prefill-2k": Workload("prefill-2k", 1, 1, prompt_tokens=2048, metric="seconds"),
-}
+from lab.bench.workloads import WORKLOADS, Workload, metric_of, prompt_ids
 
 
 @dataclass(frozen=True)
@@ -86,27 +60,6 @@ VARIANTS = {
 }
 
 
-def workload_prompts(tokenizer, n: int) -> list[str]:
-    """n chat-formatted questions (cycling through TOPICS), as a user would send them."""
-    return [tokenizer.apply_chat_template([{"role": "user", "content": f"Explain {TOPICS[i % len(TOPICS)]} in a few "
-                                            f"sentences."}], add_generation_prompt=True, tokenize=False)
-            for i in range(n)]
-
-
-# A model without a tokenizer (`random:<preset>`) gets random prompts of about the chat questions' length.
-CHAT_PROMPT_TOKENS = 40
-
-
-def prompt_ids(workload: Workload, tokenizer, vocab_size: int, scale: float = 1.0) -> list[list[int]]:
-    """The workload's prompts as token ids (`scale` < 1 shrinks a long prompt, for smoke runs)."""
-    if workload.prompt_tokens is None and tokenizer is not None:
-        return [tokenizer.encode(p, add_special_tokens=False) for p in workload_prompts(tokenizer, workload.num_requests)]
-    g = torch.Generator().manual_seed(0)
-    n = max(2, int(workload.prompt_tokens * scale)) if workload.prompt_tokens else CHAT_PROMPT_TOKENS
-    return [torch.randint(min(256, vocab_size - 1), vocab_size, (n,), generator=g).tolist()
-            for _ in range(workload.num_requests)]
-
-
 def cpu_busy_fraction(seconds: float = 1.0) -> float | None:
     """Share of all CPUs' time spent busy over `seconds` (from /proc/stat; None where it does not exist)."""
     def snapshot():
@@ -121,14 +74,6 @@ def cpu_busy_fraction(seconds: float = 1.0) -> float | None:
     except OSError:
         return None
     return 1 - (idle1 - idle0) / max(1, total1 - total0)
-
-
-def metric_of(workload: Workload, seconds: float, new_tokens: int, step_s: float | None) -> float:
-    if workload.metric == "step_ms":
-        return 1e3 * step_s
-    if workload.metric == "seconds":
-        return seconds
-    return new_tokens / seconds
 
 
 def build_engine(variant: Variant, model: str, workload_max_len: int, max_num_seqs: int):
@@ -156,7 +101,7 @@ def run_workload(llm, workload: Workload, prompts: list[list[int]]) -> dict:
 
     params = SamplingParams(temperature=0.0, max_tokens=workload.max_tokens, ignore_eos=True)
     llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=min(4, workload.max_tokens), ignore_eos=True))
-    llm.block_manager.reset_prefix_cache()  # no hits carried over from the warm-up
+    llm.reset_prefix_cache()  # no hits carried over from the warm-up
     t = time.perf_counter()
     outs = llm.generate(prompts, params)
     seconds = time.perf_counter() - t
@@ -169,10 +114,10 @@ def run_workload(llm, workload: Workload, prompts: list[list[int]]) -> dict:
 
 def verify_ratio(llm, context: int = 256, k: int = 4, repeats: int = 5) -> float:
     """A (k + 1)-row verification forward over `context` cached tokens against a one-row step."""
-    from lab.speculative.measure import forward_seconds
+    from lab.timing import probe_seconds
 
-    one = forward_seconds(llm.runner, llm.block_manager, context, 1, repeats)
-    return forward_seconds(llm.runner, llm.block_manager, context, k + 1, repeats) / one
+    one = probe_seconds(llm.forward_probe(context, 1), repeats)  # first, as it always was: order moves the ratio
+    return probe_seconds(llm.forward_probe(context, k + 1), repeats) / one
 
 
 def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: float = 1.0,
@@ -186,8 +131,7 @@ def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: 
     llm = build_engine(variant, model, int(max_len) + 16, max(w.num_requests for w in workloads))
     dtype = llm.model.embed_tokens.weight.dtype
     ceilings = model_ceilings(llm.model)  # shaped like the model: an 8B model's GEMV leaves a GPU's L2
-    size = ModelBytes.of(llm.model, kv_bytes_per_token=llm.runner.kv_cache_bytes / (
-        llm.block_manager.num_blocks * llm.config.block_size))
+    size = ModelBytes.of(llm.model, kv_bytes_per_token=llm.kv_bytes_per_token)
     out = {"variant": variant.label, "dtype": str(dtype).removeprefix("torch."), "device": str(llm.device),
            "attention_backend": llm.config.attention_backend, "ceilings": {
         "read_GBps": ceilings.mem_bandwidth / 1e9, "gemm_GFLOPs": ceilings.peak_flops / 1e9,
@@ -205,7 +149,7 @@ def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: 
             from lab.engine import SamplingParams
 
             params = SamplingParams(temperature=0.0, max_tokens=w.max_tokens, ignore_eos=True)
-            llm.block_manager.reset_prefix_cache()
+            llm.reset_prefix_cache()
             out["workloads"][w.name]["profile"] = profile_workload(llm, prompts, params, Path(profile_dir),
                                                                    f"{variant.label}__{w.name}")
     verify_context = min(256, int(max_len) - 8)  # the ratio and its profile over the same cached tokens

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from lab.bench.engine import Workload, metric_of, prompt_ids
+from lab.bench.workloads import Workload, metric_of, prompt_ids
 from lab.timing import sync
 
 

@@ -85,7 +85,8 @@ def add_bench(sub) -> None:
     """`lab bench engine|serve|quant`"""
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
-    from lab.bench.engine import VARIANTS, WORKLOADS
+    from lab.bench.engine import VARIANTS
+    from lab.bench.workloads import WORKLOADS
 
     eng = bench_sub.add_parser("engine", help="the engine against this machine's roofline and its peers "
                                               "(transformers; any OpenAI-compatible server) on three workloads")

@@ -37,7 +37,7 @@ def _generate(args) -> int:
 
 def _serve(args) -> int:
     from lab.engine import LLM
-    from lab.quant.kv import parse_kv_cache_dtype
+    from lab.kv.format import parse_kv_cache_dtype
     from lab.serve import serve
 
     kv_format = parse_kv_cache_dtype(args.kv_cache_dtype)  # a bad format is refused before the model loads
@@ -100,7 +100,7 @@ def add_serve(sub) -> None:
     sv.add_argument("--num-kv-blocks", type=int, default=None)
     sv.add_argument("--no-prefix-caching", action="store_true")
     sv.add_argument("--no-chunked-prefill", action="store_true")
-    sv.add_argument("--kv-cache-dtype", default="auto", help="auto, or a lab.quant.kv format: fp8_e4m3, int8, ...")
+    sv.add_argument("--kv-cache-dtype", default="auto", help="auto, or a lab.kv format: fp8_e4m3, int8, ...")
     sv.add_argument("--speculative", choices=("ngram", "layerskip", "quantized"), default=None,
                     help="speculative decoding for every request (lab.speculative)")
     sv.add_argument("--num-speculative-tokens", type=int, default=4, help="k: drafts per round")

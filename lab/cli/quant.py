@@ -57,12 +57,12 @@ def _eval(args) -> int:
     reference = load_model(args.reference, dtype=torch.float32)[0] if args.reference else None
     kv = None
     if args.kv_cache_dtype:
-        from lab.quant.kv import parse_format
+        from lab.kv.format import parse_format
 
         fmt, roles = parse_format(args.kv_cache_dtype)
         scales = None
         if fmt.static:
-            from lab.quant.kv_calibration import KVScales, calibrate_kv_absmax
+            from lab.kv.calibration import KVScales, calibrate_kv_absmax
 
             if args.kv_scales == "unit":
                 scales = KVScales.unit(model, fmt)
@@ -112,7 +112,7 @@ def add_eval(sub) -> None:
     ev.add_argument("--json", action="store_true", help="the full report, per-item rows included")
     ev.add_argument("--kv-cache-dtype", default=None,
                     help="run with a quantized KV cache, e.g. int4/per-token, fp8_e4m3/per-tensor, int4/per-token/"
-                         "k-only, int2/per-channel/group16/window128 (KIVI) (lab.quant.kv.parse_format); compared "
+                         "k-only, int2/per-channel/group16/window128 (KIVI) (lab.kv.format.parse_format); compared "
                          "with the exact cache")
     ev.add_argument("--kv-scales", default=None,
                     help="static formats: a KVScales file, or 'unit' for vLLM's default scale 1.0; default: "

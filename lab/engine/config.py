@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lab.models.loader import DTYPES, default_device, parse_dtype
-from lab.quant.kv import KVCacheFormat, parse_kv_cache_dtype
+from lab.kv import KVCacheFormat, capabilities, parse_kv_cache_dtype
 
 from .structured import StructuredOutputsConfig
 
@@ -49,8 +49,9 @@ class EngineConfig:
     # linear is then one opaque operator in the graph); float32 gains nothing measurable there. A model passed in is
     # left as it is.
     prepack_weights: bool = True
-    # "auto" (the model's dtype), a lab.quant.kv format string ("fp8", "int4/per-channel/window64", ...) or a
-    # KVCacheFormat; static granularities need kv_scales (lab.quant.kv_calibration.KVScales).
+    # "auto" (the model's dtype), a lab.kv format string ("fp8", "int4/per-channel/window64", ...) or a
+    # KVCacheFormat; static granularities need kv_scales (lab.kv.calibration.KVScales). What its store supports
+    # (the Triton kernels, parallelism, ...) is `kv_capabilities`, from its store (lab.kv.registry).
     kv_cache_dtype: str | KVCacheFormat | None = "auto"
     kv_scales: object = None
     speculative: object = None  # lab.speculative.SpeculativeConfig
@@ -78,9 +79,11 @@ class EngineConfig:
             raise ValueError(f"attention_backend {self.attention_backend!r} is not one of {ATTENTION_BACKENDS}")
         self.torch_dtype = parse_dtype(self.dtype)
         self.kv_format = parse_kv_cache_dtype(self.kv_cache_dtype)
-        if self.attention_backend == "triton" and self.kv_format is not None:
-            from lab.kernels import check_supported
-            check_supported(self.kv_format)
+        self.kv_capabilities = capabilities(self.kv_format)
+        if self.attention_backend == "triton" and not self.kv_capabilities.triton:
+            raise ValueError(f"the Triton kernels cannot read kv_cache_dtype {self.kv_cache_dtype!r} in place (its "
+                             f"store lacks the 'triton' capability: the kernels read per-token, per-head and "
+                             f"per-tensor formats whose every token is in the pool); use attention_backend='torch'")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"without chunked prefill a whole prompt must fit one step: max_num_batched_tokens "
@@ -126,11 +129,12 @@ class EngineConfig:
             raise ValueError(f"parallel_timeout must be positive seconds, got {self.parallel_timeout!r}")
         refused = {
             "model": not isinstance(self.model, (str, os.PathLike)),  # each rank loads its part from the source
-            "kv_cache_dtype": self.kv_format is not None,
+            "kv_cache_dtype": not self.kv_capabilities.parallel,
             "attention_backend": self.attention_backend != "torch",
             "enforce_eager": not self.enforce_eager,
-            "speculative": getattr(self.speculative, "method", "ngram") != "ngram",  # a drafter model is whole
-            "replay": getattr(self.replay, "source", "tokens") != "tokens",  # rebuilds K/V outside a forward
+            # each feature says whether it runs across processes (`ExtensionConfig.across_processes`)
+            "speculative": not getattr(self.speculative, "across_processes", True),
+            "replay": not getattr(self.replay, "across_processes", True),
         }
         for name, bad in refused.items():
             if bad:

@@ -26,18 +26,22 @@ running sequences, the KV pool's free share, lookup and queueing of a request. A
 lets it change and nothing else (vLLM v1's schedulers and workers pass such narrow views too); `build(engine)`
 alone sees the whole engine, to validate the options against it once.
 
-1. `before_schedule(step)`: change sequences before the scheduler sees them: rewind
-   `num_computed_tokens` to recompute a window (replay), propose drafts to verify in `seq.draft_token_ids`
-   (speculation);
-2. the scheduler's one rule picks (sequence, tokens) pairs;
-3. `after_schedule(step, scheduled) -> {request id: extra logit rows}`: undo what was not scheduled, and
-   ask for the logits of more than the last row of a sequence (its drafts);
+1. `before_schedule(step) -> intents`: report what the extension wants of the sequences before the scheduler
+   sees them, as intents the engine applies (`Rewind`: drop the KV of a window to recompute it, replay;
+   `Propose`: drafts to verify, speculation). No extension changes a sequence's progress itself: one method
+   does (`lab.engine.block_manager.BlockManager.update`), as vLLM v1's `update_from_output` applies every
+   change, so a new feature need not know another's rewinds;
+2. the scheduler's one rule picks (sequence, tokens) pairs; the engine keeps the drafts the step has room
+   for (a sequence given n tokens verifies n - 1 of them) and asks the runner for one more logit row per draft;
+3. `after_schedule(step, scheduled)`: bookkeeping once the step is chosen (replay's hidden-state store);
 4. the model runner runs the forward and returns the logits the step needs (`ModelOutput`);
 5. `mask_logits(seq, logits)`: every extension may mask, in place, the rows of a sequence whose step reached
    its end, before anything samples from them (structured output's grammar); with d drafts there are d + 1
    rows, and row j predicts the token after draft j - 1 (row 0: after the last verified token);
    `process_logits(seq, logits) -> tokens | None`: an extension may take over such a sequence
-   (verification: accept drafts, roll back, return the tokens to emit); the engine samples the others;
+   (verification: accept a prefix of the drafts and return the tokens to emit); the engine samples the
+   others. The drafts after the first rejected one hold no valid KV: the engine drops them (the tokens
+   returned are the accepted drafts and one more, so d + 1 - len(tokens) were rejected, vLLM's count);
 6. the engine appends the emitted tokens, calling `on_token(seq, token) -> finish reason | None` after each (an
    extension may end the request there: a grammar that is complete); after the last one, if the request goes
    on and has no `logprobs` (each entry comes from a forward's logits), `forced_token(seq) -> token | None`: a
@@ -50,12 +54,14 @@ alone sees the whole engine, to validate the options against it once.
 8. `after_step(step)`: bookkeeping once the step's tokens are in.
 
 `stats()` is merged into `LLM.stats()`; `close()` runs on `LLM.close()` (hooks removed, pools released).
-An extension that moves `num_computed_tokens` backwards sets `rewinds = True`: two of them in one engine
-would each undo the other's bookkeeping, so the engine refuses the pair by name.
+An extension whose intents move `num_computed_tokens` backwards sets `rewinds = True`: two of them in one
+engine would each decide on positions the other drops (a replayed window's drafts), so the engine refuses the
+pair by name.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -63,6 +69,24 @@ import torch
 if TYPE_CHECKING:
     from .llm import LLM
     from .request import Sequence
+
+
+@dataclass(frozen=True)
+class Rewind:
+    """The KV of `seq`'s positions from `to` on is dropped, to be recomputed from its token ids, at most
+    `max_chunk` tokens a step until the sequence samples its next token (replay's window)."""
+
+    seq: Sequence
+    to: int
+    max_chunk: int | None = None
+
+
+@dataclass(frozen=True)
+class Propose:
+    """Draft tokens for `seq` to verify in its next step (speculation); the step may keep fewer."""
+
+    seq: Sequence
+    tokens: list[int]
 
 
 class StepView:
@@ -100,11 +124,13 @@ class EngineExtension:
     def check_request(self, seq: Sequence) -> None:
         """Validate a new request (ValueError refuses it) and attach per-request state; nothing is queued yet."""
 
-    def before_schedule(self, step: StepView) -> None:
-        pass
+    def before_schedule(self, step: StepView) -> list[Rewind | Propose] | None:
+        """What this extension asks of the running sequences before the step is scheduled (the engine applies
+        it)."""
+        return None
 
-    def after_schedule(self, step: StepView, scheduled: list[tuple[Sequence, int]]) -> dict[int, int]:
-        return {}
+    def after_schedule(self, step: StepView, scheduled: list[tuple[Sequence, int]]) -> None:
+        pass
 
     def mask_logits(self, seq: Sequence, logits: torch.Tensor) -> None:
         """Change `logits` [1 + extra rows, vocab] in place before they are sampled or verified."""
@@ -144,5 +170,8 @@ def step_hooks(extensions) -> dict[str, list]:
 
 
 class ExtensionConfig(Protocol):
+    """What `LLM(...)` takes for a feature. Optionally `across_processes: bool` (True if absent): whether the
+    feature runs under tensor or pipeline parallelism; the engine's options refuse it by name where not."""
+
     def build(self, engine: LLM) -> EngineExtension:
         """Validate against the engine (its model, KV format, options) and return the extension."""

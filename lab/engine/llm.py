@@ -3,7 +3,7 @@
 A request's path: `generate` -> `add_request` (validated, tokenized, queued as a `Sequence`) -> `step`:
 `Scheduler.schedule` picks (sequence, tokens) pairs under the budgets, `BlockManager` gives them blocks ->
 `ModelRunner.execute` builds the flat batch and runs `LlamaModel`, whose layers call
-`TorchPagedAttention.attend` (`lab.models.attention`, reading and writing the pool of `lab.engine.kv_store`), or with
+`TorchPagedAttention.attend` (`lab.models.attention`, reading and writing the pool of `lab.kv`), or with
 attention_backend="triton" `TritonPagedAttention.attend` (`lab.engine.triton_attention` ->
 `lab.kernels.paged_attention`) -> `Sampler` (`lab.engine.sampler`) turns the step's logits into each
 sequence's tokens and their logprobs -> they are appended, full blocks hashed for the prefix cache, finished
@@ -16,7 +16,6 @@ their hooks and has no branch of its own for any of them.
 from __future__ import annotations
 
 import logging
-import numbers
 import time
 from itertools import repeat
 
@@ -25,15 +24,19 @@ import torch
 from lab.models import LlamaModel, prepack
 from lab.parallel.group import RankFailure
 
+from .block_manager import BlockManager
 from .chat import render
 from .config import EngineConfig
-from .extension import EngineExtension, StepView, step_hooks
+from .extension import EngineExtension, Propose, Rewind, StepView, step_hooks
 from .fanout import FanOut
+from .intake import make_sequence
 from .model_runner import build_runner
+from .output import OutputProcessor, RequestDelta
+from .probe import forward_probe, recompute
 from .request import RequestOutput, SamplingParams, Sequence, Status
-from .sampler import Sampled, Sampler, processed, token_logprobs
-from .scheduler import BlockManager, Scheduler
-from .text import Detokenizer, check_text
+from .sampler import Sampled, Sampler, token_logprobs
+from .scheduler import Scheduler
+from .view import EngineView
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,8 @@ class LLM:
         self.extensions: dict[str, EngineExtension] = {}
         self.hooks = step_hooks(())  # the step hooks to call, per hook (lab.engine.extension.step_hooks)
         self.sampler = Sampler(self.eos_token_ids)
+        self.output_processor = OutputProcessor()  # each step's deltas (lab.engine.output)
+        self._drafting: list[Sequence] = []  # sequences given drafts (`Propose`) since the last schedule
         self.step_view = StepView(self)  # what extensions' step hooks see (lab.engine.extension)
         for ext in runner_extensions:  # a parallel group's stats and close
             self._add_extension(ext)
@@ -83,32 +88,6 @@ class LLM:
         self.extensions = extensions
 
     # ---- requests -----------------------------------------------------------------------------
-    def _tokenize(self, prompt) -> tuple[list[int], str | None]:
-        salt = None
-        if isinstance(prompt, dict):
-            keys = [k for k in ("prompt_token_ids", "prompt") if k in prompt]
-            if len(keys) != 1 or set(prompt) - {"prompt_token_ids", "prompt", "cache_salt"}:
-                raise ValueError(f"a prompt dict has one of 'prompt' or 'prompt_token_ids' and optionally "
-                                 f"'cache_salt'; got the keys {sorted(prompt)}")
-            salt, prompt = prompt.get("cache_salt"), prompt[keys[0]]
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this model has no tokenizer (a random:<preset> model?); pass token ids")
-            check_text(prompt, "prompt")  # else the tokenizer's TypeError, naming neither request nor field
-            return self.tokenizer.encode(prompt, add_special_tokens=False), salt
-        if hasattr(prompt, "tolist") and not isinstance(prompt, (list, tuple)):  # a torch or numpy vector
-            prompt = prompt.tolist()
-        if not isinstance(prompt, (list, tuple)):
-            raise ValueError(f"a prompt is a string, a list of token ids or a dict; got {type(prompt).__name__}")
-        wrong = [t for t in prompt if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
-        if wrong:
-            raise ValueError(f"token ids must be integers; got {wrong[0]!r}")
-        ids = [int(t) for t in prompt]
-        bad = [t for t in ids if not 0 <= t < self.model.config.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.model.config.vocab_size})")
-        return ids, salt
-
     def add_request(self, prompt, params: SamplingParams | None = None, cache_salt: str | None = None) -> int:
         """Validate and queue one request; returns its id. Raises ValueError, leaving other requests untouched."""
         return self.enqueue(self.make_sequence(prompt, params, cache_salt))
@@ -120,42 +99,9 @@ class LLM:
         return seq.request_id
 
     def make_sequence(self, prompt, params: SamplingParams | None, cache_salt: str | None = None) -> Sequence:
-        """Tokenize and validate one request (ValueError names the value and the limit) without queueing it."""
-        params = params or SamplingParams()
-        ids, salt = self._tokenize(prompt)
-        salt = cache_salt if cache_salt is not None else salt
-        if salt is not None:
-            if not isinstance(salt, str):
-                raise ValueError(f"cache_salt must be a string, got {type(salt).__name__}")
-            check_text(salt, "cache_salt")  # it is hashed as UTF-8 when the request's blocks are
-        c = self.config
-        if not ids:
-            raise ValueError("the prompt is empty: at least one token is needed")
-        if processed(params) and params.speculate and "speculative" in self.extensions:
-            raise ValueError("penalties, min_tokens and logit_bias change the logits before sampling, which "
-                             "speculative verification does not do yet: send this request with speculate=False")
-        if params.logit_bias and max(params.logit_bias) >= self.model.config.vocab_size:
-            raise ValueError(f"logit_bias names token id {max(params.logit_bias)}, outside the vocabulary "
-                             f"[0, {self.model.config.vocab_size})")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer to match text; this model has none (use stop_token_ids)")
-        if len(ids) + params.max_tokens > c.max_model_len:
-            raise ValueError(f"prompt of {len(ids)} tokens + max_tokens {params.max_tokens} = "
-                             f"{len(ids) + params.max_tokens} exceeds max_model_len {c.max_model_len}")
-        need = self.block_manager.blocks_for(len(ids) + params.max_tokens)
-        if need > self.block_manager.num_blocks:
-            raise ValueError(f"the request needs {need} KV blocks ({len(ids)} + {params.max_tokens} tokens) but the "
-                             f"whole pool has {self.block_manager.num_blocks} blocks of {c.block_size} tokens")
-        seq = Sequence(ids, params, salt)
-        if self.tokenizer is not None:
-            seq.detokenizer = Detokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output)
-        # The extensions whose per-request hooks run for it: those that take every request, and those it asks for
-        # by setting their SamplingParams field (lab.engine.extension, "Who hears what").
-        seq.extensions = [e for e in self.extensions.values()
-                          if e.requested_by is None or getattr(params, e.requested_by) is not None]
-        for ext in seq.extensions:
-            ext.check_request(seq)  # a grammar is compiled here, so a bad one is refused at the door
-        return seq
+        """Tokenize and validate one request (ValueError names the value and the limit) without queueing it
+        (`lab.engine.intake`)."""
+        return make_sequence(self, prompt, params, cache_salt)
 
     def add_samples(self, seqs: list[Sequence]) -> None:
         """Queue one request's samples from `make_sequence` (its `n`: `SamplingParams.samples`) the one way `generate`
@@ -171,6 +117,7 @@ class LLM:
     def abort(self, request_id: int) -> None:
         """End a request: queued or running, its blocks go back; a sample still held (`add_samples`) never runs."""
         seq = self.sequences.pop(request_id, None)
+        self.output_processor.forget(request_id)
         if seq is not None and seq.status != Status.FINISHED:
             self._finish(seq, "abort")
         elif seq is None and "fanout" in self.extensions:
@@ -180,22 +127,24 @@ class LLM:
         return self.scheduler.has_unfinished()
 
     # ---- stepping -----------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
-        """One scheduler step and one model forward; returns the requests that finished in it. Extension hooks
-        run in the order `lab.engine.extension` documents. If the step raises, its requests are retried one at a
-        time and only those that fail alone are finished, with finish_reason "error" (`_isolate`)."""
+    def step(self) -> list[RequestDelta]:
+        """One scheduler step and one model forward; returns what it added to each request it changed, as
+        `lab.engine.output.RequestDelta`s (a "final" request's one delta comes when it ends, with its `output`).
+        Extension hooks run in the order `lab.engine.extension` documents. If the step raises, its requests are
+        retried one at a time and only those that fail alone are finished, with finish_reason "error"
+        (`_isolate`)."""
         hooks = self.hooks
         for hook in hooks["before_schedule"]:
-            hook(self.step_view)
+            self._apply(hook(self.step_view) or ())
         out = self.scheduler.schedule()
-        extra_rows = {}
+        extra_rows = self._keep_drafts(out.scheduled)
         for hook in hooks["after_schedule"]:
-            extra_rows.update(hook(self.step_view, out.scheduled))
+            hook(self.step_view, out.scheduled)
         self.last_schedule = out  # for tracing: what this step ran (see lab.engine.trace)
         if not out.scheduled:
             return []
         self.num_steps += 1
-        computed = [seq.num_computed_tokens for seq, _ in out.scheduled]
+        before = [(seq.num_computed_tokens, list(seq.draft_token_ids)) for seq, _ in out.scheduled]
         counts = (self.num_prefill_tokens, self.num_decode_tokens)
         try:
             emitted = self._execute(out.scheduled, extra_rows)
@@ -203,19 +152,50 @@ class LLM:
         except RankFailure:  # a parallel rank is gone: every retry would fail too, and the caller must know
             raise
         except Exception:  # noqa: BLE001  one request's failure must not fail the others (see _isolate)
-            for (seq, _), n in zip(out.scheduled, computed):
-                seq.num_computed_tokens = n
+            for (seq, _), (n, drafts) in zip(out.scheduled, before):  # as before the step: it is run again
+                seq.draft_token_ids = drafts
+                self.block_manager.update(seq, n)
             self.num_prefill_tokens, self.num_decode_tokens = counts
             emitted, failed = self._isolate(out.scheduled, extra_rows)
-        finished = [o for seq, _ in out.scheduled
-                    if seq.status is not Status.FINISHED and (o := self._append(seq, emitted.get(seq.request_id)))]
+        deltas = [d for seq, _ in out.scheduled if seq.status is not Status.FINISHED
+                  and (d := self.output_processor.delta(seq, self._append(seq, emitted.get(seq.request_id))))]
         for hook in hooks["after_step"]:
             hook(self.step_view)
-        return finished + failed
+        return deltas + failed
+
+    def _apply(self, intents) -> None:
+        """Apply what an extension reported before the step (`lab.engine.extension`): a window's KV dropped to be
+        recomputed (`Rewind`), drafts to verify (`Propose`)."""
+        for intent in intents:
+            seq = intent.seq
+            if isinstance(intent, Rewind):
+                self.block_manager.update(seq, intent.to)
+                seq.max_chunk = intent.max_chunk
+            elif isinstance(intent, Propose):
+                seq.draft_token_ids = list(intent.tokens)
+                self._drafting.append(seq)
+            else:
+                raise TypeError(f"an engine extension reported {intent!r}, which is neither Rewind nor Propose")
+
+    def _keep_drafts(self, scheduled: list[tuple[Sequence, int]]) -> dict[int, int]:
+        """A sequence given n tokens keeps n - 1 drafts (none if it was not scheduled or was preempted); returns
+        request id -> drafts kept: the extra logit rows its verification needs."""
+        if not self._drafting:
+            return {}
+        given = {seq.request_id: n for seq, n in scheduled}
+        rows = {}
+        drafting, self._drafting = self._drafting, []
+        for seq in drafting:
+            if seq.draft_token_ids:
+                keep = min(len(seq.draft_token_ids), max(given.get(seq.request_id, 0) - 1, 0))
+                del seq.draft_token_ids[keep:]
+                if keep:
+                    rows[seq.request_id] = keep
+        return rows
 
     def _execute(self, scheduled: list[tuple[Sequence, int]], extra_rows: dict) -> dict[int, Sampled]:
         """Execute -> sample: one forward, each sequence advanced by its scheduled tokens, then what each sequence
-        that reached its end emits (`Sampler`)."""
+        that reached its end emits (`Sampler`), and the drafts its verification rejected dropped."""
         output = self.runner.execute(scheduled, extra_rows)
         emitting = []
         for (seq, n), rows, prompt_rows in zip(scheduled, output.rows, output.prompt_rows or repeat(None)):
@@ -225,12 +205,18 @@ class LLM:
                 self.num_prefill_tokens += n
             else:
                 self.num_decode_tokens += n
-            seq.num_computed_tokens += n
+            self.block_manager.update(seq, seq.num_computed_tokens + n)
             if rows is not None:
                 emitting.append((seq, rows))
-        return self.sampler(output.logits, emitting)
+        sampled = self.sampler(output.logits, emitting)
+        for seq, _ in emitting:
+            if seq.draft_token_ids:  # verified: d drafts, accepted ones + 1 emitted, the rest hold no valid KV
+                rejected = len(seq.draft_token_ids) + 1 - len(sampled[seq.request_id].tokens)
+                self.block_manager.update(seq, seq.num_computed_tokens - rejected)
+                seq.draft_token_ids = []  # the accepted ones are appended as tokens next (`_append`)
+        return sampled
 
-    def _isolate(self, scheduled: list[tuple[Sequence, int]], extra_rows: dict) -> tuple[dict, list[RequestOutput]]:
+    def _isolate(self, scheduled: list[tuple[Sequence, int]], extra_rows: dict) -> tuple[dict, list[RequestDelta]]:
         """The step raised: run each of its sequences alone, so that only a request whose own rows fail is failed
         (its blocks freed, the error logged with its traceback and returned as its output); the rest advance as
         they would have. Re-running is safe: nothing advanced, and a forward rewrites the same KV slots."""
@@ -243,9 +229,11 @@ class LLM:
                 emitted.update(self._execute(one, rows))
             except Exception as error:  # noqa: BLE001
                 log.exception("request %d failed in an engine step", seq.request_id)
-                seq.num_computed_tokens = computed
+                seq.draft_token_ids = []
+                self.block_manager.update(seq, computed)
                 self._finish(seq, "error")
-                failed.append(self._output(self.sequences.pop(seq.request_id), f"{type(error).__name__}: {error}"))
+                self.sequences.pop(seq.request_id)
+                failed.append(self.output_processor.delta(seq, True, f"{type(error).__name__}: {error}"))
         return emitted, failed
 
     def _prompt_logprobs(self, seq: Sequence, logits: torch.Tensor) -> None:
@@ -259,11 +247,14 @@ class LLM:
                 seq.prompt_logprobs.append(entry)
                 have += 1
 
-    def _append(self, seq: Sequence, sampled: Sampled | None) -> RequestOutput | None:
+    def _append(self, seq: Sequence, sampled: Sampled | None) -> bool:
         """Append a sequence's sampled tokens and those an extension forces after them (`forced_token`), up to the
-        first that finishes it; hash its full blocks (over the tokens it holds) and finish it if it stopped."""
+        first that finishes it; hash its full blocks (over the tokens it holds) and finish it if it stopped
+        (True)."""
         now, reason = time.perf_counter(), None
         tokens, logprobs = (list(sampled.tokens), sampled.logprobs) if sampled else ([], None)
+        if sampled:  # a rewound window (`Rewind`) is recomputed once the sequence samples again: chunks end
+            seq.max_chunk = None
         for j, token in enumerate(tokens):  # a forced token appended to `tokens` is appended to `seq` in turn
             seq.token_ids.append(token)
             if logprobs is not None:
@@ -279,12 +270,14 @@ class LLM:
                 tokens += [t for ext in seq.extensions if (t := ext.forced_token(seq)) is not None][:1]
         self.block_manager.cache_full_blocks(seq)
         if reason is None:
-            return None
+            return False
         self._finish(seq, reason)
-        return self._output(self.sequences.pop(seq.request_id))
+        self.sequences.pop(seq.request_id)
+        return True
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         """The one place a request ends (finished or aborted): its blocks go back, every extension hears it."""
+        seq.draft_token_ids = []  # aborted between proposal and verification: its drafts go with it
         self.scheduler.finish(seq, reason)
         for ext in seq.extensions:
             ext.on_finish(seq)
@@ -300,15 +293,6 @@ class LLM:
         if seq.num_output_tokens >= p.max_tokens:
             return "length"
         return None
-
-    def _output(self, seq: Sequence, error: str | None = None) -> RequestOutput:
-        text = None
-        if seq.detokenizer is not None:  # the text so far, brought up to the last token (and cut at a stop string)
-            seq.detokenizer.update(seq.output_token_ids, final=True)
-            text = seq.detokenizer.text
-        return RequestOutput(seq.request_id, seq.token_ids[:seq.num_prompt_tokens], seq.output_token_ids, text,
-                             seq.finish_reason, seq.metrics, error, seq.logprobs,
-                             prompt_logprobs=seq.prompt_logprobs)
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
@@ -340,10 +324,11 @@ class LLM:
             from tqdm.auto import tqdm
             pbar = tqdm(total=total, desc="generate")
         while len(done) < total:
-            for o in self.step():
-                done[o.request_id] = o
-                if pbar:
-                    pbar.update(1)
+            for delta in self.step():
+                if delta.finished:
+                    done[delta.request_id] = delta.output
+                    if pbar:
+                        pbar.update(1)
         if pbar:
             pbar.close()
         outs = [done[g[0].request_id] for g in groups]
@@ -363,13 +348,50 @@ class LLM:
                    for i, c in enumerate(conversations)]
         return self.generate(prompts, params, use_tqdm)
 
+    # ---- what studies, benchmarks and the server may read or do; the rest is the engine's own ------------------
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block no live request holds (vLLM's `LLM.reset_prefix_cache`): between timed runs."""
+        self.block_manager.reset_prefix_cache()
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """Bytes one cached token's KV takes in the pool, over every layer (K and V, with their scales)."""
+        return self.runner.kv.bytes_per_token
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.block_manager.num_blocks
+
+    @property
+    def kv_store(self):
+        """The KV pool's store (its format's write, gather and sizes), for a study that reads the format."""
+        return self.runner.kv
+
+    def is_running(self, request_id: int) -> bool:
+        """The request is admitted and computing (not queued, held or ended)."""
+        seq = self.sequences.get(request_id)
+        return seq is not None and seq.status is Status.RUNNING
+
+    def view(self) -> EngineView:
+        """A read-only snapshot: the running and waiting requests (progress, block tables) and the last step's
+        schedule, for tours, traces and studies that watch the engine work."""
+        return EngineView.of(self.scheduler, self.last_schedule)
+
+    def forward_probe(self, context: int, n: int):
+        """A forward of n tokens after `context` cached ones with n logit rows, to time (`lab.engine.probe`)."""
+        return forward_probe(self.runner, self.block_manager, context, n)
+
+    def recompute(self, request_id: int, start: int, n: int) -> None:
+        """Recompute the KV of positions [start, start + n) of a live request (`lab.engine.probe.recompute`)."""
+        recompute(self.runner, self.block_manager, self.sequences[request_id], start, n)
+
     def stats(self) -> dict:
         s, bm = self.scheduler, self.block_manager
         stats = {
             "kv_blocks_total": bm.num_blocks,
             "kv_blocks_used": bm.num_used_blocks,
             "kv_cache_bytes": self.runner.kv_cache_bytes,
-            "kv_staging_bytes": getattr(self.runner.kv, "staging_bytes", 0),
+            "kv_staging_bytes": self.runner.kv.staging_bytes,
             "prefix_cache_hit_rate": s.prefix_hit_tokens / s.prefix_query_tokens if s.prefix_query_tokens else 0.0,
             "prefix_cache_hit_tokens": s.prefix_hit_tokens,
             "preemptions": s.num_preemptions,

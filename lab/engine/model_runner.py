@@ -42,10 +42,11 @@ class ModelOutput:
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv, block_size: int, attention_backend: str = "torch",
                  enforce_eager: bool = True, step=None, layout: AttentionLayout | None = None):
-        """`kv`: the pool (`lab.engine.kv_store.build_kv_store`); `enforce_eager=False` runs the forward and the
-        LM head as one compiled graph (`lab.engine.compiled`); `step`, a forward in `eager_step`'s signature that
-        replaces both (a tensor- or pipeline-parallel group's, `lab.parallel`); `layout`: the windows and soft
-        cap attention applies (the model's by default; `binding_layout` drops windows max_model_len never fills)."""
+        """`kv`: the pool, a `lab.kv.KVStore` (`lab.engine.kv_store.build_kv_store`); `enforce_eager=False` runs the
+        forward and the LM head as one compiled graph (`lab.engine.compiled`); `step`, a forward in `eager_step`'s
+        signature that replaces both (a tensor- or pipeline-parallel group's, `lab.parallel`); `layout`: the windows
+        and soft cap attention applies (the model's by default; `binding_layout` drops windows max_model_len never
+        fills)."""
         self.model, self.kv, self.block_size = model, kv, block_size
         self.layout = model.attention_layout if layout is None else layout
         if step is not None:
@@ -206,13 +207,13 @@ def build_runner(c) -> tuple[LlamaModel, object, ModelRunner, int, list]:
     if c.parallel:
         model, kv, num_blocks, ext = start_group(model, c)
         return model, tokenizer, ModelRunner(model, kv, c.block_size, step=ext.group.step), num_blocks, [ext]
-    num_blocks = c.num_kv_blocks or default_num_blocks(model, c.block_size, c.max_model_len, c.max_num_seqs,
-                                                       c.kv_format)
-    kv = build_kv_store(model, num_blocks, c.block_size, c.kv_format, c.kv_scales, c.max_num_seqs)
-    if not layout.plain and (kv.stages or getattr(c.kv_format, "pre_rope", False)):
+    if not layout.plain and not c.kv_capabilities.attention_layouts:
         raise ValueError(f"kv_cache_dtype {c.kv_cache_dtype!r} keeps exact copies or pre-RoPE keys, which the lab's "
                          f"sliding windows and soft-capped attention do not read ({model.config.architecture} at "
                          f"max_model_len {c.max_model_len} needs them); use a format without them")
+    num_blocks = c.num_kv_blocks or default_num_blocks(model, c.block_size, c.max_model_len, c.max_num_seqs,
+                                                       c.kv_format)
+    kv = build_kv_store(model, num_blocks, c.block_size, c.kv_format, c.kv_scales, c.max_num_seqs)
     runner = ModelRunner(model, kv, c.block_size, c.attention_backend, c.enforce_eager, layout=layout)
     return model, tokenizer, runner, num_blocks, []
 

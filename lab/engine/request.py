@@ -68,6 +68,9 @@ class SamplingParams:
     # vLLM's structured outputs: the output must match a JSON schema, a regex, a grammar or a choice
     # (lab.engine.grammar); the logits are masked by the grammar before sampling (lab.engine.structured).
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's RequestOutputKind: "final", one delta when the request ends (LLM.generate's), or "delta", one each
+    # step that adds text (a stream's); what `LLM.step` returns for it (lab.engine.output).
+    output_kind: str = "final"
 
     def __post_init__(self):
         # Everything is checked here, at the door: a value that passed would otherwise fail inside a step,
@@ -107,6 +110,8 @@ class SamplingParams:
             for t, b in self.logit_bias.items():
                 _integer("a logit_bias token id", t, 0, None)
                 _number(f"logit_bias[{t}]", b, -100.0, 100.0)
+        if self.output_kind not in ("final", "delta"):
+            raise ValueError(f"output_kind must be 'final' or 'delta', got {self.output_kind!r}")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got {self.structured_outputs!r}")
 
@@ -219,7 +224,7 @@ class Sequence:
         self.params = params
         self.cache_salt = cache_salt
         self.status = Status.WAITING
-        self.num_computed_tokens = 0
+        self._num_computed_tokens = 0  # changed by BlockManager.update alone: see num_computed_tokens
         self.draft_token_ids: list[int] = []  # proposed for this step's verification (lab.speculative), not yet tokens
         self.max_chunk: int | None = None  # most tokens per step (replay recomputes its window in chunks)
         self.block_table: list[int] = []
@@ -246,6 +251,14 @@ class Sequence:
         if device not in self._generators:
             self._generators[device] = torch.Generator(device=device).manual_seed(self.params.seed)
         return self._generators[device]
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """How many of its leading positions hold valid KV in its blocks. Read-only: one method changes it,
+        `lab.engine.block_manager.BlockManager.update` (a forward wrote positions, a prefix hit found them, a
+        preemption or an extension's `Rewind` dropped them), as vLLM v1 applies every change in one place
+        (`Scheduler.update_from_output`); a feature reports what happened and never moves it itself."""
+        return self._num_computed_tokens
 
     @property
     def output_token_ids(self) -> list[int]:

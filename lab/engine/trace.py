@@ -20,7 +20,7 @@ def traced_generate(llm: LLM, prompts, params: SamplingParams | list[SamplingPar
     done, steps = {}, []
     t0 = time.perf_counter()
     while llm.has_unfinished():
-        finished = llm.step()
+        finished = [d.output for d in llm.step() if d.finished]
         done.update({o.request_id: o for o in finished})
         sched = llm.last_schedule.scheduled
         stats = llm.stats()

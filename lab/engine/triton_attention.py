@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from lab.kernels import PagedKVCache, paged_decode_attention, paged_prefill_attention, reshape_and_cache
-from lab.models.attention import AttentionLayout, PagedAttentionMetadata, PlainKVStore
+from lab.models.attention import AttentionLayout, PagedAttentionMetadata
 
 
 
@@ -32,21 +32,9 @@ def check_layout(layout: AttentionLayout) -> None:
 
 
 def kernel_caches(store) -> list[PagedKVCache]:
-    """Each layer's pool of a `lab.engine.kv_store` store, as the kernels read it (views, no copies but the
-    static scales, repeated per KV head)."""
-    if isinstance(store, PlainKVStore):
-        return [PagedKVCache(k, v, k.shape[-1]) for k, v in zip(store.k_cache, store.v_cache)]
-    fmt, n_kv = store.fmt, store.codes["k"].shape[3]
-    caches = []
-    for layer in range(store.codes["k"].shape[0]):
-        if fmt.static:
-            scales = [store.static[r][layer].reshape(-1).expand(n_kv).contiguous() for r in "kv"]
-            zeros = [None, None]
-        else:
-            scales = [store.scale[r][layer] for r in "kv"]
-            zeros = [store.zero[r][layer] if r in store.zero else None for r in "kv"]
-        caches.append(PagedKVCache(store.codes["k"][layer], store.codes["v"][layer], store.head_dim, fmt, *scales, *zeros))
-    return caches
+    """Each layer's pool of a `lab.kv.KVStore`, as the kernels read it (`store.kernel_view`: views, no copies but
+    the static scales, repeated per KV head). A store the kernels cannot read is refused by `PagedKVCache`."""
+    return [PagedKVCache(**store.kernel_view(layer)) for layer in range(store.num_layers)]
 
 
 class TritonPagedAttention:

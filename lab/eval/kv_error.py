@@ -1,6 +1,6 @@
 """How much error a quantized KV-cache format adds, position by position, on a real model.
 
-Two measures for any format of `lab.quant.kv` (K and V together, or keys only, or values only):
+Two measures for any format of `lab.kv` (K and V together, or keys only, or values only):
 
 - `attention_error_by_position`: every layer's attention output with quantized K/V against exact K/V, on the
   exact model's own queries, keys and values (so the error is the cache's alone, not compounded through
@@ -9,7 +9,7 @@ Two measures for any format of `lab.quant.kv` (K and V together, or keys only, o
   run once over the whole text with every layer's K/V stored through the format (errors compound through
   the layers here);
 - in both, a full-precision window and a per-channel key group still filling are read exactly per query,
-  as when that token is decoded (`lab.quant.kv.exact_mask`), the same rule as the paged engine's.
+  as when that token is decoded (`lab.kv.format.exact_mask`), the same rule as the paged engine's.
 
 `record` runs the exact model once and keeps what both measures compare against.
 """
@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 
 from lab.models.attention import AttentionLayout, check_plain, partly_exact_attention
-from lab.quant.kv import KVCacheFormat, exact_mask, fake_quantize
-from lab.quant.kv_calibration import KVScales, QuantizedContiguousKVCache, quantize_keys
+from lab.kv.format import KVCacheFormat, exact_mask, fake_quantize
+from lab.kv.calibration import KVScales, QuantizedContiguousKVCache, quantize_keys
 
 
 class _Recorder:

@@ -31,7 +31,7 @@ def log_probs(model, ids: list[int], kv=None) -> torch.Tensor:
     K/V cache stored through that format."""
     cache = None
     if kv is not None:
-        from lab.quant.kv_calibration import QuantizedContiguousKVCache
+        from lab.kv.calibration import QuantizedContiguousKVCache
 
         cache = QuantizedContiguousKVCache(model, *kv)
     return forward_logits(model, ids, cache).double().log_softmax(-1)

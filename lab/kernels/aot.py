@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from lab.quant.kv import KVCacheFormat
+from lab.kv.format import KVCacheFormat
 
 from .kv_codec import PLAIN, fp8_limits, kernel_flags
 

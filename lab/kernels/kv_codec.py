@@ -1,8 +1,8 @@
 """The paged KV cache as the kernels see it: where a token's bytes are, and how they become numbers and back.
 
 One layer's pool holds, for K and for V, `num_blocks` blocks of `block_size` slots of `n_kv` heads: either the
-model's dtype ([num_blocks, block_size, n_kv, head_dim]) or the codes of a `lab.quant.kv.KVCacheFormat` as the
-engine's `QuantizedKVStore` lays them out: uint8 [num_blocks, block_size, n_kv, head_dim * bits / 8], integer
+model's dtype ([num_blocks, block_size, n_kv, head_dim]) or the codes of a `lab.kv.format.KVCacheFormat` as the
+stores of `lab.kv` lay them out (`kernel_view`): uint8 [num_blocks, block_size, n_kv, head_dim * bits / 8], integer
 codes packed lowest bits first along the head dimension, fp8 as its raw byte. Scales are
 
 - per-token (dynamic): fp16 [num_blocks, block_size, n_kv, 1], and an fp16 zero point beside it for integer
@@ -15,7 +15,7 @@ lanes); the kernels do not read those formats (`check_supported`).
 
 The `@triton.jit` helpers below are inlined into the attention and write kernels: `load_tile` dequantizes a
 [tokens, head_dim] tile on read, `quantize_tile` computes a tile's codes and scales exactly as
-`lab.quant.kv.quantize` does (round half to even, scales rounded up to fp16), so kernel and reference agree
+`lab.kv.format.quantize` does (round half to even, scales rounded up to fp16), so kernel and reference agree
 code for code. fp8 is encoded and decoded with integer arithmetic on its fields rather than casts: the
 interpreter's fp32 -> fp8 cast does not round to nearest (an e4m3 code off by a binade was seen), and Ampere
 (sm_80) has no e4m3 type at all (`lab.kernels.aot` compiles for it).
@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lab.quant.kv import FP8_TYPES, MIN_SCALE, KVCacheFormat, QuantizedKV, dequantize, fp8_max, unpack_codes
+from lab.kv.format import FP8_TYPES, MIN_SCALE, KVCacheFormat, QuantizedKV, dequantize, fp8_max, unpack_codes
 
 PLAIN, INT, FP8_E4M3, FP8_E5M2 = 0, 1, 2, 3
 _KIND = {"fp8_e4m3": FP8_E4M3, "fp8_e5m2": FP8_E5M2}
@@ -192,7 +192,7 @@ def _pow2(e):
 
 @triton.jit
 def _fp16_up(s):
-    """s >= MIN_SCALE rounded up to an fp16 value (lab.quant.kv._fp16): the scale read back is the one used."""
+    """s >= MIN_SCALE rounded up to an fp16 value (lab.kv.format._fp16): the scale read back is the one used."""
     h = s.to(tl.float16)
     up = (h.to(tl.int16, bitcast=True) + 1).to(tl.float16, bitcast=True)
     return tl.where(h.to(tl.float32) < s, up, h).to(tl.float32)
@@ -232,7 +232,7 @@ def _fp8_code(y, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr):
 def quantize_tile(x, static_scale, mask, KIND: tl.constexpr, BITS: tl.constexpr, PER_TOKEN: tl.constexpr,
                   ASYM: tl.constexpr, EXP_BITS: tl.constexpr, MAN_BITS: tl.constexpr, FP8_MAX: tl.constexpr):
     """Codes (int32, one per element), scale and zero [N, 1] of a float32 tile [N, D] (masked entries 0) as
-    `lab.quant.kv.quantize` computes them; per-tensor/per-head use `static_scale` and a symmetric grid."""
+    `lab.kv.format.quantize` computes them; per-tensor/per-head use `static_scale` and a symmetric grid."""
     LEVELS: tl.constexpr = (1 << BITS) - 1
     if KIND == 1:
         if PER_TOKEN:

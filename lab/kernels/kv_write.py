@@ -4,7 +4,7 @@ For new token t and KV head h, with s = slot_mapping[t] (block s // block_size, 
 
     cache_k[s, h, :] = Q(k[t, h, :]),   cache_v[s, h, :] = Q(v[t, h, :])
 
-where Q is the identity (a cast) for a plain cache and `lab.quant.kv.quantize` for a quantized one: a per-token
+where Q is the identity (a cast) for a plain cache and `lab.kv.format.quantize` for a quantized one: a per-token
 scale (and zero point) computed from the token's own head_dim values and stored beside its codes, or the
 layer's static scale. Slots < 0 are skipped (padding). One program writes BLOCK_T tokens of one KV head, K and V.
 
@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from lab.quant.kv import pack_codes, quantize
+from lab.kv.format import pack_codes, quantize
 
 from .kv_codec import PagedKVCache, fp8_limits, quantize_tile
 
@@ -54,7 +54,7 @@ def _write_role(x_ptr, stride_xt, stride_xh, cache_ptr, scale_ptr, zero_ptr, off
             packed = code
             offs_b = offs_d
         else:
-            # Element d = b * PER + j goes to bits j * BITS of byte b (lab.quant.kv.pack_codes).
+            # Element d = b * PER + j goes to bits j * BITS of byte b (lab.kv.format.pack_codes).
             shifts = tl.arange(0, PER) * BITS
             packed = tl.sum(tl.reshape(code, [code.shape[0], BLOCK_D // PER, PER]) << shifts[None, None, :], axis=2)
             offs_b = tl.arange(0, BLOCK_D // PER)
@@ -119,7 +119,7 @@ def reshape_and_cache(k: torch.Tensor, v: torch.Tensor, cache: PagedKVCache, slo
 
 
 def reshape_and_cache_ref(k: torch.Tensor, v: torch.Tensor, cache: PagedKVCache, slot_mapping: torch.Tensor) -> None:
-    """The same write in PyTorch, with `lab.quant.kv.quantize` (what the engine's torch backend stores)."""
+    """The same write in PyTorch, with `lab.kv.format.quantize` (what the engine's torch backend stores)."""
     _check(k, v, cache, slot_mapping)
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]

@@ -27,6 +27,7 @@ import numpy as np
 from lab.ledger.rebuild import Rebuild, row_figure
 from lab.ledger.record import Assumption, Claim
 from lab.ledger.rules import verdict
+from lab.ledger.table import measured_cell
 
 GRID = 41       # values across the searched span
 BISECTIONS = 40
@@ -76,8 +77,6 @@ def through_rebuild(claim: Claim, param: str, rebuild: Rebuild, run_dir: Path) -
     """The claim's figure as a function of the notebook parameter `param`: the run's inputs loaded once, the
     parameter set on the one input that carries it (the notebook's parameters), the claims table rebuilt and the
     claim's row read back by its link's pattern."""
-    from lab.ledger.gather import measured_cell  # imported here: gather imports this module
-
     inputs = rebuild.load(Path(run_dir))
     holder = next((k for k, v in inputs.items() if dataclasses.is_dataclass(v) and hasattr(v, param)), None)
     if holder is None:

@@ -36,7 +36,8 @@ import re
 from decimal import Decimal
 
 from lab.ledger import CAUSES, literals
-from lab.ledger.gather import Entry, measured_cell
+from lab.ledger.gather import Entry
+from lab.ledger.table import measured_cell
 from lab.ledger.rebuild import Rebuild, movements
 from lab.ledger.record import Cause
 from lab.ledger.rules import (BY_ARGUMENT, MEASURED, MEASUREMENTS, MISSING, NOT_YET, NUMBER, SCOPES,

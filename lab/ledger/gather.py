@@ -38,10 +38,9 @@ from lab.ledger.rules import (ARGUMENT, BY_ARGUMENT, MEASURED, MISSING, NO_EVIDE
                               ROUNDING, WRONG, Evidence, all_of, beyond, from_notebook, judge, parse_lab, scoped, side,
                               undecided_by, verdict)
 from lab.ledger.setting import describe, run_evidence
+from lab.ledger.table import columns
 from lab.results_index import list_runs
 
-CLAIM_COLUMNS = ("claim",)
-LAB_COLUMNS = ("the lab computes", "recomputed or measured", "measured here", "measured or computed here", "evidence")
 
 
 @dataclass(frozen=True)
@@ -76,20 +75,6 @@ class Entry:
 def latest_reference_runs(root: Path) -> dict[str, Path]:
     """Each notebook's latest run at the reference preset under `root`."""
     return {r["notebook"]: r["dir"] for r in list_runs(root) if r["preset"] == "reference"}
-
-
-def columns(header: list[str]) -> tuple[str, str, str | None, str | None]:
-    """(claim, lab, verdict, holds) column names of a claims table, whichever shape it has."""
-    claim = next((h for h in header if h in CLAIM_COLUMNS or h.startswith("article")), None)
-    lab = next((h for h in LAB_COLUMNS if h in header), None)
-    if claim is None or lab is None:
-        raise ValueError(f"a claims table without a claim or a measured column: {header}")
-    return claim, lab, "verdict" if "verdict" in header else None, "holds" if "holds" in header else None
-
-
-def measured_cell(row: dict) -> str:
-    """A claims-table row's measured cell, whichever of `LAB_COLUMNS` its table names it."""
-    return str(next(row[c] for c in LAB_COLUMNS if c in row))
 
 
 def find_rows(table: Path, match: str) -> list[tuple[int, dict, tuple]]:

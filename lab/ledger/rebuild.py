@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from lab.ledger.table import columns
+
 # Loaded inputs: the claims table's arguments by name (DataFrames, measured scalars, the run's parameters).
 Inputs = dict[str, Any]
 
@@ -153,8 +155,6 @@ def _field_change(name: str, fname: str, how: str) -> Callable[[Inputs], Inputs]
 
 def row_figure(table: pd.DataFrame, match: str, figure: Callable[[dict], Any]) -> Any:
     """The figure of the one row of `table` whose claim cell contains `match` (None when not exactly one row)."""
-    from lab.ledger.gather import columns  # imported here: gather imports this module
-
     claim_col = columns(list(table.columns))[0]
     rows = table[table[claim_col].astype(str).str.contains(match, regex=False)]
     if len(rows) != 1:

@@ -14,7 +14,7 @@ from .shape import ModelShape
 
 def blocks_held(s: ModelShape, seq_len: int, block_size: int, tokens_per_step: int = 1) -> int:
     """Most KV blocks one sequence of `seq_len` tokens holds at once in a paged cache with one block pool for all
-    layers (the lab's engine, `lab.engine.scheduler.BlockManager`), while a step computes `tokens_per_step` of its
+    layers (the lab's engine, `lab.engine.block_manager.BlockManager`), while a step computes `tokens_per_step` of its
     tokens.
 
     Every layer windowed (Mistral), W < seq_len: the step computing positions p .. p + n - 1 holds the blocks from

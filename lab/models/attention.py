@@ -8,8 +8,9 @@ reference (`lab.models.reference`), the KV-quantization study and the replay mic
 
 **Paged attention** (Kwon et al., "Efficient Memory Management for LLM Serving with PagedAttention", SOSP 2023),
 the engine's torch backend. The KV pool of one layer is [num_blocks, block_size, n_kv_heads, head_dim]: in the
-model's dtype here (`PlainKVStore`, which writes and reads it as nano-vllm's attention layer does its cache), or
-quantized codes with scales (`lab.engine.kv_store.QuantizedKVStore`, the same two operations). A sequence's token j
+model's dtype (`lab.kv.plain`, which writes and reads it as nano-vllm's attention layer does its cache), or
+quantized codes with scales (`lab.kv.fp8`, `lab.kv.integer`); any `lab.kv.KVStore` offers the same two operations,
+and says through its `capabilities` whether sliding windows and soft caps may read it. A sequence's token j
 lives in block `block_table[j // block_size]` at offset `j % block_size`. Each step:
 
 1. write: this step's k, v go to their slots (`slot_mapping`, one flat index per token);
@@ -18,9 +19,9 @@ lives in block `block_table[j // block_size]` at offset `j % block_size`. Each s
    and runs causal attention with the chunk's queries at the end of its context.
 
 Quantized formats with a full-precision window or per-channel keys also read exact K/V from the store's
-staging area (`lab.engine.kv_store.StagingMetadata`): a decode overwrites the gathered K/V at the positions it
+staging area (`lab.kv.staging.StagingMetadata`): a decode overwrites the gathered K/V at the positions it
 reads exactly, a prefill chunk, whose queries each read a different window, chooses per (query, key)
-(`partly_exact_attention`). Which positions are exact the store says (`exact_mask`, from `lab.quant.kv`).
+(`partly_exact_attention`). Which positions are exact the store says (`exact_mask`, from `lab.kv.format`).
 
 Gathering copies the context once per layer, which a fused kernel would not (the Triton backend
 reads blocks in place); the math is the same and this is what the kernels are tested against.
@@ -163,42 +164,6 @@ def partly_exact_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Te
     return out
 
 
-class PlainKVStore:
-    """The paged pool in the model's dtype: per layer, `num_blocks` blocks of `block_size` token slots for K and
-    for V. `write` puts a step's keys and values in their slots, `gather` copies whole blocks back."""
-
-    stages = False  # no exact copies outside the pool
-
-    def __init__(self, n_layers: int, num_blocks: int, block_size: int, n_kv: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
-        shape = (n_layers, num_blocks, block_size, n_kv, head_dim)
-        self.block_size = block_size
-        # Zero-filled: masked positions are multiplied by zero probabilities, and 0 * NaN would not be 0.
-        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
-        self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
-
-    @staticmethod
-    def bytes_per_block(n_layers, block_size, n_kv, head_dim, dtype: torch.dtype) -> int:
-        return 2 * n_layers * block_size * n_kv * head_dim * dtype.itemsize
-
-    @property
-    def nbytes(self) -> int:
-        return self.k_cache.nbytes + self.v_cache.nbytes
-
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions=None,
-              staging=None, exact_k=None) -> None:
-        kc, vc = self.k_cache[layer], self.v_cache[layer]
-        kc.view(-1, *kc.shape[-2:]).index_copy_(0, slots, k)
-        vc.view(-1, *vc.shape[-2:]).index_copy_(0, slots, v)
-
-    def staging_metadata(self, scheduled, num_tokens: int) -> None:
-        return None
-
-    def gather(self, layer: int, blocks: torch.Tensor, per_sequence: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        # index_select copies whole blocks (~2x faster than advanced indexing here).
-        return self.k_cache[layer].index_select(0, blocks), self.v_cache[layer].index_select(0, blocks)
-
-
 @dataclass
 class PagedAttentionMetadata:
     """Everything attention needs about a step's batch, built once per step by the model runner."""
@@ -210,18 +175,17 @@ class PagedAttentionMetadata:
     decode_bias: torch.Tensor  # [Bd, 1, 1, max_blocks * block_size] 0 inside the context, -inf past its end
     decode_lens: torch.Tensor  # [Bd] context length of each decode, its new token included
     prefills: list[tuple[int, int, torch.Tensor, int]]  # (first token row, query length, block ids, context length)
-    staging: object | None = None  # lab.engine.kv_store.StagingMetadata of a staging store
+    staging: object | None = None  # lab.kv.staging.StagingMetadata of a staging store
     max_decode_len: int = 0  # decode_lens.max(), kept on the host: reading it from a device stalls the step
 
 
 class TorchPagedAttention:
-    """An `AttentionContext` over the engine's paged KV cache: a `PlainKVStore` or a quantized store."""
+    """An `AttentionContext` over the engine's paged KV cache: any `lab.kv.KVStore`."""
 
     def __init__(self, store, meta: PagedAttentionMetadata, layout: AttentionLayout | None = None):
         self.store, self.meta, self.layout = store, meta, layout or AttentionLayout()
-        fmt = getattr(store, "fmt", None)
-        if not self.layout.plain and (meta.staging is not None or getattr(fmt, "pre_rope", False)):
-            raise ValueError(f"kv_cache_dtype {fmt.dtype} keeps exact copies or pre-RoPE keys, which the lab's "
+        if not self.layout.plain and not store.capabilities.attention_layouts:
+            raise ValueError(f"kv_cache_dtype {store.fmt.dtype} keeps exact copies or pre-RoPE keys, which the lab's "
                              f"sliding windows and soft-capped attention do not read; use a format without them")
         self._window_bias: dict[int, torch.Tensor] = {}  # window -> decode bias, built once a step
 

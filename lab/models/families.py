@@ -29,7 +29,7 @@ is a row of this table and a small branch in the block rather than a copy of the
 
 Sliding windows (Mistral every layer, Gemma the local ones) restrict a layer's queries to its last `sliding_window`
 keys; the paged cache frees the blocks outside every window when every layer has one
-(`lab.engine.scheduler.BlockManager`).
+(`lab.engine.block_manager.BlockManager`).
 """
 
 from __future__ import annotations

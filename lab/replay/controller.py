@@ -7,8 +7,8 @@ use above 80%; and, from its troubleshooting section, only once the position is 
 if so, recomputes `replay_window` = the last W positions, in chunks, without writing the result back by
 default (the cached range then slides, and the next step replays again).
 
-In the engine, dropping a window's KV and recomputing it from token ids is a rewind: the sequence's
-`num_computed_tokens` goes back by W, and the scheduler's single rule gives it the W dropped tokens plus its
+In the engine, dropping a window's KV and recomputing it from token ids is a rewind, which this controller
+reports (`Rewind`) and the engine applies: the sequence's `num_computed_tokens` goes back by W, and the scheduler's single rule gives it the W dropped tokens plus its
 new one, as a chunk that attends over the cached prefix (chunked at `chunk` tokens). Without write-back the
 window is dropped again after each step, so every decode step recomputes it; with write-back it is recomputed
 once and kept until the next trigger. With source="hidden" (HCache, `lab.replay.hidden`) the window's K/V
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lab.engine.extension import EngineExtension
+from lab.engine.extension import EngineExtension, Rewind
 from lab.engine.request import Sequence, Status
 
 
@@ -48,6 +48,12 @@ class ReplayConfig:
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value!r}")
 
+    @property
+    def across_processes(self) -> bool:
+        """Tensor or pipeline parallelism takes token replay only: hidden-state replay rebuilds K/V outside a
+        forward, on rank 0's pool alone."""
+        return self.source == "tokens"
+
     def build(self, engine) -> ReplayController:
         """The engine extension (`lab.engine.extension`) for `engine`."""
         if self.chunk is not None and not engine.config.enable_chunked_prefill:
@@ -60,8 +66,7 @@ class ReplayConfig:
             from .hidden import HiddenStateStore
             hidden = HiddenStateStore(engine.runner, self.window)
         weight_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
-        kv_bytes_per_token = engine.runner.kv_cache_bytes / (engine.block_manager.num_blocks * engine.config.block_size)
-        return ReplayController(self, hidden, weight_bytes, kv_bytes_per_token)
+        return ReplayController(self, hidden, weight_bytes, engine.kv_bytes_per_token, engine.step_view)
 
 
 @dataclass
@@ -78,8 +83,9 @@ class ReplayController(EngineExtension):
     name = "replay"
     rewinds = True  # a token replay moves num_computed_tokens back by the window
 
-    def __init__(self, config: ReplayConfig, hidden=None, weight_bytes: int = 0, kv_bytes_per_token: float = 0.0):
-        self.config = config
+    def __init__(self, config: ReplayConfig, hidden=None, weight_bytes: int = 0, kv_bytes_per_token: float = 0.0,
+                 step=None):
+        self.config, self.step = config, step  # step: the engine's StepView, to find a live request
         self.hidden = hidden  # a lab.replay.hidden.HiddenStateStore when config.source == "hidden"
         self.weight_bytes, self.kv_bytes_per_token = weight_bytes, kv_bytes_per_token
         self.cached_ranges: dict[int, tuple[int, int]] = {}  # request id -> [start, end) of cached positions
@@ -88,12 +94,11 @@ class ReplayController(EngineExtension):
         self.totals = ReplayStats()  # every replay of every request
 
     # ---- engine hooks ----------------------------------------------------------------------------
-    def before_schedule(self, step) -> None:
-        self.before_step(step.running, step.free_block_share(), self.kv_read_share(step.running))
+    def before_schedule(self, step) -> list[Rewind]:
+        return self.before_step(step.running, step.free_block_share(), self.kv_read_share(step.running))
 
-    def after_schedule(self, step, scheduled) -> dict[int, int]:
+    def after_schedule(self, step, scheduled) -> None:
         self.begin_step(scheduled)
-        return {}
 
     def after_step(self, step) -> None:
         self.end_step(step.running)
@@ -133,8 +138,11 @@ class ReplayController(EngineExtension):
         end = seq.num_computed_tokens
         return max(0, end - self.config.window), end
 
-    def before_step(self, running: list[Sequence], memory_headroom: float, bandwidth_utilization: float) -> None:
-        """Rewind the sequences that replay; called by the engine before it schedules a step."""
+    def before_step(self, running: list[Sequence], memory_headroom: float,
+                    bandwidth_utilization: float) -> list[Rewind]:
+        """The sequences that replay from token ids, as `Rewind` intents the engine applies before it schedules
+        the step (a hidden-state replay rebuilds the window's K/V in place and reports nothing)."""
+        rewinds = []
         for seq in running:
             if (seq.status is not Status.RUNNING or seq.num_computed_tokens != len(seq) - 1
                     or seq.request_id in self.replayed):
@@ -149,17 +157,17 @@ class ReplayController(EngineExtension):
                 if start < end:
                     self.hidden.restore(seq, start, end)
             else:
-                seq.num_computed_tokens = start  # the window's KV is dropped: recomputed from its token ids
-                seq.max_chunk = self.config.chunk
+                rewinds.append(Rewind(seq, start, self.config.chunk))  # recomputed from its token ids
                 self.replayed[seq.request_id] = (start, len(seq))
             self.totals.replays += 1
             self.totals.recomputed_tokens += end - start
             self.totals.per_request[seq.request_id] = self.totals.per_request.get(seq.request_id, 0) + 1
+        return rewinds
 
     def end_step(self, running: list[Sequence]) -> None:
         """Update the cached ranges: a window recomputed without write-back stays dropped (so the next step
-        replays it again), everything else computed this step is cached. Sequences that caught up stop
-        chunking."""
+        replays it again), everything else computed this step is cached; a sequence whose recompute reached
+        its end and sampled (the engine then ends its chunking) is done replaying."""
         if self.hidden is not None:
             self.hidden.end_step()
         for seq in running:
@@ -167,12 +175,16 @@ class ReplayController(EngineExtension):
             keep = dropped_from is None or self.config.write_back
             self.cached_ranges[seq.request_id] = (0, seq.num_computed_tokens if keep else dropped_from)
             if len(seq) > length:  # the recompute (in one or more chunks) reached the end and sampled a token
-                seq.max_chunk = None
                 self.replayed.pop(seq.request_id, None)
 
     def begin_step(self, scheduled) -> None:
         if self.hidden is not None:
             self.hidden.begin_step(scheduled)
+
+    def restore(self, request_id: int, start: int, end: int) -> None:
+        """Rebuild the K/V of positions start .. end - 1 of a live request from its kept layer inputs (HCache),
+        outside a step: what a study times."""
+        self.hidden.restore(self.step.sequence(request_id), start, end)
 
     def forget(self, request_id: int) -> None:
         self.cached_ranges.pop(request_id, None)

@@ -96,36 +96,32 @@ class RecomputeBench:
     """An engine holding one long sequence, to time recomputing W tokens after an M-token prefix."""
 
     def __init__(self, llm: LLM, token_ids: list[int]):
-        self.llm = llm
-        rid = llm.add_request(token_ids, SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
-        self.seq = llm.sequences[rid]
-        while self.seq.num_computed_tokens < len(token_ids):  # the prefill (chunked by the engine's budget)
+        self.llm, self.num_tokens = llm, len(token_ids)
+        self.request_id = llm.add_request(token_ids, SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+        while self._view().num_computed_tokens < len(token_ids):  # the prefill (chunked by the engine's budget)
             llm.step()
+
+    def _view(self):
+        return next(s for s in self.llm.view().requests if s.request_id == self.request_id)
+
+    @property
+    def block_table(self) -> tuple[int, ...]:
+        """The held sequence's blocks in the engine's pool."""
+        return self._view().block_table
 
     def seconds(self, prefix: int, window: int, repeats: int = 3) -> float:
         """Median time of the model runner's forward over tokens prefix .. prefix + window - 1."""
-        if prefix + window > self.seq.num_prompt_tokens:
-            raise ValueError(f"prefix {prefix} + window {window} exceeds the {self.seq.num_prompt_tokens} tokens held")
-        done = self.seq.num_computed_tokens
-
-        def run():
-            self.seq.num_computed_tokens = prefix
-            self.llm.runner.execute([(self.seq, window)])
-
-        try:
-            return median_seconds(run, repeats)
-        finally:
-            self.seq.num_computed_tokens = done
+        if prefix + window > self.num_tokens:
+            raise ValueError(f"prefix {prefix} + window {window} exceeds the {self.num_tokens} tokens held")
+        return median_seconds(lambda: self.llm.recompute(self.request_id, prefix, window), repeats)
 
     def hidden_restore_seconds(self, window: int, repeats: int = 3) -> float:
         """HCache: median time to zero and rebuild the K/V of the sequence's last `window` positions from the
         layer inputs the engine kept (needs an engine made with ReplayConfig(source="hidden")). Independent
         of the prefix: only the K/V projections run."""
-        store = self.llm.extensions["replay"].hidden
-        end = self.seq.num_prompt_tokens
-        return median_seconds(lambda: store.restore(self.seq, end - window, end), repeats)
+        replay, end = self.llm.extensions["replay"], self.num_tokens
+        return median_seconds(lambda: replay.restore(self.request_id, end - window, end), repeats)
 
     def kv_bytes(self, window: int) -> int:
         """Bytes of the window's KV in the engine's pool (all layers, K and V)."""
-        return int(self.llm.runner.kv_cache_bytes / (self.llm.block_manager.num_blocks * self.llm.config.block_size)
-                   * window)
+        return int(self.llm.kv_bytes_per_token * window)

@@ -78,11 +78,11 @@ def measure_ceilings(bench, windows, prefixes, repeats: int) -> Ceilings:
     """Every ceiling of `engine_cost.Ceilings` for the model `bench` (a `RecomputeBench`) holds, on its device in
     its dtype: forward and attention rate per window, the gather rate on the largest prefix, the fixed cost."""
     llm = bench.llm
-    model, store, bs = llm.runner.model, llm.runner.kv, llm.config.block_size
+    model, store, bs = llm.model, llm.kv_store, llm.config.block_size
     c = model.config
     weight = model.embed_tokens.weight
     forward = {w: forward_seconds(model, w, repeats) for w in windows}
-    rate, _ = gather_rate(store, bench.seq.block_table, max(prefixes) + max(windows), bs, max(repeats, 3))
+    rate, _ = gather_rate(store, list(bench.block_table), max(prefixes) + max(windows), bs, max(repeats, 3))
     keys = reference_keys(prefixes, bs)
     attention = {w: attention_rate(c.num_attention_heads, c.num_key_value_heads, c.head_dim, w, keys + w,
                                    weight.dtype, weight.device, repeats) for w in windows}

@@ -26,33 +26,17 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
 
 from lab.engine import LLM, SamplingParams
-from lab.engine.request import RequestOutput, Sequence, Status
+from lab.engine.output import RequestDelta
+from lab.engine.request import Sequence
 
 from .metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Delta:
-    """What one step added to a request: new token ids and their text; `output` on the last one."""
-
-    token_ids: list[int]
-    text: str
-    finished: bool = False
-    output: RequestOutput | None = None
-    error: str | None = None
-    logprobs: list | None = None  # one {token: Logprob} dict per token in token_ids, if the request asked
-
-
-class _Stream:
-    def __init__(self, seq: Sequence, q: asyncio.Queue):
-        self.seq, self.queue = seq, q
-        self.sent_tokens = 0
-        self.sent_text = ""
+Delta = RequestDelta  # what a request's iterator yields: the engine's own deltas (lab.engine.output)
 
 
 WARMUP_PROMPT_TOKENS = 16
@@ -76,7 +60,7 @@ class AsyncLLM:
         self.warmup_seconds: float | None = None
         self.metrics = metrics or ServerMetrics(llm)
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._streams: dict[int, _Stream] = {}
+        self._streams: dict[int, asyncio.Queue] = {}  # request id -> its queue of (request id, delta)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -162,12 +146,12 @@ class AsyncLLM:
                 self._wake.clear()
                 continue
             try:
-                finished = self.llm.step()
+                deltas = self.llm.step()
             except Exception as e:  # noqa: BLE001  one failing step must not take the server down
                 log.exception("engine step failed outside any one request; failing the running requests")
                 self._fail_running(f"engine step failed: {type(e).__name__}: {e}")
                 continue
-            self._publish({o.request_id: o for o in finished})
+            self._publish(deltas)
 
     def _drain(self) -> None:
         while True:
@@ -177,46 +161,31 @@ class AsyncLLM:
                 return
             if kind == "add":  # a request's samples, all delivered to one queue
                 self.llm.add_samples(arg)
-                self._streams.update((seq.request_id, _Stream(seq, q)) for seq in arg)
+                self._streams.update((seq.request_id, q) for seq in arg)
             elif arg in self._streams:  # abort
                 self.llm.abort(arg)
                 del self._streams[arg]
                 self.metrics.aborted.inc()
 
-    def _publish(self, finished: dict[int, RequestOutput]) -> None:
-        """Send each stream what this step added: its new tokens and the text the request's detokenizer
-        (`lab.engine.text`, the engine's own) has for them; nothing is decoded here."""
-        for rid, st in list(self._streams.items()):
-            out = finished.get(rid)
-            if out is not None and out.error is not None:  # its own rows failed the step (LLM._isolate)
-                failure = Delta([], "", True, out, error=out.error)
-                self._loop.call_soon_threadsafe(st.queue.put_nowait, (rid, failure))
-                del self._streams[rid]
+    def _publish(self, deltas: list[RequestDelta]) -> None:
+        """Send each delta of the step (`LLM.step`: the engine's one output path) to its request's stream;
+        nothing is decoded or rebuilt here."""
+        for delta in deltas:
+            q = self._streams.get(delta.request_id)
+            if q is None:  # aborted while the step ran
                 continue
-            tokens = out.token_ids if out is not None else st.seq.output_token_ids
-            if len(tokens) == st.sent_tokens and out is None:
-                continue
-            detok = st.seq.detokenizer
-            if detok is not None and out is None:
-                detok.update(tokens)
-                if detok.read_offset < len(tokens):  # a character split across tokens: wait for the rest
-                    continue
-            text = detok.streamable(out is not None) if detok is not None else ""
-            lps = out.logprobs if out is not None else st.seq.logprobs
-            delta = Delta(tokens[st.sent_tokens:], text[len(st.sent_text):], out is not None, out,
-                          logprobs=None if lps is None else lps[st.sent_tokens:len(tokens)])
-            st.sent_tokens, st.sent_text = len(tokens), text
-            self._loop.call_soon_threadsafe(st.queue.put_nowait, (rid, delta))
-            if out is not None:
-                del self._streams[rid]
-                self.metrics.observe_finished(out)
+            self._loop.call_soon_threadsafe(q.put_nowait, (delta.request_id, delta))
+            if delta.finished:
+                del self._streams[delta.request_id]
+                if delta.error is None:
+                    self.metrics.observe_finished(delta.output)
 
     def _fail_running(self, message: str) -> None:
-        for rid, st in list(self._streams.items()):
-            if st.seq.status is Status.RUNNING:
+        for rid, q in list(self._streams.items()):
+            if self.llm.is_running(rid):
                 self.llm.abort(rid)
                 del self._streams[rid]
-                self._loop.call_soon_threadsafe(st.queue.put_nowait, (rid, Delta([], "", True, error=message)))
+                self._loop.call_soon_threadsafe(q.put_nowait, (rid, RequestDelta(rid, [], "", True, error=message)))
                 self.metrics.failed.inc()
 
     @property

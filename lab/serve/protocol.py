@@ -86,7 +86,8 @@ class SamplingRequest(BaseModel):
                               logprobs=self.top_logprob_count, presence_penalty=self.presence_penalty,
                               frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
                               min_tokens=self.min_tokens, n=self.n, logit_bias=self.token_biases(),
-                              structured_outputs=self.structured_outputs())
+                              structured_outputs=self.structured_outputs(),
+                              output_kind="delta" if self.stream else "final")
 
     def token_biases(self) -> dict[int, float] | None:
         """logit_bias with its keys (JSON strings) read as token ids (ValueError for one that is not)."""

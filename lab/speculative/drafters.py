@@ -31,7 +31,8 @@ from lab.engine.kv_store import build_kv_store
 from lab.engine.model_runner import ModelRunner
 from lab.engine.request import Sequence, Status
 from lab.engine.sampler import probabilities
-from lab.engine.scheduler import BlockManager
+from lab.engine.block_manager import BlockManager
+from lab.engine.probe import forward_probe
 from lab.models.llama import LlamaModel
 
 
@@ -98,13 +99,17 @@ class ModelDrafter:
     def kv_cache_bytes(self) -> int:
         return self.runner.kv_cache_bytes
 
+    def forward_probe(self, context: int):
+        """The draft model's one-token step after `context` cached tokens, to time (`lab.engine.probe`)."""
+        return forward_probe(self.runner, self.block_manager, context, 1, draft=True)
+
     def _sync(self, seq: Sequence) -> Sequence:
         """The shadow of `seq`, holding the target's tokens; its KV stays valid up to the common prefix."""
         if seq.request_id not in self.shadows:
             shadow = Sequence(seq.token_ids, seq.params, seq.cache_salt)
             blocks, hashes = self.block_manager.find_cached_prefix(shadow)
             self.block_manager.allocate(shadow, len(blocks) * self.block_manager.block_size, blocks, hashes)
-            shadow.num_computed_tokens = len(blocks) * self.block_manager.block_size
+            self.block_manager.update(shadow, len(blocks) * self.block_manager.block_size)
             shadow.status = Status.RUNNING
             self.shadows[seq.request_id] = (seq, shadow)
             return shadow
@@ -112,7 +117,7 @@ class ModelDrafter:
         common = next((i for i, (a, b) in enumerate(zip(shadow.token_ids, seq.token_ids)) if a != b),
                       min(len(shadow), len(seq)))
         shadow.token_ids = list(seq.token_ids)
-        shadow.num_computed_tokens = min(shadow.num_computed_tokens, common)
+        self.block_manager.update(shadow, min(shadow.num_computed_tokens, common))
         self.block_manager.cache_full_blocks(shadow)  # only true tokens are computed now
         return shadow
 
@@ -134,7 +139,7 @@ class ModelDrafter:
             self.catch_up_tokens += sum(n - 1 for _, n in batch)
             logits = self.runner.execute(batch).logits  # every shadow's step ends at its last token: one row each
             for (seq, shadow, _, tokens, probs), row in zip(step, logits):
-                shadow.num_computed_tokens = len(shadow)
+                self.block_manager.update(shadow, len(shadow))
                 if seq.params.greedy:  # deterministic: verification needs no q
                     token = int(row.argmax())
                 else:

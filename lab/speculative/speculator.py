@@ -1,13 +1,14 @@
 """Speculative decoding in the engine: draft, let the scheduler's one rule verify, accept, roll back.
 
 Before a step, each running sequence about to decode (and whose request speculates) gets up to k drafted
-tokens appended to its token ids, from the drafter (`lab.speculative.drafters`: n-gram lookup, the target's first
-layers, a quantized copy, or a separate model); the scheduler then gives it drafts + 1 tokens, so the target
-scores them all in one forward, a short prefill over the cached prefix (the extend attention of either
-backend). After the forward, `lab.speculative.verify` accepts a prefix of the drafts and adds a replacement or bonus
-token; the rejected drafts are removed from the token ids and `num_computed_tokens` goes back to the last
-accepted one, so their KV slots are rewritten by later tokens and no block holding them is ever hashed into
-the prefix cache. A draft the scheduler did not schedule (budget, preemption) is withdrawn before the forward.
+tokens from the drafter (`lab.speculative.drafters`: n-gram lookup, the target's first layers, a quantized copy,
+or a separate model), reported as `Propose` intents: the engine puts them in the sequence's `draft_token_ids`
+and the scheduler gives it drafts + 1 tokens, so the target scores them all in one forward, a short prefill over
+the cached prefix (the extend attention of either backend); drafts the step had no room for (budget, preemption)
+are dropped by the engine before the forward. After it, `lab.speculative.verify` accepts a prefix of the drafts
+and adds a replacement or bonus token; the engine then moves `num_computed_tokens` back to the last accepted
+one (its one update path), so the rejected drafts' KV slots are rewritten by later tokens and no block holding
+them is ever hashed into the prefix cache. This module proposes and verifies; it never moves a sequence.
 
 The acceptance-threshold policy (the deployment article, seeds/003 section 5, switches speculation off below
 a = 0.55) is per request and adaptive: a request whose a over its last rounds falls below `min_acceptance`
@@ -20,7 +21,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from lab.engine.extension import EngineExtension
+from lab.engine.extension import EngineExtension, Propose
 from lab.engine.request import Sequence, Status
 from lab.engine.sampler import probabilities
 from lab.models.llama import LlamaModel
@@ -65,13 +66,18 @@ class SpeculativeConfig:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
 
+    @property
+    def across_processes(self) -> bool:
+        """Tensor or pipeline parallelism takes n-gram drafts only: a draft model would be whole on rank 0."""
+        return self.method == "ngram"
+
     def build(self, engine) -> Speculator:
         """The engine extension (`lab.engine.extension`) for `engine`."""
-        if engine.runner.kv.stages:  # a rollback would leave the exact copies behind the rewound position
+        if not engine.runner.kv.capabilities.speculation:  # e.g. staged exact copies, left behind by a rollback
             raise ValueError(f"speculative decoding needs a KV format without staged exact copies; kv_cache_dtype "
                              f"{engine.config.kv_cache_dtype!r} keeps a full-precision window or per-channel keys")
         c = engine.config
-        return Speculator(self, engine.model, engine.block_manager.num_blocks, c.block_size, c.max_model_len,
+        return Speculator(self, engine.model, engine.num_kv_blocks, c.block_size, c.max_model_len,
                           engine.tokenizer)
 
 
@@ -137,13 +143,13 @@ class Speculator(EngineExtension):
     """Drafts before scheduling, trims what was not scheduled, verifies after the forward (engine hooks)."""
 
     name = "speculative"
-    rewinds = True  # rejected drafts roll num_computed_tokens back
+    rewinds = True  # its verification rolls num_computed_tokens back past the rejected drafts
 
     def __init__(self, config: SpeculativeConfig, target: LlamaModel, num_blocks: int, block_size: int,
                  max_model_len: int, tokenizer=None):
         self.config, self.max_model_len = config, max_model_len
         self.drafter = build_drafter(config, target, num_blocks, block_size, tokenizer)
-        self.drafts: dict[int, tuple[Sequence, Draft]] = {}  # request id -> (sequence, drafts appended)
+        self.drafts: dict[int, Draft] = {}  # request id -> its latest drafts (their probabilities, to verify)
         self.totals = SpecStats()  # every round of every request
         self.draft_seconds = 0.0  # wall time in the drafter (c is this per draft forward over a target step)
         self.pauses = 0  # times the adaptive policy turned a request's speculation off
@@ -152,14 +158,11 @@ class Speculator(EngineExtension):
         self.failed_probes: dict[int, int] = {}  # request id -> probes failed in a row
 
     # ---- engine hooks ----------------------------------------------------------------------------
-    def before_schedule(self, step) -> None:
-        self.propose(step.running)
-
-    def after_schedule(self, step, scheduled: list[tuple[Sequence, int]]) -> dict[int, int]:
-        return self.withdraw_unscheduled(scheduled)
+    def before_schedule(self, step) -> list[Propose]:
+        return self.propose(step.running)
 
     def process_logits(self, seq: Sequence, logits) -> list[int] | None:
-        return self.accept(seq, logits) if seq.request_id in self.drafts else None
+        return self.accept(seq, logits) if seq.draft_token_ids else None
 
     def on_finish(self, seq: Sequence) -> None:
         self.finish(seq)
@@ -174,7 +177,9 @@ class Speculator(EngineExtension):
                 **{f"spec_draft_{k}": v for k, v in self.drafter.stats().items()}}
 
     # ---- drafting and verification ----------------------------------------------------------------
-    def propose(self, running: list[Sequence]) -> None:
+    def propose(self, running: list[Sequence]) -> list[Propose]:
+        """Drafts for the running sequences about to decode whose requests speculate (and whose policy has not
+        paused them), as intents: the engine attaches them and keeps those the step has room for."""
         requests = []
         for seq in running:
             p = seq.params
@@ -187,38 +192,26 @@ class Speculator(EngineExtension):
             if room > 0:
                 requests.append((seq, room))
         if not requests:
-            return
+            return []
         t = time.perf_counter()
         drafts = self.drafter.propose(requests)
         self.draft_seconds += time.perf_counter() - t
+        intents = []
         for seq, _ in requests:
             if (draft := drafts.get(seq.request_id)) is not None:
-                seq.draft_token_ids = list(draft.tokens)
-                self.drafts[seq.request_id] = (seq, draft)
-
-    def withdraw_unscheduled(self, scheduled: list[tuple[Sequence, int]]) -> dict[int, int]:
-        """Drafts beyond what the step scheduled are withdrawn; returns request id -> drafts in this step."""
-        given = {seq.request_id: n for seq, n in scheduled}
-        for rid, (seq, draft) in list(self.drafts.items()):
-            d = len(draft.tokens)
-            keep = min(d, max(given.get(rid, 0) - 1, 0)) if seq.status is Status.RUNNING else 0
-            del seq.draft_token_ids[keep:]
-            if keep:
-                self.drafts[rid] = (seq, Draft(draft.tokens[:keep], None if draft.probs is None else
-                                               draft.probs[:keep]))
-            else:
-                del self.drafts[rid]
-        return {rid: len(draft.tokens) for rid, (_, draft) in self.drafts.items()}
+                self.drafts[seq.request_id] = draft
+                intents.append(Propose(seq, list(draft.tokens)))
+        return intents
 
     def accept(self, seq: Sequence, logits) -> list[int]:
-        """Verify the sequence's drafts against the target's logits of its last drafts + 1 positions; roll the
-        sequence back to its accepted prefix and return the tokens to emit (accepted drafts, then one more)."""
-        _, draft = self.drafts.pop(seq.request_id)
-        d = len(draft.tokens)
+        """Verify the drafts the step kept (a prefix of those proposed) against the target's logits of the
+        sequence's last drafts + 1 positions; return the tokens to emit (accepted drafts, then one more). The
+        engine drops the KV of the rejected ones (`LLM._execute`)."""
+        proposed = self.drafts[seq.request_id]
+        d = len(seq.draft_token_ids)
+        probs = None if proposed.probs is None else proposed.probs[:d]
         base = len(seq)
-        v = verify(draft.tokens, probabilities(logits, seq.params), draft.probs, seq.generator(logits.device))
-        seq.draft_token_ids = []
-        seq.num_computed_tokens = base + v.num_accepted  # the KV of rejected drafts is dropped
+        v = verify(list(seq.draft_token_ids), probabilities(logits, seq.params), probs, seq.generator(logits.device))
         self.totals.record(d, v.num_accepted)
         if seq.metrics.speculation is None:
             seq.metrics.speculation = SpecStats()
@@ -247,7 +240,6 @@ class Speculator(EngineExtension):
     def finish(self, seq: Sequence) -> None:
         """The request finished or was aborted: forget its drafts and policy state."""
         self.drafts.pop(seq.request_id, None)
-        seq.draft_token_ids = []
         self.probes.pop(seq.request_id, None)
         self.paused_until.pop(seq.request_id, None)
         self.failed_probes.pop(seq.request_id, None)

@@ -91,8 +91,8 @@ def token_table(tokenizer, text: str) -> pd.DataFrame:
 
 def block_table_view(llm: LLM) -> pd.DataFrame:
     """The block table of every running sequence, with how many of its tokens have KV computed."""
-    rows = [{"request": s.request_id, "tokens": len(s), "computed": s.num_computed_tokens,
-             "blocks": list(s.block_table)} for s in llm.scheduler.running]
+    rows = [{"request": s.request_id, "tokens": s.num_tokens, "computed": s.num_computed_tokens,
+             "blocks": list(s.block_table)} for s in llm.view().running]
     return pd.DataFrame(rows)
 
 

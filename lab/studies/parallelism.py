@@ -278,7 +278,7 @@ def engine_memory(p: ParallelParams, tp: int = 2, num_kv_blocks: int = 64) -> pd
 
     llm = LLM(p.MODEL, dtype=p.DTYPE, device=PROCESS_DEVICE, tensor_parallel_size=tp, num_kv_blocks=num_kv_blocks,
               max_model_len=512)
-    stats, block_size = llm.stats(), llm.block_manager.block_size
+    stats, block_size = llm.stats(), llm.config.block_size
     llm.close()
     fmt = {4: "fp32", 2: "bf16"}[p.torch_dtype.itemsize]
     counted = rank_memory(ModelShape.preset(p.MODEL.removeprefix("random:")), tp, fmt, fmt)

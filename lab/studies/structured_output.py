@@ -167,13 +167,13 @@ def _timed_steps(p: StructuredParams, model, tok, batch: int, constrained: bool)
         llm.add_request(_list_prompt(tok, i), params)
     ext = llm.extensions["structured_outputs"]
     outputs = []
-    while any(s.num_computed_tokens < s.num_prompt_tokens for s in llm.sequences.values()):
+    while any(s.prefilling for s in llm.view().requests):
         outputs += llm.step()
     for _ in range(p.WARM_STEPS):
         outputs += llm.step()
     rows = []
     for step in range(p.MASK_STEPS):
-        running, mask0 = len(llm.scheduler.running), ext.mask_seconds
+        running, mask0 = len(llm.view().running), ext.mask_seconds
         start = time.perf_counter()
         outputs += llm.step()
         rows.append({"batch": batch, "grammar": constrained, "step": step, "running": running,
@@ -181,7 +181,7 @@ def _timed_steps(p: StructuredParams, model, tok, batch: int, constrained: bool)
     while llm.has_unfinished():
         outputs += llm.step()
     llm.close()
-    return rows, [o.token_ids for o in outputs]
+    return rows, [d.output.token_ids for d in outputs if d.finished]
 
 
 def mask_cost(p: StructuredParams, model, tok) -> tuple[pd.DataFrame, list[list[int]]]:

@@ -175,9 +175,9 @@ def ttft_with_prefix(llm, n_tokens: int, cached: int, rng: np.random.Generator) 
     one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     if cached:
         llm.generate([other], one)
-    hits = llm.scheduler.prefix_hit_tokens
+    hits = llm.stats()["prefix_cache_hit_tokens"]
     out = llm.generate([prompt], one)[0]
-    return {"ttft_s": out.metrics.ttft, "hit_tokens": llm.scheduler.prefix_hit_tokens - hits}
+    return {"ttft_s": out.metrics.ttft, "hit_tokens": llm.stats()["prefix_cache_hit_tokens"] - hits}
 
 
 def interval(values) -> dict:

@@ -1,6 +1,6 @@
 """Notebook 03's claims table rebuilt from one of its runs (`lab.ledger.rebuild.Rebuild`).
 
-The notebook calls `kv_quantization_claims.claims_table(params, blocks, roles, e2e)` and saves the first of the
+The notebook calls `kv_quantization.claims.claims_table(params, blocks, roles, e2e)` and saves the first of the
 two tables it returns (the claims; the second, its intervals, is verdict_intervals.csv). `blocks` is the position
 study's per-block errors (error_by_block.csv); `roles` is computed from it in the notebook
 (`role_table(blocks[K-only and V-only formats])`, saved as k_vs_v.csv), so it is recomputed here from `blocks`
@@ -18,7 +18,7 @@ import pandas as pd
 
 from lab.ledger.rebuild import Inputs, Rebuild, run_parameters
 from lab.studies import kv_quantization as study
-from lab.studies import kv_quantization_claims as claims_mod
+from lab.studies.kv_quantization import claims as claims_mod
 
 # The end-to-end columns `claims_table` reads (`_safety`): the format, the perplexity change against the exact
 # cache and the pass-rate change with their intervals, items lost, gained and run, and the unchanged outputs.

@@ -1,10 +1,10 @@
 """Notebook 05's claims table rebuilt from one of its runs (`lab.ledger.rebuild.Rebuild`).
 
-The notebook calls `spec_acceptance_claims.claims_table(main, costs, params, model, bench)`:
+The notebook calls `spec_acceptance.claims.claims_table(main, costs, params, model, bench)`:
 
 - `main` is the per-category table (by_category.csv). Its comparison words `error_article_vs_10pct` and
   `error_measured_costs_vs_10pct`, which the "acceptance decides everything" row counts, are computed by the study
-  from the same row's prediction and measured-speedup interval (`spec_acceptance_intervals.error_columns`); they
+  from the same row's prediction and measured-speedup interval (`spec_acceptance.intervals.error_columns`); they
   are recomputed here the same way, so a perturbation of the speedups or the predictions reaches that row as it
   would in a run (a saved word would hold it still).
 - `costs` (drafter -> `lab.speculative.measure.StepCosts`) is rebuilt from step_costs.csv: the target step, the
@@ -30,8 +30,8 @@ from lab.memory import ModelShape
 from lab.memory.shape import param_counts
 from lab.speculative.measure import StepCosts
 from lab.studies import spec_acceptance as study
-from lab.studies import spec_acceptance_claims as claims_mod
-from lab.studies.spec_acceptance_intervals import error_columns
+from lab.studies.spec_acceptance import claims as claims_mod
+from lab.studies.spec_acceptance.intervals import error_columns
 
 # The comparison words claims_table counts, recomputed from each row's numbers (`error_columns`).
 WORDS = ("article", "measured_costs")

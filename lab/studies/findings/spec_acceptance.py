@@ -48,7 +48,7 @@ FINDING = Finding(
 
 def _plot(name: str, table: str):
     def draw(run: RunFiles):
-        from lab.studies import spec_acceptance_plots as plots
+        from lab.studies.spec_acceptance import plots
 
         return getattr(plots, name)(run.csv(table))
     return draw
@@ -58,7 +58,7 @@ def _by_position(run: RunFiles):
     """The per-position acceptance lists, which a CSV holds as their printed form."""
     import ast
 
-    from lab.studies.spec_acceptance_plots import plot_acceptance_by_position
+    from lab.studies.spec_acceptance.plots import plot_acceptance_by_position
 
     main = run.csv("by_category")
     for col in ("acceptance_by_position", "acceptance_by_position_low", "acceptance_by_position_high"):
