@@ -1,13 +1,17 @@
 """`LLM`: the offline engine. `add_request` / `step` / `generate`, in the shape of vLLM and nano-vllm.
 
-A request's path: `generate` -> `add_request` (validated, tokenized, queued as a `Sequence`) -> `step`:
+A request's path: `generate` -> `add_request` (checked and tokenized at the door, `lab.engine.intake`, queued as
+a `Sequence`) -> `step`: the extensions' intents applied (`Propose` drafts, `Rewind` a window: `_apply`) ->
 `Scheduler.schedule` picks (sequence, tokens) pairs under the budgets, `BlockManager` gives them blocks ->
 `ModelRunner.execute` builds the flat batch and runs `LlamaModel`, whose layers call
 `TorchPagedAttention.attend` (`lab.models.attention`, reading and writing the pool of `lab.kv`), or with
 attention_backend="triton" `TritonPagedAttention.attend` (`lab.engine.triton_attention` ->
 `lab.kernels.paged_attention`) -> `Sampler` (`lab.engine.sampler`) turns the step's logits into each
-sequence's tokens and their logprobs -> they are appended, full blocks hashed for the prefix cache, finished
-sequences free their blocks. `step` reads schedule -> execute -> sample -> append.
+sequence's tokens and their logprobs -> progress moves through `BlockManager.update`, the one writer of a
+sequence's `num_computed_tokens` (the step's tokens, less the drafts verification rejected) -> the tokens are
+appended, full blocks hashed for the prefix cache, finished sequences free their blocks -> each changed
+request's `RequestDelta` (`lab.engine.output`), which is all a caller sees. `step` reads intents -> schedule ->
+execute -> sample -> append -> deltas.
 
 Features plug in through `lab.engine.extension` (speculative decoding, replay, structured output): `step` calls
 their hooks and has no branch of its own for any of them.
