@@ -133,3 +133,18 @@ def test_a_step_returns_deltas_that_join_into_the_output(smollm, chat_prompt_ids
 def test_output_kind_is_checked():
     with pytest.raises(ValueError, match="output_kind must be 'final' or 'delta', got 'stream'"):
         SamplingParams(output_kind="stream")
+
+
+def test_a_recompute_probe_refuses_positions_not_computed(smollm, chat_prompt_ids):
+    """`LLM.recompute` re-runs positions whose KV is in the pool; past them it refuses, and progress is kept."""
+    model, tok = smollm
+    llm = LLM(model, tokenizer=tok, num_kv_blocks=32, max_model_len=256)
+    rid = llm.add_request(chat_prompt_ids[0], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+    llm.step()
+    done = next(s.num_computed_tokens for s in llm.view().running if s.request_id == rid)
+    llm.recompute(rid, done - 4, 4)
+    with pytest.raises(ValueError, match="are not all computed"):
+        llm.recompute(rid, done - 4, 5)
+    with pytest.raises(ValueError, match="are not all computed"):
+        llm.recompute(rid, -1, 2)
+    assert next(s.num_computed_tokens for s in llm.view().running if s.request_id == rid) == done

@@ -43,7 +43,7 @@ def recompute(runner, block_manager: BlockManager, seq: Sequence, start: int, n:
     """Run the forward over positions [start, start + n) of `seq`, whose KV is computed past them, again: their
     KV is rewritten with the same values (a replay's recompute), and its progress is as before."""
     done = seq.num_computed_tokens
-    if not 0 <= start and start + n <= done:
+    if not (0 <= start and start + n <= done):
         raise ValueError(f"positions {start} .. {start + n} are not all computed: request {seq.request_id} has "
                          f"{done}")
     block_manager.update(seq, start)
