@@ -19,7 +19,7 @@
 # We follow a batch of chat requests through `lab.engine.LLM` on the real model (SmolLM2-135M-Instruct):
 # tokenize, schedule (continuous batching with chunked prefill), allocate KV blocks, prefill, decode,
 # and then a second batch that shares the system prompt and hits the prefix cache. Every number here is
-# measured in this run; the code is in `lab/studies/engine_tour.py` and `lab/engine/`.
+# measured in this run; the code is in `lab/studies/engine_tour/measure.py` and `lab/engine/`.
 
 # %% tags=["parameters"]
 PRESET = "quick"  # quick (minutes), reference (committed runs), smoke (tests) or gpu (CUDA); values set below win
@@ -39,8 +39,8 @@ BUDGETS = (16, 32, 64, 128, 256)  # the token-budget sweep and the widget's slid
 import pandas as pd
 
 from lab.engine import SamplingParams
-from lab.runs import params_from_namespace, start_run
-from lab.studies import engine_tour as tour
+from lab.workflow.run import params_from_namespace, start_run
+from lab.studies.engine_tour import measure as tour
 
 params = params_from_namespace(tour.TourParams, globals())  # validates every value before heavy work
 run = start_run("00_engine_tour", params)
@@ -149,7 +149,7 @@ sweep
 if INTERACTIVE:
     import ipywidgets as w
 
-    from lab.widgets import panel
+    from lab.workflow.widgets import panel
 
     def show(budget):
         _, steps = tour.run_batch(factory(max_num_batched_tokens=budget), prompts, params.MAX_TOKENS)

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -18,7 +18,7 @@
 #
 # Every inference argument opens with two accounts: bytes (weights + KV cache + activations: does it fit,
 # how many requests) and time (is a step bound by compute or by memory bandwidth). This notebook is that
-# calculator (`lab.memory`, `lab.roofline`, `lab.hardware`), checked against the lab engine's real
+# calculator (`lab.memory`, `lab.machine.roofline`, `lab.machine.hardware`), checked against the lab engine's real
 # allocations and its measured step times, and used to recompute the source articles' numbers.
 
 # %% tags=["parameters"]
@@ -50,10 +50,10 @@ INT4_ROUNDS = 3  # interleaved runs of every build; the verdict rests on their s
 import pandas as pd
 
 from lab import memory as mem
-from lab import roofline
-from lab.hardware import get_gpu, model_ceilings
-from lab.runs import params_from_namespace, start_run
-from lab.studies import memory_accounting as study
+from lab.machine import roofline
+from lab.machine.hardware import get_gpu, model_ceilings
+from lab.workflow.run import params_from_namespace, start_run
+from lab.studies.memory_accounting import measure as study
 
 params = params_from_namespace(study.MemoryParams, globals())  # validates every value before heavy work
 run = start_run("01_memory_accounting", params)
@@ -149,10 +149,10 @@ check.round(2)
 # the median over `INT4_ROUNDS` interleaved runs of each run's ratio of median step times, with the span of the
 # runs as its interval (the verdict rests on it); one run's bootstrap interval over its steps is shown beside it.
 # Beside them, what a purely bandwidth-bound step would give (the ratio of bytes read). The logic is in
-# `lab.studies.int4_decode`.
+# `lab.studies.memory_accounting.int4_decode`.
 
 # %%
-from lab.studies import int4_decode
+from lab.studies.memory_accounting import int4_decode
 
 int4_measured, int4_table, int4_claims = int4_decode.run(
     batches=params.INT4_BATCHES, context=params.INT4_CONTEXT, steps=params.INT4_STEPS,
@@ -164,8 +164,8 @@ int4_table.round(2)
 
 # %% [markdown]
 # ## 8. The articles' numbers, recomputed
-# One row per claim (`lab.claims.claim_row`): the claim led by its seed and section, the article's figure, the
-# lab's, and the verdict the ledger's rules give it (`lab.ledger.rules.verdict`: holds, wrong, wrong by rounding or
+# One row per claim (`lab.claims.table.claim_row`): the claim led by its seed and section, the article's figure, the
+# lab's, and the verdict the ledger's rules give it (`lab.claims.rules.verdict`: holds, wrong, wrong by rounding or
 # not distinguishable), with by how much or why in the note.
 
 # %%
@@ -189,7 +189,7 @@ run.save_metrics(
 if INTERACTIVE:
     import ipywidgets as w
 
-    from lab.widgets import panel
+    from lab.workflow.widgets import panel
 
     controls = {"model": w.Dropdown(options=study.MODEL_NAMES, value=params.MODEL),
                 "weights": w.Dropdown(options=["bf16", "fp8", "int8", "int4-g128", "gguf-q4_0"],

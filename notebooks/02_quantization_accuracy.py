@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -81,11 +81,8 @@ from lab.eval.harness import bad_cases
 from lab.models import load_model
 from lab.models.loader import cache_dir
 from lab.quant.gguf_grids import already_quantized
-from lab.runs import params_from_namespace, resolve_device, start_run
-from lab.studies import quant_accuracy as study
-from lab.studies import quant_accuracy_ladder as ladder
-from lab.studies import quant_accuracy_plots as plots
-from lab.studies import quant_accuracy_stats as stats
+from lab.workflow.run import params_from_namespace, resolve_device, start_run
+from lab.studies.quant_accuracy import measure as study, ladder, plots, stats
 
 params = params_from_namespace(study.QuantAccuracyParams, globals())  # validates every value before heavy work
 run = start_run("02_quantization_accuracy", params)
@@ -271,7 +268,7 @@ claims
 if INTERACTIVE:
     import ipywidgets as widgets
 
-    from lab.widgets import panel
+    from lab.workflow.widgets import panel
 
     pick_model = widgets.Dropdown(options=[k for k in outputs if k != "unquantized"], description="model")
     pick_cat = widgets.Dropdown(options=sorted(outputs["unquantized"]["category"].unique()), description="category")

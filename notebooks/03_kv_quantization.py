@@ -83,7 +83,7 @@ import torch
 from lab.models import load_model
 from lab.quant.calibration import build_calibration_set
 from lab.kv.calibration import calibrate_kv_absmax
-from lab.runs import params_from_namespace, resolve_device, start_run
+from lab.workflow.run import params_from_namespace, resolve_device, start_run
 from lab.studies import kv_quantization as study
 from lab.studies.kv_quantization import claims
 
@@ -179,7 +179,7 @@ e2e[cols].round(4)
 
 # %% [markdown]
 # ## 6. Claims and verdicts, computed from the tables above
-# One row per claim in the shape every notebook's claims table has (`lab.claims.claim_row`): the claim, the
+# One row per claim in the shape every notebook's claims table has (`lab.claims.table.claim_row`): the claim, the
 # article's statement, what was measured (the figure as "value [low, high]" first, then the rest of the
 # evidence), the verdict and a note. Each verdict rests on an interval compared with the claim's boundary:
 # holds or wrong when the interval lies on one side, "not distinguishable" when it holds the boundary. The
@@ -204,7 +204,7 @@ if INTERACTIVE:
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
 
-    from lab.widgets import panel
+    from lab.workflow.widgets import panel
 
     pick = widgets.SelectMultiple(options=sorted(growth["format"].unique()), description="formats")
 

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -48,10 +48,10 @@ PROBE_SECONDS = 6.0  # this machine's ceilings in DTYPE on DEVICE, per timed mod
 import pandas as pd
 
 from lab.engine import LLM, SamplingParams
-from lab.hardware import GPUS
+from lab.machine.hardware import GPUS
 from lab.models import load_model
 from lab.replay import ReplayConfig
-from lab.runs import params_from_namespace, start_run
+from lab.workflow.run import params_from_namespace, start_run
 from lab.studies import replay_break_even as study
 
 params = params_from_namespace(study.ReplayParams, globals())  # validates every value before heavy work
@@ -118,7 +118,7 @@ table
 # alone, from the layer inputs the engine kept) is timed beside them.
 #
 # Three predictions of the recompute time. The article's compute-only rule (FLOPs at EFFICIENCY x the probed
-# peak); the roofline with this machine's probed ceilings (`lab.hardware.model_ceilings`: a GEMV's read rate, a
+# peak); the roofline with this machine's probed ceilings (`lab.machine.hardware.model_ceilings`: a GEMV's read rate, a
 # square matmul's FLOP/s), plus a per-forward overhead measured once; and the engine's cost model
 # (`lab.replay.engine_cost`), the sum of what the step does, each term's ceiling measured by its own
 # microbenchmark in this run (`lab.replay.microbench`), none fitted to the times it predicts:
@@ -163,8 +163,8 @@ pd_table.round(3)
 
 # %% [markdown]
 # ## 6. The article's numbers, recomputed
-# One row per claim (`lab.claims.claim_row`): the claim led by its section, the article's figure, the lab's, and
-# the verdict the ledger's rules give it (`lab.ledger.rules.verdict`: holds, wrong or wrong by rounding), with by
+# One row per claim (`lab.claims.table.claim_row`): the claim led by its section, the article's figure, the lab's, and
+# the verdict the ledger's rules give it (`lab.claims.rules.verdict`: holds, wrong or wrong by rounding), with by
 # how much or why in the note; "replaying spares reading the prefix" has no number to decide it and is wrong by
 # argument, the argument in its note.
 
@@ -182,7 +182,7 @@ with pd.option_context("display.max_colwidth", 120):
 if INTERACTIVE:
     import ipywidgets as widgets
 
-    from lab.widgets import panel
+    from lab.workflow.widgets import panel
 
     def show(model, hardware, window, prefix):
         display(study.cost_table(window, prefix, GPUS[hardware], params.EFFICIENCY)  # noqa: F821

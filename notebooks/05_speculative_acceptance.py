@@ -74,8 +74,8 @@ DTYPE = "auto"  # the target dtype: "auto" is the serving dtype (bfloat16 here a
 # %%
 import pandas as pd
 
-from lab.hardware import probe_inference
-from lab.runs import params_from_namespace, start_run
+from lab.machine.hardware import probe_inference
+from lab.workflow.run import params_from_namespace, start_run
 from lab.studies import spec_acceptance as study
 from lab.studies.spec_acceptance import plots
 
@@ -95,7 +95,7 @@ pd.DataFrame([{"category": c, "prompts": sum(p.category == c for p in prompts)}
 # (k+1)-token forward over the cached prefix whose LM head runs on k + 1 rows; `lab.speculative.measure` times it
 # (v(k) in plain steps) beside one draft forward (c). The n-gram drafter runs no model: its c is its lookup
 # time. Beside them, the roofline's floor under a target step and under v(k) on this device's ceilings, measured
-# in the dtype and on the device the target ran (`lab.hardware.probe_inference`, the weight read of a GEMV the
+# in the dtype and on the device the target ran (`lab.machine.hardware.probe_inference`, the weight read of a GEMV the
 # shape of the target's LM head): a v(k) floor of 1.0 says verification is memory-bound, as the article assumes.
 
 # %%
@@ -211,7 +211,7 @@ else:
 # ## 6. The article's numbers, recomputed or measured
 # A measured figure is printed as "value [low, high]" (95% over prompts). A claim holds when the whole interval
 # satisfies it, is wrong when the whole interval refutes it, and is "not distinguishable" when the interval
-# holds values of both kinds (the ledger's rules, `lab.ledger.rules`).
+# holds values of both kinds (the ledger's rules, `lab.claims.rules`).
 
 # %%
 claims = study.claims_table(main, costs, params, model, bench)
@@ -229,7 +229,7 @@ if INTERACTIVE:
     import matplotlib.pyplot as plt
 
     from lab.speculative import predicted_speedup
-    from lab.widgets import panel
+    from lab.workflow.widgets import panel
 
     def show(c, verify_cost):
         a = [i / 100 for i in range(0, 100)]

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -28,7 +28,7 @@
 # `lab.studies.serving`. The model runs on DEVICE: on a CPU the absolute numbers are a 135M model on two cores
 # and the shapes of the curves are the point; the gpu preset serves Llama-3-8B's shapes in bf16 on one GPU.
 # Section 7 sets the claims these runs measure (prefix caching's cut of TTFT, what fixed lengths overstate)
-# against the articles' figures in a claims table (`lab.studies.serving_claims`), which the ledger reads.
+# against the articles' figures in a claims table (`lab.studies.serving.claims`), which the ledger reads.
 
 # %% tags=["parameters"]
 PRESET = "quick"  # quick (minutes), reference (committed runs), smoke (tests) or gpu (CUDA); values set below win
@@ -61,9 +61,8 @@ import pandas as pd
 
 from lab.bench import dashboard
 from lab.models import load_model
-from lab.runs import params_from_namespace, resolve_device, start_run
-from lab.studies import serving as study
-from lab.studies import serving_claims, serving_plots
+from lab.workflow.run import params_from_namespace, resolve_device, start_run
+from lab.studies.serving import measure as study, claims as serving_claims, plots as serving_plots
 
 params = params_from_namespace(study.ServingParams, globals())  # validates every value before heavy work
 run = start_run("06_serving_ttft", params)
@@ -166,7 +165,7 @@ shapes[["lengths", "repeat", "input_p50", "output_p50", "goodput_requests", "out
 # leaves of the cache (seeds/003 section 3.3, exact counts), what fixed lengths overstate
 # (seeds/003 section 6.2), the stall chunked prefill removes (seeds/003 section 3.2) and the ramp's knee (seeds/003
 # section 6.2), each judged by the ledger's rules on its run-level median and min-max over REPEATS runs
-# (`lab.studies.serving_claims`; fewer than three runs give no interval and no verdict). They measure the lab's
+# (`lab.studies.serving.claims`; fewer than three runs give no interval and no verdict). They measure the lab's
 # engine on this device: GPU serving claims are decided only where the device is a GPU.
 
 # %%
@@ -190,7 +189,7 @@ if INTERACTIVE:
     import random
 
     from lab.bench.serve import LengthDist
-    from lab.widgets import panel
+    from lab.workflow.widgets import panel
 
     def show(p50, p90, p99):
         d = LengthDist(p50, max(p50, p90), max(p50, p90, p99))

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -56,12 +56,10 @@ PROJECT_MODELS = ("llama-3-8b", "qwen2.5-7b", "llama-3-70b")
 import pandas as pd
 
 from lab.engine.grammar import grammars_for
-from lab.hardware import probe_inference
+from lab.machine.hardware import probe_inference
 from lab.models import load_model
-from lab.runs import params_from_namespace, resolve_device, start_run
-from lab.studies import structured_output_claims as claims_mod
-from lab.studies import structured_output as study
-from lab.studies import structured_output_task as task
+from lab.workflow.run import params_from_namespace, resolve_device, start_run
+from lab.studies.structured_output import claims as claims_mod, measure as study, task
 
 params = params_from_namespace(study.StructuredParams, globals())  # validates every value before heavy work
 run = start_run("07_structured_output", params)
@@ -119,7 +117,7 @@ depth.round(2)
 
 # %% [markdown]
 # ## 3. Valid JSON and field accuracy, with and without the grammar
-# ITEMS generated sentences about a person (name, age, city, job; `lab.studies.structured_output_task`), each asked to
+# ITEMS generated sentences about a person (name, age, city, job; `lab.studies.structured_output.task`), each asked to
 # be extracted as a JSON object with four keys, greedy and sampled at TEMPERATURE, with and without the schema.
 # Scoring is lenient with the unconstrained outputs (a JSON object anywhere in the text counts for the content).
 # Rates carry Wilson 95% intervals; field accuracy a bootstrap interval over items. "Per valid answer" divides
@@ -182,8 +180,8 @@ bound
 # each request's mask in turn, at the mean fill time measured above scaled by the vocabulary; applying the mask
 # is one small kernel on the GPU, left out. The shares are upper bounds (a real step is longer than its bound);
 # "overlapped" fills the next masks during the forward (vLLM v1 does) and shows what is left uncovered; "naive"
-# is the token-by-token mask (`lab.studies.structured_output_claims`). The same projection follows on the device
-# this run used, at the ceilings measured on it in the run's dtype (`lab.hardware.probe_inference`).
+# is the token-by-token mask (`lab.studies.structured_output.claims`). The same projection follows on the device
+# this run used, at the ceilings measured on it in the run's dtype (`lab.machine.hardware.probe_inference`).
 
 # %%
 fill_row = float(components["fill_s"].mean())  # the host work per request and step (applying runs on the GPU)
@@ -212,8 +210,8 @@ with pd.option_context("display.max_colwidth", 160):
 if INTERACTIVE:
     import ipywidgets as widgets
 
-    from lab.hardware import GPUS
-    from lab.widgets import panel
+    from lab.machine.hardware import GPUS
+    from lab.workflow.widgets import panel
 
     def show(model_name, hardware, batch):
         display(claims_mod.projection(params, fill_row, naive_row, vocab, hardware, (batch,),  # noqa: F821

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -55,13 +55,11 @@ RANK_LAYERS = 1  # layers of one PROJECT_TP rank timed on DEVICE (the step scale
 # %%
 import pandas as pd
 
-from lab.hardware import probe_inference
+from lab.machine.hardware import probe_inference
 from lab.memory import ModelShape
 from lab.parallel.comm_model import LINKS
-from lab.runs import params_from_namespace, resolve_device, start_run
-from lab.studies import parallelism as study
-from lab.studies import parallelism_claims as claims_mod
-from lab.studies import parallelism_rank
+from lab.workflow.run import params_from_namespace, resolve_device, start_run
+from lab.studies.parallelism import measure as study, claims as claims_mod, rank as parallelism_rank
 
 params = params_from_namespace(study.ParallelParams, globals())  # validates every value before heavy work
 run = start_run("08_parallelism", params)
@@ -119,8 +117,8 @@ proj.round(3)
 # What a TP rank computes between its collectives needs one device: rank 0's share of PROJECT_MODEL at PROJECT_TP
 # (its heads, MLP features and vocabulary slice) as random weights on DEVICE in its serving dtype, RANK_LAYERS of
 # its layers timed at each of PROJECT_BATCHES (CONTEXT tokens of KV a sequence) and scaled to all of them, plus its
-# LM head slice (`lab.studies.parallelism_rank`). The collectives come from the alpha-beta model as above; the
-# roofline's compute is shown on DEVICE's ceilings measured in the same dtype (`lab.hardware.probe_inference`) and
+# LM head slice (`lab.studies.parallelism.rank`). The collectives come from the alpha-beta model as above; the
+# roofline's compute is shown on DEVICE's ceilings measured in the same dtype (`lab.machine.hardware.probe_inference`) and
 # on HARDWARE's datasheet. The CPU presets time one layer, and their projection reads as this machine's, not a
 # GPU's.
 
@@ -183,9 +181,9 @@ with pd.option_context("display.max_colwidth", 160):
 if INTERACTIVE:
     import ipywidgets as widgets
 
-    from lab.hardware import GPUS
+    from lab.machine.hardware import GPUS
     from lab.parallel.comm_model import Link, tp_decode_step
-    from lab.widgets import panel
+    from lab.workflow.widgets import panel
 
     def show(model_name, tp_degree, link, alpha_us, batch):
         bw = LINKS[link].bandwidth

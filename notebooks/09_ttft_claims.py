@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -49,10 +49,8 @@ KV_TOKENS = 32768  # bf16 KV tokens beside the weights in the total-memory savin
 import pandas as pd
 
 from lab.models import load_model
-from lab.runs import params_from_namespace, resolve_device, start_run
-from lab.studies import ttft_claims as study
-from lab.studies import ttft_claims_serving as serving
-from lab.studies import ttft_claims_table as table
+from lab.workflow.run import params_from_namespace, resolve_device, start_run
+from lab.studies.ttft_claims import measure as study, serving, table
 
 params = params_from_namespace(study.TTFTParams, globals())  # validates every value before heavy work
 run = start_run("09_ttft_claims", params)
@@ -62,7 +60,7 @@ print(f"{params.MODEL} in {params.torch_dtype} on {device}")
 # %% [markdown]
 # ## (a) What the KV cache does for the first token
 # Prefill FLOPs of a PROMPT_TOKENS prompt with no cached prefix and with CACHED_TOKENS of it cached:
-# `2 P (L - c)` in the linears plus `a (L(L+1)/2 - c(c+1)/2)` in attention (`lab.roofline`'s per-token costs).
+# `2 P (L - c)` in the linears plus `a (L(L+1)/2 - c(c+1)/2)` in attention (`lab.machine.roofline`'s per-token costs).
 # With no shared prefix there is nothing to reuse: the first token needs the whole prompt's forward either way.
 
 # %%
@@ -147,7 +145,7 @@ probe_summary.round(3)
 
 # %% [markdown]
 # ## (e) The article's claims
-# Each row's verdict comes from the ledger's rules (`lab.ledger.rules`) on the figure beside it; a timing ratio is
+# Each row's verdict comes from the ledger's rules (`lab.claims.rules`) on the figure beside it; a timing ratio is
 # judged on its run-level median and min-max over at least three runs (fewer: no interval, not distinguishable).
 # Two cold-start claims hold by construction on a machine like this one (any disk slower than the break-even rate;
 # a warm process against a cold one) and say "not checkable here" with what would decide them.
@@ -167,7 +165,7 @@ if INTERACTIVE:
     import ipywidgets as widgets
 
     from lab.memory import PRESETS_DIR
-    from lab.widgets import panel
+    from lab.workflow.widgets import panel
 
     def show(shape, tokens, cached_pct):
         p = study.TTFTParams(SHAPES=(shape,), PROMPT_TOKENS=tokens, CACHED_TOKENS=min(tokens * cached_pct // 100, tokens - 1))

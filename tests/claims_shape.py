@@ -1,8 +1,8 @@
-"""The one shape of a notebook's claims table (`lab.claims.claim_row`), checked the same way for every study."""
+"""The one shape of a notebook's claims table (`lab.claims.table.claim_row`), checked the same way for every study."""
 
 import pandas as pd
 
-from lab.claims import CLAIMS_COLUMNS, HOLDS, VERDICTS
+from lab.claims.table import CLAIMS_COLUMNS, HOLDS, VERDICTS
 
 
 def assert_one_shape(claims: pd.DataFrame) -> None:
@@ -18,7 +18,7 @@ def assert_one_shape(claims: pd.DataFrame) -> None:
 
 def assert_links_find_one_row(claims: pd.DataFrame, notebook: str) -> None:
     """Every ledger link to `notebook` matches exactly one claim cell, and a linked rule can read its figure."""
-    from lab.ledger import CLAIMS
+    from lab.claims.ledger import CLAIMS
 
     for c in CLAIMS:
         if c.link is not None and c.link.notebook == notebook:
@@ -31,9 +31,9 @@ def assert_ledger_reads_the_same(claims: pd.DataFrame, notebook: str, run_dir, t
     """`claims`, rebuilt from the committed run `run_dir` with the current code and written as `Run.save_table`
     writes it, gives the ledger the same verdicts and figures as the committed table for every linked claim, and
     for a claim with a rule the verdict the notebook wrote is the one the rules give its printed figure."""
-    from lab.ledger import CLAIMS
-    from lab.ledger.gather import resolve
-    from lab.ledger.rules import MISSING
+    from lab.claims.ledger import CLAIMS
+    from lab.claims.gather import resolve
+    from lab.claims.rules import MISSING
 
     claims.to_csv(tmp_path / "claims.csv", index=False)
     linked = [c for c in CLAIMS if c.link is not None and c.link.notebook == notebook]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from lab.ledger.gather import latest_reference_runs
-from lab.ledger.rebuild import Rebuild
+from lab.claims.gather import latest_reference_runs
+from lab.claims.rebuild import Rebuild
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 

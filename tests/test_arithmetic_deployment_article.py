@@ -1,4 +1,4 @@
-"""Seed 003's arithmetic recomputed (`lab.arithmetic.deployment_article`): the rows build in the one shape, every claim cell
+"""Seed 003's arithmetic recomputed (`lab.claims.arithmetic.deployment_article`): the rows build in the one shape, every claim cell
 is unique in notebook 01's table (so a ledger link finds one row), each verdict is the rules' on the printed figure,
 and a wrong input moves the figure across the claim, so no row holds by construction."""
 
@@ -10,10 +10,10 @@ import pytest
 from claims_shape import assert_one_shape
 
 from lab import memory as mem
-from lab.ledger import CLAIMS
-from lab.ledger.rules import ARITHMETIC, HOLDS, ROUNDING, WRONG, verdict
-from lab.studies import memory_accounting
-from lab.arithmetic import Paging, deployment_article
+from lab.claims.ledger import CLAIMS
+from lab.claims.rules import ARITHMETIC, HOLDS, ROUNDING, WRONG, verdict
+from lab.studies.memory_accounting import measure as memory_accounting
+from lab.claims.arithmetic import Paging, deployment_article
 
 ROWS = pd.DataFrame(deployment_article.rows(Paging(600, 2000, 6000, 8192)))  # notebook 01's defaults
 # Each row's rule is its ledger claim's: the row an arithmetic link in notebook 01 finds.

@@ -1,15 +1,15 @@
-"""Seed 000's arithmetic recomputed (lab.arithmetic.replay_article): the rows build, each claim cell is unique and
+"""Seed 000's arithmetic recomputed (lab.claims.arithmetic.replay_article): the rows build, each claim cell is unique and
 found by exactly one ledger link, each verdict is what the rules give the printed figure, and a wrong input flips
 the verdict it decides."""
 
 import pytest
 
 from lab import memory as mem
-from lab.hardware import GPUS
-from lab.ledger.rules import HOLDS, WRONG, Bound, Number, Range, verdict
-from lab.ledger.replay_article import CLAIMS
+from lab.machine.hardware import GPUS
+from lab.claims.rules import HOLDS, WRONG, Bound, Number, Range, verdict
+from lab.claims.replay_article import CLAIMS
 from lab.replay.cost import window_cost
-from lab.arithmetic import replay_article
+from lab.claims.arithmetic import replay_article
 
 ROWS = replay_article.rows()
 S = replay_article.seventy_b()

@@ -1,12 +1,12 @@
-"""Seed 002's arithmetic (`lab.arithmetic.ttft_article`): its rows build, each claim cell is unique and found by its
+"""Seed 002's arithmetic (`lab.claims.arithmetic.ttft_article`): its rows build, each claim cell is unique and found by its
 ledger link, each verdict is what the ledger's rule gives the printed figure, and another model, prompt or load
 time turns it (the comparisons are not true by construction)."""
 
 import pytest
 
-from lab.ledger.rules import HOLDS, WRONG, verdict
-from lab.ledger.ttft_article import CLAIMS, MEM
-from lab.arithmetic import ttft_article
+from lab.claims.rules import HOLDS, WRONG, verdict
+from lab.claims.ttft_article import CLAIMS, MEM
+from lab.claims.arithmetic import ttft_article
 
 LINKED = [c for c in CLAIMS if c.link is not None and c.link.notebook == MEM]
 

@@ -1,4 +1,4 @@
-"""bench/kernels_gpu.py: its CPU dry run (the same code path as on a GPU, tiny shapes in Triton's interpreter)
+"""gpu/kernels_gpu.py: its CPU dry run (the same code path as on a GPU, tiny shapes in Triton's interpreter)
 writes a complete JSON and a plot, every kernel passes its correctness check, and without a GPU the real run
 refuses with a pointer to --dry-run. Run as subprocesses: the dry run must set TRITON_INTERPRET before triton's
 first import, which this test process may already have done."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPT = Path(__file__).parents[1] / "bench" / "kernels_gpu.py"
+SCRIPT = Path(__file__).parents[1] / "gpu" / "kernels_gpu.py"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -96,7 +96,7 @@ def test_a_check_tolerance_follows_the_dtype_resolution_at_the_outputs_magnitude
 
 
 def test_a_nan_costs_its_value_not_the_result_file():
-    from lab.runs import json_safe
+    from lab.workflow.run import json_safe
 
     result = {"checks": [{"max_abs_error": float("nan"), "ok": False}], "peers": (1.5, float("inf")), "n": 3}
     text = json.dumps(json_safe(result), allow_nan=False)

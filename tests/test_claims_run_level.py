@@ -1,5 +1,5 @@
-"""The run-level interval rule (`lab.run_level`) and the claims tables that judge by it: notebook 06's
-(`lab.studies.serving_claims`) and notebook 09's timing and cold-start rows (`lab.studies.ttft_claims_table`).
+"""The run-level interval rule (`lab.claims.across_runs`) and the claims tables that judge by it: notebook 06's
+(`lab.studies.serving.claims`) and notebook 09's timing and cold-start rows (`lab.studies.ttft_claims.table`).
 
 Each verdict is the ledger's rule on the run-level median and min-max, read back from the printed cell the way the
 ledger reads it, and moving the measurement across the claim's band moves the verdict; fewer than three runs give
@@ -13,12 +13,11 @@ import pytest
 from claims_shape import assert_links_find_one_row, assert_one_shape
 from ttft_tables import cold_raw, sweep_raw
 
-from lab.ledger.rules import HOLDS, NOT_DISTINGUISHABLE, WRONG, Range, verdict
-from lab.ledger.ttft_article import CLAIMS, NB06, NB09
-from lab.studies import ttft_claims as study
-from lab.run_level import MIN_RUNS, judged_runs, spread, text
-from lab.studies.serving_claims import claims_table as serving_table
-from lab.studies.serving_claims import prefix_cuts, serving_rows, timestamp_row
+from lab.claims.rules import HOLDS, NOT_DISTINGUISHABLE, WRONG, Range, verdict
+from lab.claims.ttft_article import CLAIMS, NB06, NB09
+from lab.studies.ttft_claims import measure as study
+from lab.claims.across_runs import MIN_RUNS, judged_runs, spread, text
+from lab.studies.serving.claims import claims_table as serving_table, prefix_cuts, serving_rows, timestamp_row
 
 
 def test_a_spread_is_the_median_and_extremes_of_the_runs_and_fewer_than_three_decide_nothing():
@@ -114,7 +113,7 @@ def _stall_and_knee(chunked, ramp) -> dict:
 
 
 def test_notebook_06s_stall_and_knee_rows_are_judged_on_the_runs_and_read_back_by_the_ledger():
-    from lab.ledger import deployment_article, deployment_article_serving
+    from lab.claims import deployment_article, deployment_article_serving
 
     rows = serving_rows(_chunked(), _ramp(), 0.10, "smollm2-135m on cpu", 11, (256, 2048))
     dynamic = _dynamic()
@@ -197,7 +196,7 @@ def test_the_checks_that_cannot_fail_here_say_so_instead_of_holding():
 
 
 def test_the_serving_study_runs_its_claims_experiments_three_times_at_the_reference_preset():
-    from lab.studies.serving import ServingParams
+    from lab.studies.serving.measure import ServingParams
 
     assert ServingParams().REPEATS == 3 and ServingParams.PRESETS["quick"]["REPEATS"] == 1
     with pytest.raises(ValueError, match="REPEATS"):

@@ -1,4 +1,4 @@
-"""Notebooks 01, 03 and 04's claims tables in the one shape (`lab.claims.claim_row`), rebuilt from their latest
+"""Notebooks 01, 03 and 04's claims tables in the one shape (`lab.claims.table.claim_row`), rebuilt from their latest
 reference runs' inputs: every ledger link finds exactly one row, and the ledger reads the same figure and
 reaches the same verdict from the rebuilt table as from the committed one, so a change of shape or wording
 cannot move a claim unnoticed."""
@@ -8,8 +8,8 @@ import pytest
 
 from claims_shape import assert_ledger_reads_the_same, assert_one_shape
 
-from lab.ledger.gather import latest_reference_runs
-from lab.runs import results_root
+from lab.claims.gather import latest_reference_runs
+from lab.workflow.run import results_root
 
 
 def _rebuilt(notebook: str):

@@ -1,4 +1,4 @@
-"""Notebooks 05, 06, 07, 08 and 09's claims tables in the one shape (`lab.claims.claim_row`), rebuilt from the tables
+"""Notebooks 05, 06, 07, 08 and 09's claims tables in the one shape (`lab.claims.table.claim_row`), rebuilt from the tables
 their latest reference runs saved: every ledger link finds exactly one row, and the ledger reads the same number
 (and interval) and reaches the same verdicts from the rebuilt table as from the committed one, so a change of
 shape or wording cannot move a claim unnoticed. (tests/test_claims_tables.py does the same for 01 and 04.)"""
@@ -11,8 +11,8 @@ import pytest
 
 from claims_shape import assert_ledger_reads_the_same, assert_one_shape
 
-from lab.ledger.gather import latest_reference_runs
-from lab.runs import params_from_namespace, results_root
+from lab.claims.gather import latest_reference_runs
+from lab.workflow.run import params_from_namespace, results_root
 
 
 def _params(cls, run_dir):
@@ -24,8 +24,7 @@ def _table(run_dir, name):
 
 
 def spec_claims(run_dir, monkeypatch):
-    from lab.studies.spec_acceptance import claims
-    from lab.studies.spec_acceptance import SpecParams
+    from lab.studies.spec_acceptance import claims, SpecParams
 
     # the quantized copy's bandwidth bound counts the model's weights; the ledger reads none of it
     monkeypatch.setattr(claims, "quantized_c_bound", lambda p, model: 0.0)
@@ -37,8 +36,8 @@ def spec_claims(run_dir, monkeypatch):
 
 def structured_claims(run_dir, monkeypatch):
     from lab.memory import ModelShape
-    from lab.studies.structured_output import StructuredParams
-    from lab.studies.structured_output_claims import claims_table
+    from lab.studies.structured_output.measure import StructuredParams
+    from lab.studies.structured_output.claims import claims_table
 
     p = _params(StructuredParams, run_dir)
     return claims_table(p, _table(run_dir, "validity"),
@@ -48,16 +47,16 @@ def structured_claims(run_dir, monkeypatch):
 
 
 def parallel_claims(run_dir, monkeypatch):
-    from lab.studies.parallelism import ParallelParams
-    from lab.studies.parallelism_claims import claims_table
+    from lab.studies.parallelism.measure import ParallelParams
+    from lab.studies.parallelism.claims import claims_table
 
     return claims_table(_params(ParallelParams, run_dir), _table(run_dir, "tp_summary"), _table(run_dir, "projection"),
                         _table(run_dir, "bubble"), _table(run_dir, "projected_memory"))
 
 
 def ttft_claims(run_dir, monkeypatch):
-    from lab.studies.ttft_claims import TTFTParams
-    from lab.studies.ttft_claims_table import claims_table
+    from lab.studies.ttft_claims.measure import TTFTParams
+    from lab.studies.ttft_claims.table import claims_table
 
     weights = json.loads((run_dir / "metrics.json").read_text())["weights_bytes"]
     return claims_table(_params(TTFTParams, run_dir), _table(run_dir, "prefill_flops"),
@@ -67,13 +66,13 @@ def ttft_claims(run_dir, monkeypatch):
 
 
 def serving_claims(run_dir, monkeypatch):
-    from lab.studies.serving import ServingParams
-    from lab.studies.serving_claims import claims_table
+    from lab.studies.serving.measure import ServingParams
+    from lab.studies.serving.claims import claims_table
 
     p = _params(ServingParams, run_dir)
     op = json.loads((run_dir / "metrics.json").read_text())["operating_concurrency"]
     device = json.loads((run_dir / "params.json").read_text())["gpu"] or "cpu"
-    from lab.studies.serving_claims import serving_rows, timestamp_row
+    from lab.studies.serving.claims import serving_rows, timestamp_row
 
     chunked, ramp = _table(run_dir, "chunked_prefill"), _table(run_dir, "ramp")
     rows = serving_rows(chunked, ramp[ramp["repeat"].notna()], p.KNEE_GAIN, f"{p.MODEL} on {device}", op,

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from lab.hardware import GPUS
+from lab.machine.hardware import GPUS
 from lab.memory import ModelShape
 from lab.parallel import comm_bench
 from lab.parallel.comm_model import (LINKS, Link, allgather_seconds, allreduce_seconds, alpha_for_share,

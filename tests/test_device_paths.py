@@ -121,11 +121,10 @@ def test_random_presets_keep_float32_rotary_tables():
 
 
 def test_timing_waits_for_every_gpu_holding_work_not_only_the_current_one(monkeypatch):
-    """A defect: `lab.timing.sync` waited for the current device only (cuda:0), so a study on DEVICE=cuda:1
+    """A defect: `lab.machine.timing.sync` waited for the current device only (cuda:0), so a study on DEVICE=cuda:1
     was timed at its launches. With CUDA faked (two devices, memory on cuda:1, none on cuda:2), both the
     current device and cuda:1 are waited for, and cuda:2 is left alone (a synchronize would create a context)."""
-    from lab import timing
-
+    from lab.machine import timing
     waited = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)

@@ -11,10 +11,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from lab.hardware import Hardware
+from lab.machine.hardware import Hardware
 from lab.models.loader import preset_config
-from lab.runs import EXPLICIT_ENV, params_from_namespace
-from lab.studies import engine_tour, memory_accounting, replay_break_even
+from lab.workflow.run import EXPLICIT_ENV, params_from_namespace
+from lab.studies import replay_break_even
+from lab.studies.engine_tour import measure as engine_tour
+from lab.studies.memory_accounting import measure as memory_accounting
 
 STUDIES = {"00_engine_tour": engine_tour.TourParams, "01_memory_accounting": memory_accounting.MemoryParams,
            "04_replay_break_even": replay_break_even.ReplayParams}
@@ -80,8 +82,7 @@ def test_notebook_01_allocation_check_accounts_for_the_model_that_ran(tiny):
 
 def test_notebook_01_ceilings_are_probed_in_the_models_dtype_on_its_device(tiny, monkeypatch):
     calls = []
-    from lab import hardware
-
+    from lab.machine import hardware
     monkeypatch.setattr(hardware, "probe_inference", lambda *a, **kw: calls.append((a, kw)))
     hardware.model_ceilings(tiny["bfloat16"], 1.0)
     (dtype, device), kw = calls[0]
@@ -102,14 +103,14 @@ def test_notebook_04_auto_dtype_is_the_serving_dtype_of_its_device():
 
 
 def test_notebook_04_recompute_runs_on_device_in_the_dtype_its_roofline_probes(monkeypatch):
-    import lab.hardware
+    import lab.machine.hardware
     import lab.models
 
     loaded, probed = [], []
     load = lab.models.load_model
     monkeypatch.setattr(lab.models, "load_model", lambda *a, **kw: loaded.append(load(*a, **kw)) or loaded[-1])
     fake = Hardware("fake", 1, 1e12, 1e11, "a test")
-    monkeypatch.setattr(lab.hardware, "model_ceilings", lambda model, seconds: probed.append(model) or fake)
+    monkeypatch.setattr(lab.machine.hardware, "model_ceilings", lambda model, seconds: probed.append(model) or fake)
     p = replay_break_even.ReplayParams(DEVICE="cpu", DTYPE="bfloat16", MODELS=("random:tiny",), PREFIXES=(32,),
                                        WINDOWS=(16,), REPEATS=1)
     measured = replay_break_even.measure(p)

@@ -5,9 +5,9 @@ and the quantization commands take `--device`, checked before any model loads.""
 import pytest
 import torch
 
-from lab.runs import params_from_namespace
+from lab.workflow.run import params_from_namespace
 from lab.studies.kv_quantization import KVStudyParams
-from lab.studies.quant_accuracy import QuantAccuracyParams
+from lab.studies.quant_accuracy.measure import QuantAccuracyParams
 from lab.studies.spec_acceptance import SpecParams
 
 STUDIES = [QuantAccuracyParams, KVStudyParams, SpecParams]
@@ -60,7 +60,7 @@ def test_the_speculative_target_is_checked_against_its_shape_before_loading():
 
 
 def test_the_roofline_floor_uses_the_ceilings_it_is_given():
-    from lab.hardware import Hardware
+    from lab.machine.hardware import Hardware
     from lab.models import load_model
     from lab.studies.spec_acceptance import roofline_costs
 

@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from lab.runs import params_from_namespace
-from lab.studies.parallelism import ParallelParams
-from lab.studies.serving import ServingParams
-from lab.studies.structured_output import StructuredParams
-from lab.studies.ttft_claims import TTFTParams
+from lab.workflow.run import params_from_namespace
+from lab.studies.parallelism.measure import ParallelParams
+from lab.studies.serving.measure import ServingParams
+from lab.studies.structured_output.measure import StructuredParams
+from lab.studies.ttft_claims.measure import TTFTParams
 
 STUDIES = [ServingParams, StructuredParams, ParallelParams, TTFTParams]
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is of CUDA where there is none")
@@ -68,7 +68,7 @@ def test_dtype_follows_the_device():
 
 
 def test_lab_serve_child_sees_only_the_run_device(monkeypatch):
-    from lab.studies.ttft_claims_serving import device_env
+    from lab.studies.ttft_claims.serving import device_env
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert device_env("cpu")["CUDA_VISIBLE_DEVICES"] == ""
@@ -81,9 +81,9 @@ def test_lab_serve_child_sees_only_the_run_device(monkeypatch):
 def test_rank_projection_adds_the_collectives_to_the_measured_compute():
     import pandas as pd
 
-    from lab.hardware import GPUS
+    from lab.machine.hardware import GPUS
     from lab.parallel.comm_model import LINKS
-    from lab.studies.parallelism_rank import rank_projection
+    from lab.studies.parallelism.rank import rank_projection
 
     p = ParallelParams(DEVICE="cpu")
     measured = pd.DataFrame({"batch": [1, 64], "rank step ms (measured)": [5.0, 9.0]})
@@ -101,7 +101,7 @@ def test_the_timestamp_experiment_runs_on_a_model_without_a_tokenizer():
     """The gpu preset serves `random:llama-3-8b`, which has no tokenizer: the timestamp inserted into the shared
     system prompt is then random ids (it called `tokenizer.encode` on None). Counts, on a tiny random model."""
     from lab.models import load_model
-    from lab.studies.serving import dynamic_prefix
+    from lab.studies.serving.measure import dynamic_prefix
 
     model, tok = load_model("random:tiny", dtype="float32")
     assert tok is None

@@ -75,7 +75,7 @@ def _sources(*folders, outside=()):
 
 
 def test_one_method_changes_a_sequences_progress():
-    found = {str(p.relative_to(ROOT)): w for p in _sources("lab", "bench") if (w := progress_writes(p.read_text()))}
+    found = {str(p.relative_to(ROOT)): w for p in _sources("lab", "gpu") if (w := progress_writes(p.read_text()))}
     assert not found, f"num_computed_tokens assigned outside BlockManager.update: {found}"
     planted = "class Speculator:\n    def accept(self, seq):\n        seq.num_computed_tokens = 3\n"
     assert progress_writes(planted) == ["Speculator.accept:3"]
@@ -97,7 +97,7 @@ def test_progress_is_read_only_on_a_sequence_and_checked_where_it_changes():
 
 
 def test_nothing_outside_the_engine_reaches_into_it():
-    sources = _sources("lab", "bench", "notebooks", outside=("lab/engine",))
+    sources = _sources("lab", "gpu", "notebooks", outside=("lab/engine",))
     found = {str(p.relative_to(ROOT)): r for p in sources if (r := reach_ins(p.read_text()))}
     assert not found, f"reach-ins into engine internals (use LLM's public methods or LLM.view()): {found}"
     assert reach_ins("def f(llm):\n    llm.block_manager.reset_prefix_cache()\n") == ["llm.block_manager:2"]

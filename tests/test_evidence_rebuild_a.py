@@ -1,4 +1,4 @@
-"""The evidence-level rebuilds of notebooks 01, 04, 08 and 09 (`lab.studies.evidence`, `lab.ledger.rebuild`).
+"""The evidence-level rebuilds of notebooks 01, 04, 08 and 09 (`lab.studies.evidence`, `lab.claims.rebuild`).
 
 Each rebuild, run on its notebook's latest reference run, must give back the claims table that run committed
 (the claim, measured and verdict cells, as the ledger reads them back from claims.csv), and the mutation test
@@ -14,9 +14,9 @@ import pytest
 
 from rebuild_helpers import rebuild_of, rebuilt_and_committed, reference_runs
 
-from lab.ledger import CLAIMS
-from lab.ledger.record import Link
-from lab.ledger.rebuild import movements
+from lab.claims.ledger import CLAIMS
+from lab.claims.record import Link
+from lab.claims.rebuild import movements
 
 NOTEBOOKS = ("01_memory_accounting", "04_replay_break_even", "08_parallelism", "09_ttft_claims")
 CELLS = ("claim", "measured here", "verdict")

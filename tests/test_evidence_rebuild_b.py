@@ -1,4 +1,4 @@
-"""The evidence-level rebuilds of notebooks 02, 03, 05, 06 and 07 (`lab.studies.evidence`, `lab.ledger.rebuild`).
+"""The evidence-level rebuilds of notebooks 02, 03, 05, 06 and 07 (`lab.studies.evidence`, `lab.claims.rebuild`).
 
 Each rebuild, run on its notebook's latest reference run, must give back the claims table that run committed
 (its claim and verdict cells, and its measured cells wherever the claims code has not changed since the run and
@@ -16,9 +16,9 @@ import pytest
 
 from rebuild_helpers import rebuild_of, rebuilt_and_committed, reference_runs
 
-from lab.ledger import CLAIMS
+from lab.claims.ledger import CLAIMS
 from lab.studies.evidence import MODULES as EVERY  # every notebook's rebuild, for the checks all share
-from lab.ledger.rebuild import movements, perturbations
+from lab.claims.rebuild import movements, perturbations
 
 NOTEBOOKS = ("02_quantization_accuracy", "03_kv_quantization", "05_speculative_acceptance", "06_serving_ttft", "07_structured_output")
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")

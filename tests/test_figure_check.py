@@ -1,4 +1,4 @@
-"""The plot standard's mechanical checks (`lab.figure_check`): each rule fails a figure that breaks it and passes
+"""The plot standard's mechanical checks (`lab.figures.check`): each rule fails a figure that breaks it and passes
 one that keeps it, and `Run.save_figure` records them."""
 
 import json
@@ -9,8 +9,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from lab.figure_check import problems  # noqa: E402
-from lab.plots import PALETTE, legend_outside  # noqa: E402
+from lab.figures.check import problems  # noqa: E402
+from lab.figures.style import PALETTE, legend_outside  # noqa: E402
 
 
 def _good():
@@ -90,7 +90,7 @@ def test_a_suptitle_or_a_shared_x_label_serves_every_panel():
 
 
 def test_save_figure_records_every_figure_and_its_problems(tmp_path, monkeypatch):
-    from lab.runs import start_run
+    from lab.workflow.run import start_run
 
     monkeypatch.setenv("LAB_RUN_DIR", str(tmp_path / "run"))
     run = start_run("figure_check_test", {"PRESET": "smoke"})

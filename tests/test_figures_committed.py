@@ -1,5 +1,5 @@
 """Every figure of every committed reference run, redrawn from the run's own files (`lab.studies.findings.figures`)
-and put through the plot standard's checks (`lab.figure_check`), so that a figure a reader opens in results/ or
+and put through the plot standard's checks (`lab.figures.check`), so that a figure a reader opens in results/ or
 the report keeps the standard, not only the smoke runs' figures. A committed figure that cannot be redrawn is named
 here with the reason (its run predates the tables it needs); the entry fails once that run is superseded."""
 
@@ -11,8 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from lab.figure_check import problems  # noqa: E402
-from lab.ledger.gather import latest_reference_runs  # noqa: E402
+from lab.figures.check import problems  # noqa: E402
+from lab.claims.gather import latest_reference_runs  # noqa: E402
 from lab.studies.findings import MODULES, RunFiles, figures  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"

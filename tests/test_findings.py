@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from lab.ledger.gather import latest_reference_runs  # noqa: E402
+from lab.claims.gather import latest_reference_runs  # noqa: E402
 from lab.studies.findings import FIGURE, MAX_CHARS, MODULES, finding_of, key_figure, sentence, stated  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"

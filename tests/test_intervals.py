@@ -1,9 +1,9 @@
-"""lab.intervals: the bootstrap covers what it should, refuses bad input, and pairs comparisons."""
+"""lab.stats.intervals: the bootstrap covers what it should, refuses bad input, and pairs comparisons."""
 
 import numpy as np
 import pytest
 
-from lab.intervals import (Interval, bootstrap, mean_interval, proportion, ratio_interval, significance,
+from lab.stats.intervals import (Interval, bootstrap, mean_interval, proportion, ratio_interval, significance,
                            wilson)
 
 

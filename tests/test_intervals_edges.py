@@ -1,4 +1,4 @@
-"""Every interval `lab.intervals` (and `lab.timing`) returns contains its point, exactly at the edges (issue 33).
+"""Every interval `lab.stats.intervals` (and `lab.machine.timing`) returns contains its point, exactly at the edges (issue 33).
 
 A figure draws an interval as distances below and above its point; an interval that misses the point by a
 rounding residue (0 of n passing: Wilson's lower bound 2.8e-17 above 0) or by a percentile bootstrap's skew
@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from lab.intervals import bootstrap, mean_interval, paired_difference, proportion, ratio_interval, wilson
-from lab.timing import ratio_interval as timing_ratio_interval
+from lab.stats.intervals import bootstrap, mean_interval, paired_difference, proportion, ratio_interval, wilson
+from lab.machine.timing import ratio_interval as timing_ratio_interval
 
 SIZES = (1, 2, 3, 6, 7, 10, 12, 40, 100, 1000)
 

@@ -1,4 +1,4 @@
-"""`lab.kernel_client`: the notebook runner's kernel channels read in short polls (jupyter/nbclient#312).
+"""`lab.workflow.kernel_client`: the notebook runner's kernel channels read in short polls (jupyter/nbclient#312).
 
 A socket whose message has arrived but whose wake-up was missed is simulated: a poll sees the message only
 when its wait ends (pyzmq checks the socket again then). nbclient's own channel, waiting once for the cell
@@ -12,7 +12,7 @@ import pytest
 import zmq
 from jupyter_client.channels import AsyncZMQSocketChannel
 
-from lab.kernel_client import POLL_S, PollingChannel, PollingKernelClient, PollingKernelManager
+from lab.workflow.kernel_client import POLL_S, PollingChannel, PollingKernelClient, PollingKernelManager
 
 
 class _MissedWakeUp:
@@ -58,7 +58,7 @@ def test_the_callers_timeout_still_holds():
 def test_run_notebook_executes_with_the_polling_client(monkeypatch, tmp_path):
     import papermill
 
-    from lab.run_notebook import run_notebook
+    from lab.workflow.notebook import run_notebook
 
     seen = {}
     monkeypatch.setattr(papermill, "execute_notebook", lambda *args, **kwargs: seen.update(kwargs))

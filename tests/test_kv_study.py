@@ -10,10 +10,10 @@ import torch
 
 from claims_shape import assert_one_shape
 
-from lab.claims import HOLDS, WRONG
+from lab.claims.table import HOLDS, WRONG
 from lab.kv.calibration import calibrate_kv_absmax
 from lab.kv.format import parse_format
-from lab.intervals import NOT_DISTINGUISHABLE, Interval
+from lab.stats.intervals import NOT_DISTINGUISHABLE, Interval
 from lab.studies.kv_quantization import (attention_error_by_position, error_growth, kl_by_position,
                                          position_buckets, record)
 from lab.studies.kv_quantization.claims import (bucket_table, claims_table, decide, growth_slope, item_intervals,
@@ -152,9 +152,9 @@ def test_the_claims_table_has_the_one_shape_and_every_ledger_link_reads_one_row(
     """Synthetic measurements that decide every claim: the table in the one shape, its measured cells led by
     "v [low, high]" (the intervals table's figures), and each of the ledger's links to notebook 03 finding
     exactly one row whose verdict the ledger reads back as written."""
-    from lab.ledger import CLAIMS
-    from lab.ledger.gather import find_rows
-    from lab.ledger.rules import from_notebook, parse_lab
+    from lab.claims.ledger import CLAIMS
+    from lab.claims.gather import find_rows
+    from lab.claims.rules import from_notebook, parse_lab
 
     blocks = _synthetic_blocks()
     roles = role_table(blocks[blocks["format"].str.endswith(("k-only", "v-only"))])

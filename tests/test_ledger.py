@@ -10,12 +10,12 @@ import shutil
 import pytest
 
 from lab.cli import main
-from lab.ledger import CLAIMS, gather, missing
-from lab.ledger.gather import latest_reference_runs
-from lab.ledger.record import SEEDS, Claim, Link
-from lab.ledger.rules import (BY_ARGUMENT, HOLDS, MISSING, NOT_CHECKABLE, NOT_DISTINGUISHABLE, NOT_YET, ROUNDING, VERDICTS,
+from lab.claims.ledger import CLAIMS, missing
+from lab.claims.gather import gather, latest_reference_runs
+from lab.claims.record import SEEDS, Claim, Link
+from lab.claims.rules import (BY_ARGUMENT, HOLDS, MISSING, NOT_CHECKABLE, NOT_DISTINGUISHABLE, NOT_YET, ROUNDING, VERDICTS,
                               PROJECTED, WRONG, LabNumber, Number, Range, from_notebook, judge, parse_lab)
-from lab.runs import results_root
+from lab.workflow.run import results_root
 
 BY_ID = {c.id: c for c in CLAIMS}
 

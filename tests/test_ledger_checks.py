@@ -12,17 +12,17 @@ from decimal import Decimal
 
 import pytest
 
-from lab.claims import BY_ARGUMENT, claim_row
+from lab.claims.table import BY_ARGUMENT, claim_row
 from lab.cli import main
-from lab.ledger import CAUSES, CLAIMS, gather
-from lab.ledger.checks import failures, undecided, unexplained
-from lab.ledger.gather import Entry, latest_reference_runs
-from lab.ledger.literals import find, scan
-from lab.ledger.record import Cause, Claim, Link, cause_table
-from lab.ledger.report import MISTAKES, cause_lines, summary_lines
-from lab.ledger.rules import (HOLDS, MEASURED, MISSING, NOT_DISTINGUISHABLE, NOT_YET, ROUNDING, WRONG, WRONGS, Bound,
+from lab.claims.ledger import CAUSES, CLAIMS
+from lab.claims.checks import failures, undecided, unexplained
+from lab.claims.gather import Entry, gather, latest_reference_runs
+from lab.claims.literals import find, scan
+from lab.claims.record import Cause, Claim, Link, cause_table
+from lab.claims.report import MISTAKES, cause_lines, summary_lines
+from lab.claims.rules import (HOLDS, MEASURED, MISSING, NOT_DISTINGUISHABLE, NOT_YET, ROUNDING, WRONG, WRONGS, Bound,
                               Number, Range, verdict)
-from lab.runs import results_root
+from lab.workflow.run import results_root
 
 RULED = [c for c in CLAIMS if c.rule is not None]
 
@@ -109,16 +109,26 @@ def test_no_study_writes_a_verdict_literal():
     assert find() == []
 
 
+def test_the_literal_scan_refuses_a_folder_that_is_not_there(tmp_path):
+    """The articles' arithmetic moved under lab/claims/ (issue 50) while the scan still named lab/arithmetic: it
+    scanned nothing there and passed. A folder that is gone is now an error, naming it."""
+    from lab.claims.literals import SCANNED
+
+    assert all(d.is_dir() for d in SCANNED) and any(d.name == "arithmetic" for d in SCANNED)
+    with pytest.raises(FileNotFoundError, match="gone"):
+        find(tmp_path / "gone")
+
+
 def test_the_literal_scan_finds_a_typed_verdict_and_passes_prose_and_the_undecided_words():
-    typed = '''from lab.claims import HOLDS, NOT_CHECKABLE, claim_row, from_flag
-from lab.ledger import rules
+    typed = '''from lab.claims.table import HOLDS, NOT_CHECKABLE, claim_row, from_flag
+from lab.claims import rules
 rows = [claim_row("c", "1", "2", "wrong", "n"), claim_row("c", "1", "2", from_flag(True)),
         claim_row("c", "1", "2", rules.WRONG), claim_row("c", "1", "2", NOT_CHECKABLE, "needs a GPU")]
 '''
     hits = scan(typed, "typed.py")
-    assert sorted(h.split(": ", 1)[1] for h in hits) == ["from_flag(True)", "imports HOLDS from lab.claims",
+    assert sorted(h.split(": ", 1)[1] for h in hits) == ["from_flag(True)", "imports HOLDS from lab.claims.table",
                                                          "rules.WRONG", "the string 'wrong'"]
-    assert scan('"""Not a plain "holds": the note says why."""\nfrom lab.claims import BY_ARGUMENT\n') == []
+    assert scan('"""Not a plain "holds": the note says why."""\nfrom lab.claims.table import BY_ARGUMENT\n') == []
 
 
 def test_check_fails_on_a_verdict_literal_and_on_a_stale_committed_ledger(tmp_path, capsys, entries):

@@ -9,12 +9,12 @@ import json
 
 import pytest
 
-from lab.ledger.gather import resolve
-from lab.ledger.record import Claim, Link
-from lab.ledger.model_class import ModelClass
-from lab.ledger.rules import (ARITHMETIC, HOLDS, NOT_CHECKABLE, NOT_DISTINGUISHABLE, ON_CPU, ON_GPU, PHYSICS_BOUND,
+from lab.claims.gather import resolve
+from lab.claims.record import Claim, Link
+from lab.claims.model_class import ModelClass
+from lab.claims.rules import (ARITHMETIC, HOLDS, NOT_CHECKABLE, NOT_DISTINGUISHABLE, ON_CPU, ON_GPU, PHYSICS_BOUND,
                               PROJECTED, SCOPES, WRONG, Evidence, Range, beyond, scoped)
-from lab.ledger.setting import run_evidence, weights16
+from lab.claims.setting import run_evidence, weights16
 
 
 @pytest.mark.parametrize("measured", [HOLDS, WRONG, NOT_DISTINGUISHABLE])

@@ -12,16 +12,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lab.ledger import literals
-from lab.ledger.assumptions import flips
-from lab.ledger.checks import by_construction, off_class, ruleless, unnamed_assumptions
-from lab.ledger.gather import Entry, _unstated, resolve
-from lab.ledger.rebuild import Rebuild, movements
-from lab.ledger.record import Assumption, Claim, Link, Part, Reading
-from lab.ledger.model_class import ModelClass, scale_band
-from lab.ledger.rules import (HOLDS, NOT_CHECKABLE, NOT_DISTINGUISHABLE, ON_CPU, PROJECTED, WRONG, Bound, Evidence,
+from lab.claims import literals
+from lab.claims.assumptions import flips
+from lab.claims.checks import by_construction, off_class, ruleless, unnamed_assumptions
+from lab.claims.gather import Entry, _unstated, resolve
+from lab.claims.rebuild import Rebuild, movements
+from lab.claims.record import Assumption, Claim, Link, Part, Reading
+from lab.claims.model_class import ModelClass, scale_band
+from lab.claims.rules import (HOLDS, NOT_CHECKABLE, NOT_DISTINGUISHABLE, ON_CPU, PROJECTED, WRONG, Bound, Evidence,
                               Number, Range, scoped, undecided_by)
-from lab.ledger.setting import model_class
+from lab.claims.setting import model_class
 
 SEVENTY = ModelClass("10B-100B", "dense")
 SMALL = ModelClass("under 1B", "dense")
@@ -216,25 +216,25 @@ def test_a_verdict_in_a_note_is_never_adopted(tmp_path):
 
 def test_the_literal_scan_closes_its_holes():
     hits = [h.split(": ", 1)[1] for h in literals.scan(
-        "from lab.intervals import NOT_DISTINGUISHABLE\nx = anything.HOLDS\nw = judged(rule, 1.5)\n"
+        "from lab.stats.intervals import NOT_DISTINGUISHABLE\nx = anything.HOLDS\nw = judged(rule, 1.5)\n"
         "v = verdict(rule, -2)\nok = judged(rule, value)\n", "s.py")]
-    assert hits == ["imports NOT_DISTINGUISHABLE from lab.intervals", "anything.HOLDS", "a constant judged (1.5)",
+    assert hits == ["imports NOT_DISTINGUISHABLE from lab.stats.intervals", "anything.HOLDS", "a constant judged (1.5)",
                     "a constant judged (-2)"]
-    assert literals.LAB / "arithmetic" in literals.SCANNED  # the articles' arithmetic is scanned too
+    assert literals.LAB / "claims" / "arithmetic" in literals.SCANNED  # the articles' arithmetic is scanned too
     assert literals.find() == []
 
 
 def test_a_drop_from_a_baseline_that_passes_nothing_is_not_measured():
     """Notebook 02 on a model whose unquantized baseline passes none of the sensitive items (a small 16-bit
     checkpoint of a user's, say) cannot see a drop: the claim is not checkable there, with the reason."""
-    from lab.studies.quant_accuracy_stats import _floor
+    from lab.studies.quant_accuracy.stats import _floor
 
     assert "passes none of the sensitive items" in _floor(pd.DataFrame({"pass_all": [0.0, 0.0]}))
     assert _floor(pd.DataFrame({"pass_all": [0.4, 0.3]})) == ""
 
 
 def test_docs_state_the_ledgers_counts_and_the_check_rewrites_them(tmp_path):
-    from lab.ledger.report import COUNTS_BEGIN, COUNTS_END, counts_block, write_counts
+    from lab.claims.report import COUNTS_BEGIN, COUNTS_END, counts_block, write_counts
 
     claim = Claim("003-92", "003", "§1", "a claim", "1", verdict=NOT_CHECKABLE, why="w", about="x", scope="behaviour")
     doc = tmp_path / "claims.md"
@@ -248,14 +248,14 @@ def test_docs_state_the_ledgers_counts_and_the_check_rewrites_them(tmp_path):
 def test_a_tally_is_read_with_the_rows_that_could_go_either_way_as_its_interval():
     """003-43 reads notebook 05's tally through its link's figure function: a count the notebook does not print
     is 0, and the rows not distinguishable from 10% make the interval, so the verdict is the notebook's."""
-    from lab.ledger.deployment_article_serving import rows_outside
+    from lab.claims.deployment_article_serving import rows_outside
 
     open_only = rows_outside("of 18 rows, the article's prediction: not distinguishable at 12, within 10% at 6; x")
     assert (open_only.text, open_only.interval) == ("0", (0, 12))
     some_out = rows_outside("of 18 rows, the article's prediction: not distinguishable at 15, outside 10% at 3")
     assert (some_out.text, some_out.interval) == ("3", (3, 18))
     rule = Range(None, "0")
-    from lab.ledger.rules import judge
+    from lab.claims.rules import judge
     assert judge(rule, open_only) == NOT_DISTINGUISHABLE and judge(rule, some_out) == WRONG
     assert judge(rule, rows_outside("the article's prediction: within 10% at 18")) == HOLDS
     link = Link("05", "acceptance decides", lab_figure=rows_outside)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lab.ledger.record import SEEDS
-from lab.ledger.rules import BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, SCOPES
-from lab.ledger.ttft_article import CAUSES, CLAIMS, NB06, NB09
+from lab.claims.record import SEEDS
+from lab.claims.rules import BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, SCOPES
+from lab.claims.ttft_article import CAUSES, CLAIMS, NB06, NB09
 
 BY_ID = {c.id: c for c in CLAIMS}
 # the article prints pinyin after some characters ("時(shí)"); a quote is the text without them
@@ -42,7 +42,7 @@ def test_every_quote_is_the_articles_own_text():
             assert q in article, (c.id, q)
     tables = Path(__file__).resolve().parents[1] / "lab" / "studies"
     other = (seeds / SEEDS["003"]).read_text()
-    for name in ("ttft_claims_table.py", "serving_claims.py"):
+    for name in ("ttft_claims/table.py", "serving/claims.py"):
         for q in re.findall(r"「(.*?)」", (tables / name).read_text()):
             assert q in article or q in other, (name, q)
 

@@ -179,13 +179,13 @@ def test_lab_memory_cli_json():
 
 
 def test_claims_table_has_the_one_shape_and_flags_exactly_the_wrong_claims():
-    from lab.studies.memory_accounting import claims_table
+    from lab.studies.memory_accounting.measure import claims_table
 
-    from lab.arithmetic import Paging, rows
+    from lab.claims.arithmetic import Paging, rows
 
     t = claims_table()
     assert_one_shape(t)
-    # the notebook's own rows; the articles' arithmetic rows (lab.arithmetic) are tested per seed
+    # the notebook's own rows; the articles' arithmetic rows (lab.claims.arithmetic) are tested per seed
     # (tests/test_arithmetic_*_article.py)
     recomputed = {r["claim"] for r in rows(Paging(600, 2000, 6000, 8192))}
     assert recomputed <= set(t["claim"])

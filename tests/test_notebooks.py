@@ -9,8 +9,8 @@ import nbformat
 import pytest
 import torch
 
-from lab.run_notebook import NOTEBOOKS_DIR, declared_parameters, run_notebook, study_notebooks
-from lab.runs import start_run
+from lab.workflow.notebook import NOTEBOOKS_DIR, declared_parameters, run_notebook, study_notebooks
+from lab.workflow.run import start_run
 
 NOTEBOOKS = [p.stem for p in study_notebooks()]
 PROVENANCE_FIELDS = ["created", "git_commit", "git_dirty", "python", "packages", "cpu", "cpu_cores", "gpu",
@@ -24,13 +24,13 @@ def test_there_are_study_notebooks():
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs_in_smoke_mode_with_provenance(name, tmp_path, monkeypatch):
     """Smoke sizes with INTERACTIVE on, so the widget cells run too: each builds and displays its panels, and
-    (`lab.widgets` under $LAB_WIDGET_CHECK) moves every control once to a non-default value through the
+    (`lab.workflow.widgets` under $LAB_WIDGET_CHECK) moves every control once to a non-default value through the
     ipywidgets API; the output must redraw, differently, without an error."""
-    from lab.widgets import CHECK_ENV, CHECKS_FILE
+    from lab.workflow.widgets import CHECK_ENV, CHECKS_FILE
 
     monkeypatch.setenv(CHECK_ENV, "1")
     # A smoke cell takes seconds: past 300 s a cell is stuck, and the test fails instead of holding CI (a missed
-    # kernel reply once held cells for exactly this timeout: `lab.kernel_client`).
+    # kernel reply once held cells for exactly this timeout: `lab.workflow.kernel_client`).
     run_dir = run_notebook(name, {"PRESET": "smoke", "INTERACTIVE": True}, root=tmp_path, cell_timeout=300)
     params = json.loads((run_dir / "params.json").read_text())
     assert all(f in params for f in PROVENANCE_FIELDS)
@@ -44,7 +44,7 @@ def test_notebook_runs_in_smoke_mode_with_provenance(name, tmp_path, monkeypatch
     main = [c for c in executed.cells if c.cell_type == "code" and not c.source.startswith("if INTERACTIVE")]
     inline = [o["data"]["image/png"] for c in main for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert len(inline) >= len(list(run_dir.glob("*.png"))) and all(len(png) > 1000 for png in inline), name
-    # every saved figure keeps the plot standard's mechanical rules (docs/plotting.md, `lab.figure_check`)
+    # every saved figure keeps the plot standard's mechanical rules (docs/plotting.md, `lab.figures.check`)
     figures = json.loads((run_dir / "figure_checks.json").read_text())
     assert set(figures) == {p.stem for p in run_dir.glob("*.png")}, name
     assert not any(figures.values()), {k: v for k, v in figures.items() if v}
@@ -134,7 +134,7 @@ def test_results_index_lists_latest_run_and_metrics(tmp_path, monkeypatch):
     quick.finish()
     failed = start_run("zz_test", {})
     (failed.dir / "metrics.json").write_text(json.dumps({"status": "failed", "error": "Traceback\n  a | b\nValueError: x"}))
-    from lab.results_index import write_index
+    from lab.workflow.index import write_index
 
     index = write_index(tmp_path).read_text()
     assert second.dir.name in index and "answer: 42" in index and "answer: 41" not in index
@@ -159,7 +159,7 @@ def test_lab_run_cli_prints_the_run_directory(tmp_path):
 
 
 def test_preset_values_yield_to_explicit_parameters_and_params_json_records_them(tmp_path, monkeypatch, capsys):
-    from lab.runs import EXPLICIT_ENV, params_from_namespace, start_run
+    from lab.workflow.run import EXPLICIT_ENV, params_from_namespace, start_run
     from lab.studies.spec_acceptance import SpecParams
 
     monkeypatch.delenv(EXPLICIT_ENV, raising=False)
@@ -189,9 +189,12 @@ def _study_class(name: str):
 
     source = (NOTEBOOKS_DIR / f"{name}.py").read_text()
     cls = re.search(r"params_from_namespace\((\w+)\.(\w+), globals\(\)\)", source)
-    module = cls and re.search(rf"from lab\.studies import (\w+) as {cls[1]}\n", source)
+    # `from lab.studies import pkg as study` (a package that re-exports) or `from lab.studies.pkg import measure as
+    # study, ...` (a package's module)
+    module = cls and (re.search(rf"from (lab\.studies) import (\w+) as {cls[1]}\b", source)
+                      or re.search(rf"from (lab\.studies\.\w+) import (?:[\w ,]*?, )?(\w+) as {cls[1]}\b", source))
     assert module, name
-    return getattr(importlib.import_module(f"lab.studies.{module[1]}"), cls[2])
+    return getattr(importlib.import_module(f"{module[1]}.{module[2]}"), cls[2])
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -209,7 +212,7 @@ def test_parameters_cell_holds_the_reference_values_and_every_preset_names_real_
     drift = {k: (namespace[k], v) for k, v in fields.items()
              if (tuple(namespace[k]) if isinstance(namespace[k], list) else namespace[k]) != v}
     assert not drift, drift
-    from lab.runs import PRESETS, params_from_namespace
+    from lab.workflow.run import PRESETS, params_from_namespace
 
     for preset in PRESETS:  # builds and validates each preset's values (an unknown name in a table is refused)
         if preset == "gpu" and not torch.cuda.is_available():
@@ -224,7 +227,7 @@ def test_parameters_cell_holds_the_reference_values_and_every_preset_names_real_
 def test_lab_run_all_says_what_runs_with_its_last_duration_and_how_long_each_took(tmp_path, monkeypatch, capsys):
     import argparse
 
-    import lab.run_notebook as rn
+    import lab.workflow.notebook as rn
     from lab.cli import runs
 
     done = []

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from lab import memory as mem
-from lab.ledger.rules import Number, verdict
-from lab.studies import parallelism as study
-from lab.studies.parallelism_claims import claims_table
+from lab.claims.rules import Number, verdict
+from lab.studies.parallelism import measure as study
+from lab.studies.parallelism.claims import claims_table
 
 from claims_shape import assert_links_find_one_row, assert_one_shape
 
@@ -85,7 +85,7 @@ def _span(cell):
 def test_the_replay_share_grows_with_the_window_it_carries():
     """More replayed tokens put more bytes in each all-reduce while the weight-bound compute stays: the share
     with Replay on rises with the window, and exceeds the plain decode step's (window 0)."""
-    from lab.studies.parallelism_claims import replay_step_shares
+    from lab.studies.parallelism.claims import replay_step_shares
 
     p = study.ParallelParams()
     shares = [replay_step_shares(p, w)["pcie5-h100x8"] for w in (0, 16, 64, 256)]

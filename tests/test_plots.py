@@ -1,4 +1,4 @@
-"""lab.plots.error_extents: error bars from points and interval ends, never negative, refusing an interval that
+"""lab.figures.style.error_extents: error bars from points and interval ends, never negative, refusing an interval that
 misses its point; and notebook 02's pass-rate figure, which crashed on a 0/n rate (issue 33)."""
 
 import matplotlib
@@ -11,7 +11,7 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from lab.eval.sensitive import CATEGORIES  # noqa: E402
-from lab.intervals import proportion, wilson  # noqa: E402
+from lab.stats.intervals import proportion, wilson  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +26,7 @@ def _pixels(fig) -> np.ndarray:
 
 
 def test_zero_of_n_gives_non_negative_extents_that_matplotlib_accepts():
-    from lab.plots import error_extents
+    from lab.figures.style import error_extents
 
     points = [0 / 12, 5 / 12, 12 / 12]
     bounds = [wilson(k, 12) for k in (0, 5, 12)]
@@ -42,7 +42,7 @@ def test_zero_of_n_gives_non_negative_extents_that_matplotlib_accepts():
 
 
 def test_scalars_series_and_a_scale():
-    from lab.plots import error_extents
+    from lab.figures.style import error_extents
 
     np.testing.assert_array_equal(error_extents(2.0, 1.5, 3.0), [[0.5], [1.0]])
     s = pd.Series([0.2, 0.5], index=["a", "b"])
@@ -50,7 +50,7 @@ def test_scalars_series_and_a_scale():
 
 
 def test_an_interval_that_misses_its_point_names_the_row():
-    from lab.plots import error_extents
+    from lab.figures.style import error_extents
 
     with pytest.raises(ValueError, match=r"'int4 batch 32'.*1\.5.*\[1\.6, 2"):
         error_extents([2.0, 1.5], [1.9, 1.6], [2.1, 2.0], labels=["int4 batch 1", "int4 batch 32"])
@@ -61,7 +61,7 @@ def test_an_interval_that_misses_its_point_names_the_row():
 
 
 def test_nan_bounds_are_no_bar():
-    from lab.plots import error_extents
+    from lab.figures.style import error_extents
 
     err = error_extents([0.3, 0.6], [np.nan, 0.5], [np.nan, 0.8])
     assert np.isnan(err[:, 0]).all() and np.allclose(err[:, 1], [0.1, 0.2])
@@ -95,7 +95,7 @@ def _grid() -> pd.DataFrame:
 
 
 def test_the_pass_rate_figure_draws_zero_and_full_rates():
-    from lab.studies.quant_accuracy_plots import plot_pass_rates
+    from lab.studies.quant_accuracy.plots import plot_pass_rates
 
     grid = _grid()
     assert (grid["pass_code"] == 0).any() and (grid["pass_code"] == 1).any()

@@ -1,11 +1,11 @@
-"""`lab.provenance.code_dirty`: a change to the code marks a run dirty; what runs write under results/ does not
+"""`lab.workflow.provenance.code_dirty`: a change to the code marks a run dirty; what runs write under results/ does not
 (a `lab run` of several reference notebooks marked every run after the first dirty, through the results index)."""
 
 import subprocess
 
 import pytest
 
-import lab.provenance as provenance
+import lab.workflow.provenance as provenance
 
 
 def git(repo, *args):

@@ -87,6 +87,6 @@ def test_without_gptqmodel_the_reason_is_reported(monkeypatch, subject):
 
 def test_the_bench_uses_the_quantization_studys_held_out_domains():
     from lab.bench.quant import HELDOUT_DOMAINS
-    from lab.studies.quant_accuracy import DOMAIN_SOURCES
+    from lab.studies.quant_accuracy.measure import DOMAIN_SOURCES
 
     assert HELDOUT_DOMAINS == DOMAIN_SOURCES

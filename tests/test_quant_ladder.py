@@ -14,7 +14,7 @@ from lab.quant.gguf_grids import QuantizedBaseline, already_quantized, fake_quan
 from lab.quant.ladder import apply_rung, ladder, minmax_fake_quantize, quantizer_errors
 from lab.quant.pipeline import QuantJob, checkpoint_format, gguf_spec, quantize_model
 from lab.quant.rtn import QuantSpec, fake_quantize
-from lab.studies import quant_accuracy_ladder as study
+from lab.studies.quant_accuracy import ladder as study
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -124,7 +124,7 @@ def test_decomposition_multiplies_to_the_whole_and_ladder_steps_chain():
 
 
 def test_ladder_and_decomposition_figures_draw(tmp_path):
-    from lab.studies.quant_accuracy_plots import plot_decomposition, plot_ladder
+    from lab.studies.quant_accuracy.plots import plot_decomposition, plot_ladder
 
     steps = pd.DataFrame({"rung": ["q4_1", "rtn w4g32"], "weight_error_%": [0.0, 8.2], "weight_error_%_low": [0.0, 8.0],
                           "weight_error_%_high": [0.0, 8.4], "code_ppl_change_%": [0.0, 25.0],
@@ -138,8 +138,8 @@ def test_ladder_and_decomposition_figures_draw(tmp_path):
 
 
 def test_claims_are_not_checkable_on_an_already_quantized_baseline():
-    from lab.claims import claim_row
-    from lab.studies.quant_accuracy_stats import in_scope
+    from lab.claims.table import claim_row
+    from lab.studies.quant_accuracy.stats import in_scope
 
     row = claim_row("perplexity barely moves under 4-bit weight quantization (w4g64, best method: awq w4g64)",
                     "+0.x% (under 1%)", "code +14.5% (+12.1 to +17.6)", "wrong")

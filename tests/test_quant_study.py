@@ -9,7 +9,7 @@ import torch
 
 from lab.quant.pipeline import QuantJob, checkpoint_format, quantize_model
 from lab.quant.rtn import QuantSpec
-from lab.studies.quant_accuracy import QuantAccuracyParams, common_prefix, parse_config, quantized_weight_bytes
+from lab.studies.quant_accuracy.measure import QuantAccuracyParams, common_prefix, parse_config, quantized_weight_bytes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -101,7 +101,7 @@ def test_quant_bench_reports_both_methods_against_their_targets():
 def test_mismatch_samples_zero_leaves_the_section_out_and_says_so():
     """The quick preset (`make run`) skips the calibration mismatch: no model work, empty tables (the notebook then
     states no mismatch claim), a line saying so; a negative count is refused by name."""
-    from lab.studies.quant_accuracy import run_mismatch
+    from lab.studies.quant_accuracy.measure import run_mismatch
 
     p = QuantAccuracyParams(PRESET="quick", MISMATCH_SAMPLES=0)
     said = []

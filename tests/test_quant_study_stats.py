@@ -6,7 +6,7 @@ import pytest
 
 from lab.eval.scores import SequenceScores
 from lab.quant.gguf_grids import QuantizedBaseline
-from lab.studies import quant_accuracy_stats as stats
+from lab.studies.quant_accuracy import stats
 
 N = 16
 
@@ -94,7 +94,7 @@ def test_preservation_names_the_closest_method_per_configuration(study):
 
 def test_calibration_composition_counts_the_tokens_calibrated_on(smollm):
     from lab.quant.pipeline import QuantJob, _calibration
-    from lab.studies.quant_accuracy import calibration_domains
+    from lab.studies.quant_accuracy.measure import calibration_domains
 
     _, tok = smollm
     packed = QuantJob(model="smollm2-135m", method="gptq", bits=4, group_size=64, calib_samples=4, calib_tokens=64,

@@ -1,4 +1,4 @@
-"""`lab report` (lab.report.build) outside the browser: a rebuilt site keeps only the rendered notebooks of the runs
+"""`lab report` (lab.publish.report.build) outside the browser: a rebuilt site keeps only the rendered notebooks of the runs
 it shows (the browser test, tests/browser/test_report.py, checks what a reader sees)."""
 
 from pathlib import Path
@@ -7,8 +7,8 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def test_a_rebuilt_report_drops_the_notebooks_of_superseded_runs(tmp_path):
-    from lab.report import build
-    from lab.results_index import list_runs
+    from lab.publish.report import build
+    from lab.workflow.index import list_runs
 
     out = tmp_path / "report"
     old = out / "notebooks" / "00_engine_tour__20200101T000000.000000Z-000000.html"
@@ -24,7 +24,7 @@ def test_a_rebuilt_report_drops_the_notebooks_of_superseded_runs(tmp_path):
 def test_the_committed_report_is_what_lab_report_builds_now():
     """The committed site's pages against what `lab report` would write from the committed runs: a report built
     before a rerun (issue 49: it showed 1.42x where the docs said 1.20x) fails here."""
-    from lab.report import page, summary
+    from lab.publish.report import page, summary
 
     out = RESULTS / "report"
     assert (out / "index.html").read_text() == page(RESULTS, out), "run `lab report` and commit results/report"
@@ -35,8 +35,8 @@ def test_a_report_of_other_runs_differs(tmp_path):
     """The check above can fail: a results tree whose 00 run says otherwise gives another page."""
     import shutil
 
-    from lab.ledger.gather import latest_reference_runs
-    from lab.report import page
+    from lab.claims.gather import latest_reference_runs
+    from lab.publish.report import page
 
     results = tmp_path / "results"
     results.mkdir()
@@ -53,8 +53,8 @@ def test_a_report_of_other_runs_differs(tmp_path):
 
 
 def test_the_report_opens_with_every_finding_and_its_key_figure():
-    from lab.headlines import STUDIES
-    from lab.report import page
+    from lab.publish.headlines import STUDIES
+    from lab.publish.report import page
 
     text = page(RESULTS)
     opening = text[text.index('id="findings"'):text.index('<h2 id="00_engine_tour"')]

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lab.hardware import GPUS, GiB, Hardware, get_gpu, probe
-from lab.roofline import (ModelCost, RooflinePoint, attainable_flops, attention_flops_per_context_token,
+from lab.machine.hardware import GPUS, GiB, Hardware, get_gpu, probe
+from lab.machine.roofline import (ModelCost, RooflinePoint, attainable_flops, attention_flops_per_context_token,
                           crossover_batch, decode_flops, decode_step_time, decode_table, plot_roofline,
                           prefill_bytes, prefill_flops, prefill_time_lower_bound, ridge_point)
 
@@ -155,7 +155,7 @@ def test_probe_measures_positive_plausible_numbers():
     for value in (hw.memory_bytes, hw.peak_flops, hw.mem_bandwidth):
         assert math.isfinite(value) and value > 0
     assert 1e8 <= hw.mem_bandwidth <= 1e13
-    assert hw.name.startswith("this machine (") and hw.source.startswith("measured by lab.hardware.probe on ")
+    assert hw.name.startswith("this machine (") and hw.source.startswith("measured by lab.machine.hardware.probe on ")
 
 
 def test_plot_roofline_puts_labelled_points_on_the_roof(tmp_path):
@@ -171,7 +171,7 @@ def test_plot_roofline_puts_labelled_points_on_the_roof(tmp_path):
     (ax,) = fig.axes
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert all(any(t.startswith(p.label + " (") for t in legend) for p in points)  # each point named once
-    from lab.figure_check import problems
+    from lab.figures.check import problems
 
     assert problems(fig) == []
     markers = [line for line in ax.lines if line.get_marker() == "o"]

@@ -1,9 +1,9 @@
-"""`lab.run_compare`: a quick run's verdicts against its notebook's latest finished reference run, by claim."""
+"""`lab.workflow.compare`: a quick run's verdicts against its notebook's latest finished reference run, by claim."""
 
 import json
 
-from lab.claims import claim_row
-from lab.run_compare import against_reference, compare_verdicts, latest_reference
+from lab.claims.table import claim_row
+from lab.workflow.compare import against_reference, compare_verdicts, latest_reference
 
 
 def write_run(root, notebook, run_id, preset, verdicts=None, failed=False):

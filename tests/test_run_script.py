@@ -1,4 +1,4 @@
-"""`lab run --in-process`: a notebook's jupytext .py twin run without papermill or a kernel (lab.run_script), on
+"""`lab run --in-process`: a notebook's jupytext .py twin run without papermill or a kernel (lab.workflow.script), on
 small synthetic percent scripts, plus a check that every study notebook's twin parses as papermill reads it."""
 
 import json
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from lab.run_notebook import declared_parameters, study_notebooks
-from lab.run_script import CellFailed, display, parameter_names, parse_script, run_script
-from lab.runs import EXPLICIT_ENV
+from lab.workflow.notebook import declared_parameters, study_notebooks
+from lab.workflow.script import CellFailed, display, parameter_names, parse_script, run_script
+from lab.workflow.run import EXPLICIT_ENV
 
 HEADER = """# ---
 # jupyter:
@@ -160,10 +160,10 @@ def test_every_study_notebooks_twin_declares_papermills_parameters(notebook):
 def test_lab_run_all_goes_on_past_a_failure_and_names_its_cell(tmp_path, results, capsys, monkeypatch):
     """`lab run all` runs every notebook after a failed one, exits 1, and its summary names each failure with
     the cell and the error's last line (issue 33: 02's crash was one line in the middle of a 30-minute log)."""
-    import lab.run_notebook
+    import lab.workflow.notebook
     from lab.cli import main
 
-    monkeypatch.setattr(lab.run_notebook, "NOTEBOOKS_DIR", tmp_path / "notebooks")
+    monkeypatch.setattr(lab.workflow.notebook, "NOTEBOOKS_DIR", tmp_path / "notebooks")
     bad = "# %%\nraise ValueError(\"first line\\n'yerr' must not contain negative values\")\n"
     for name, cell in (("01_ok", RECORD), ("02_bad", bad), ("03_ok", RECORD)):
         write_script(tmp_path, PARAMETERS, cell, name=name).with_suffix(".ipynb").write_text("{}")

@@ -3,7 +3,7 @@
 
 import subprocess
 
-from lab.run_staleness import run_state, studies_used
+from lab.workflow.staleness import run_state, studies_used
 
 
 def _git(repo, *args):
@@ -39,7 +39,7 @@ def test_the_modules_a_notebook_uses_are_found_transitively(tmp_path):
 def test_consecutive_aliased_imports_are_each_found():
     """`from lab.studies import a as x` on consecutive lines: each module counts (an unparenthesised listing once ran
     on into the next line and hid every second module, so a changed claims module left notebook 02 current)."""
-    from lab.run_staleness import _modules
+    from lab.workflow.staleness import _modules
 
     text = ("from lab.studies import quant_accuracy as study\nfrom lab.studies import quant_accuracy_ladder as ladder\n"
             "from lab.studies import quant_accuracy_plots as plots\nfrom lab.studies import quant_accuracy_stats as stats\n"
@@ -78,7 +78,7 @@ def test_a_dirty_run_and_an_unknown_commit_are_said(tmp_path):
 def test_archive_moves_every_superseded_run_under_earlier(tmp_path):
     import json
 
-    from lab.results_index import archive, list_runs
+    from lab.workflow.index import archive, list_runs
 
     for nb, run, preset in (("01_x", "20260101T000000Z-a", "reference"), ("01_x", "20260102T000000Z-b", "reference"),
                             ("01_x", "20260103T000000Z-c", "quick"), ("02_y", "20260101T000000Z-d", "reference")):
@@ -97,7 +97,7 @@ def test_a_run_still_executing_or_failed_is_not_a_result(tmp_path):
     run: the ledger, the docs and the report would read an empty run, and `archive` would move the finished one."""
     import json
 
-    from lab.results_index import archive, list_runs, reference_states
+    from lab.workflow.index import archive, list_runs, reference_states
 
     for run, metrics in (("20260101T000000Z-a", {"duration_s": 1}), ("20260102T000000Z-b", None),
                          ("20260103T000000Z-c", {"status": "failed", "error": "boom"})):
@@ -117,7 +117,7 @@ def test_no_latest_reference_run_in_the_repository_is_dirty():
     every notebook must come from a clean tree (a stale one is shown, not refused: `lab runs --stale`)."""
     from pathlib import Path
 
-    from lab.results_index import list_runs
+    from lab.workflow.index import list_runs
 
     root = Path(__file__).resolve().parents[1] / "results"
     latest = {r["notebook"]: r for r in list_runs(root) if r["preset"] == "reference"}
@@ -170,3 +170,27 @@ def test_a_package_counts_by_its_init_and_the_submodules_named(tmp_path):
     (studies / "beta.py").write_text("from lab.studies import pkg\nfrom lab.studies.pkg.other import Z\n")
     (state,) = run_state(_run(commit), repo)  # now reached: its code is new to the run
     assert state.startswith("stale") and "lab/studies/pkg/other.py" in state
+
+
+def test_a_module_moved_into_a_package_with_its_lazy_imports_rerouted_keeps_a_run_current(tmp_path):
+    """The relayout of issue 50 item 4: a flat study module moves into its study's package, the notebook imports
+    it as `from lab.studies.pkg import sub`, and an import inside a function names the new path. Before imports
+    were left out wherever they stand, the rerouted lazy import alone marked the run stale."""
+    repo, commit = _repo(tmp_path)
+    studies = repo / "lab" / "studies"
+    (studies / "gamma.py").write_text("def h():\n    from lab.studies.beta import f\n    return f\n")
+    _commit(repo, "gamma")
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (studies / "gamma.py").rename(studies / "pkg" / "gamma.py")
+    (studies / "pkg" / "gamma.py").write_text("def h():\n    from lab.studies.alpha import f\n    return f\n")
+    notebook = repo / "notebooks" / "01_x.py"
+    notebook.write_text(notebook.read_text().replace("alpha as a, gamma", "alpha as a\nfrom lab.studies.pkg import gamma"))
+    _commit(repo)
+    from lab.workflow.staleness import _closure, _Tree
+
+    # reached through `from lab.studies.pkg import gamma`
+    assert "lab/studies/pkg/gamma.py" in _closure(_Tree(repo), "notebooks/01_x.py")["lab/studies/pkg"]
+    assert run_state(_run(commit), repo) == []
+    (studies / "pkg" / "gamma.py").write_text("def h():\n    from lab.studies.alpha import f\n    return None\n")
+    (state,) = run_state(_run(commit), repo)  # the same import, another result: stale, and only gamma named
+    assert state.startswith("stale") and state.endswith("lab/studies/pkg/gamma.py")

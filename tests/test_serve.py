@@ -283,7 +283,7 @@ def test_cli_bench_serve(server, tmp_path, capsys):
 def test_knee_and_batch_rule_on_synthetic_sweeps():
     import pandas as pd
 
-    from lab.studies.serving import ServingParams, batch_rule, find_knee
+    from lab.studies.serving.measure import ServingParams, batch_rule, find_knee
 
     ramp = pd.DataFrame({"concurrency": [1, 2, 4, 8, 16], "output_throughput": [10, 19, 35, 37, 38],
                          "tpot_p99": [0.05, 0.06, 0.08, 0.15, 0.3]})
@@ -419,7 +419,7 @@ def test_the_dashboard_spans_the_load_however_close_the_metrics_polls():
 
     from lab.bench.dashboard import plot_dashboard
     from lab.bench.serve import LoadReport
-    from lab.figure_check import problems
+    from lab.figures.check import problems
 
     scrapes = [{"t": 0.3 + i * 1e-3, "lab_kv_blocks_used": 5 + i, "lab_num_requests_running": 1,
                 "lab_num_requests_waiting": 0} for i in range(3)]

@@ -13,7 +13,7 @@ from lab.quant.calibration import SPEC_BENCH_PATH
 from lab.speculative.measure import StepCosts
 from lab.speculative.prompts import LAB_PROMPTS, MULTI_TURN, load_prompts
 from lab.speculative.theory import expected_tokens_by_position, expected_tokens_per_round, predicted_run_speedup
-from lab.intervals import Interval
+from lab.stats.intervals import Interval
 from lab.studies.spec_acceptance import SpecParams, policy_table, summarize
 from lab.studies.spec_acceptance.claims import CUT_OFF, _cut_off_row, break_even, claims_table, range_verdict
 from lab.studies.spec_acceptance.intervals import drafter_comparison
@@ -189,7 +189,7 @@ def _c_claim(main, costs):
 def test_the_claims_table_has_one_shape_and_keeps_the_rows_the_ledger_links():
     import torch
 
-    from lab.ledger.deployment_article import SPEC
+    from lab.claims.deployment_article import SPEC
 
     plain, spec, costs = _varied_run()
     for run in (plain, spec):
@@ -214,7 +214,7 @@ def test_the_claims_table_has_one_shape_and_keeps_the_rows_the_ledger_links():
 def test_the_cut_off_is_where_the_formula_falls_to_1_1x_and_could_have_held():
     """Seeds/003 §5.1's "below a = 0.4 hardly worth it", by its own formula: the a at which k = 4, c = 0.05 reach
     1.1x (not the speedup at exactly 0.4); a dearer draft would put that point above 0.4 and the claim would hold."""
-    from lab.ledger.rules import verdict
+    from lab.claims.rules import verdict
     from lab.speculative.theory import predicted_speedup
 
     a = break_even(0.05, 4)

@@ -1,13 +1,13 @@
 """The code's shape, checked: sizes that fit in a head, dependencies that run one way (issue 17).
 
-- a size review, not a test: files in lab/ or bench/ over 400 lines and functions over 80 are listed after
+- a size review, not a test: files in lab/ or gpu/ over 400 lines and functions over 80 are listed after
   every run (`oversized`, printed by conftest.py) for a reviewer to read; none is split to meet a number (issue 50);
 - the engine imports no feature (speculative decoding and replay plug in through lab.engine.extension);
 - no import cycle between lab's packages, counting imports inside functions (they hid the old cycles);
 - the kernels import only torch, triton, numpy, the standard library and the low-level formats module
   lab.kv.format;
-- no study imports another study (shared helpers live in lab modules); a study may be split into parts named
-  after it (`spec_acceptance.claims` is part of `spec_acceptance`);
+- no study imports another study (shared helpers live in lab modules); each study is one package, and lab's top
+  level holds packages only, grouped by what they are (issue 50 item 4);
 - no two test modules share a file name: without packages, pytest imports each test file under its base name, so
   tests/test_report.py and tests/browser/test_report.py stopped collection in CI (stop 44).
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = sorted(p for d in ("lab", "bench") for p in (ROOT / d).rglob("*.py"))
+SOURCES = sorted(p for d in ("lab", "gpu") for p in (ROOT / d).rglob("*.py"))
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 80
 
 
@@ -197,20 +197,27 @@ def test_kernels_import_only_torch_triton_numpy_and_the_formats_module():
 
 
 def test_studies_do_not_import_each_other():
-    """A study is a package (`lab/studies/kv_quantization/`) or a module and the parts named after it
-    (`quant_accuracy_ladder` is part of `quant_accuracy`); `evidence` and `findings` read every study by design."""
+    """A study is a package (`lab/studies/kv_quantization/`): its modules import each other, never another
+    study's; `evidence` and `findings` read every study by design."""
     def study(module: str) -> str:
         return module.split(".")[2]
-
-    def related(a: str, b: str) -> bool:
-        return a == b or a.startswith(b + "_") or b.startswith(a + "_")
 
     for path in (ROOT / "lab" / "studies").rglob("*.py"):
         me = module_name(path)
         if me == "lab.studies" or study(me) in ("evidence", "findings"):
             continue
-        others = {m for m in imports(path) if m.startswith("lab.studies.") and not related(study(m), study(me))}
+        others = {m for m in imports(path) if m.startswith("lab.studies.") and study(m) != study(me)}
         assert not others, f"{path.relative_to(ROOT)} imports {sorted(others)}"
+
+
+def test_each_study_is_a_package_and_the_top_level_holds_packages():
+    """Issue 50 item 4: a study's parts live in its package, not beside it as flat modules held together by
+    names, and lab's top level is a handful of packages named by what they are (the run workflow, publishing,
+    statistics, claims, ...), not a flat list of modules."""
+    flat_studies = sorted(p.name for p in (ROOT / "lab" / "studies").glob("*.py") if p.name != "__init__.py")
+    assert not flat_studies, f"study modules outside a study's package: {flat_studies}"
+    flat_top = sorted(p.name for p in (ROOT / "lab").glob("*.py") if p.name != "__init__.py")
+    assert not flat_top, f"modules directly under lab/ (put each in the package of what it is): {flat_top}"
 
 
 def test_no_two_test_modules_share_a_name():

@@ -7,10 +7,9 @@ import re
 import pandas as pd
 import pytest
 
-from lab.intervals import paired_difference, rate, wilson
-from lab.studies import structured_output as study
-from lab.studies import structured_output_task as task
-from lab.studies.structured_output_claims import claims_table, projection
+from lab.stats.intervals import paired_difference, rate, wilson
+from lab.studies.structured_output import measure as study, task
+from lab.studies.structured_output.claims import claims_table, projection
 
 from claims_shape import assert_links_find_one_row, assert_one_shape
 

@@ -1,13 +1,13 @@
 """The README's studies table and each study doc's opening are generated from the latest reference runs
-(`lab.study_docs`, `lab.headlines`): a number there that no longer matches its run fails here."""
+(`lab.publish.study_docs`, `lab.publish.headlines`): a number there that no longer matches its run fails here."""
 
 import shutil
 
 import pytest
 
-from lab.headlines import STUDIES, headline
-from lab.ledger.gather import latest_reference_runs
-from lab.study_docs import BEGIN, END, ROOT, doc_path, sync
+from lab.publish.headlines import STUDIES, headline
+from lab.claims.gather import latest_reference_runs
+from lab.publish.study_docs import BEGIN, END, ROOT, doc_path, sync
 
 
 def test_the_committed_readme_and_docs_match_the_latest_reference_runs():

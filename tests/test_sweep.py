@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from lab.cli import main
-from lab.sweep import SweepSpec, build_spec, choose_metric, parse_grid_values, plot_metric, split_top_level
+from lab.workflow.sweep import SweepSpec, build_spec, choose_metric, parse_grid_values, plot_metric, split_top_level
 
 NOTEBOOK = "00_engine_tour"
 
@@ -68,7 +68,7 @@ def test_the_plot_takes_categorical_x_and_a_line_per_other_value(tmp_path):
 
 def test_a_rerun_retries_the_failed_points_only_and_force_reruns_all(tmp_path, monkeypatch, capsys):
     """The bookkeeping, with a stand-in for run_notebook (the real runs are the slow tests below)."""
-    import lab.sweep as sweep
+    import lab.workflow.sweep as sweep
 
     calls = []
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lab import sweep
-from lab.atomic import write_atomic
-from lab.results_index import write_index
-from lab.run_notebook import resolve_notebook, run_environment
-from lab.sweep import build_spec
+from lab.workflow import sweep
+from lab.workflow.atomic import write_atomic
+from lab.workflow.index import write_index
+from lab.workflow.notebook import resolve_notebook, run_environment
+from lab.workflow.sweep import build_spec
 
 NOTEBOOK = "00_engine_tour"
 RAY = Path(sys.executable).with_name("ray")

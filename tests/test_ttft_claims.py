@@ -6,8 +6,8 @@ import os
 import pytest
 
 from lab import memory as mem
-from lab import roofline as rl
-from lab.studies import ttft_claims as study
+from lab.machine import roofline as rl
+from lab.studies.ttft_claims import measure as study
 
 from claims_shape import assert_links_find_one_row, assert_one_shape
 
@@ -91,7 +91,7 @@ def test_resident_share_sees_an_eviction(tmp_path):
 
 
 def test_the_ledger_reads_seed_002s_claims_from_notebook_09():
-    from lab.ledger.ttft_article import CLAIMS, NB09
+    from lab.claims.ttft_article import CLAIMS, NB09
 
     linked = {c.id for c in CLAIMS if c.link is not None and c.link.notebook == NB09}
     # 002-23's "1.00x with no cached prefix" is computed by construction: wrong by argument since issue 48
@@ -102,7 +102,7 @@ def test_the_ledger_reads_seed_002s_claims_from_notebook_09():
 def test_lab_memory_counts_what_the_engine_holds_in_int8_a_quantized_tied_head_included():
     """SmolLM2 ties its LM head to the embedding. Packing the head in int8 unties it: the engine then holds the
     bf16 embedding and an int8 head. lab.memory counted the tied head as free whatever its format (1.18x short)."""
-    from lab.studies.ttft_claims_serving import engine_int8
+    from lab.studies.ttft_claims.serving import engine_int8
 
     table = engine_int8("smollm2-135m").set_index("build")
     assert table["engine / lab.memory"].between(0.99, 1.01).all(), table
@@ -118,7 +118,7 @@ def test_a_tied_head_in_another_format_is_a_second_copy():
 
 
 def test_claims_have_one_shape_and_keep_the_rows_and_figures_the_ledger_reads():
-    from lab.ledger.ttft_article import NB09
+    from lab.claims.ttft_article import NB09
     from ttft_tables import claims
 
     table = claims()

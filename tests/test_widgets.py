@@ -1,4 +1,4 @@
-"""`lab.widgets`: the panel's self-check moves every kind of control and tells a redraw that changed the
+"""`lab.workflow.widgets`: the panel's self-check moves every kind of control and tells a redraw that changed the
 output from one that did not (the notebook tests rely on it to check every widget callback)."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import ipywidgets as w
 import pytest
 
-from lab.widgets import CHECK_ENV, CHECKS_FILE, other_value, panel
+from lab.workflow.widgets import CHECK_ENV, CHECKS_FILE, other_value, panel
 
 
 @pytest.mark.parametrize("control, attr", [

@@ -3,7 +3,7 @@ engine or fresh processes; each can be bent (a slower warm-up run, a faster disk
 
 import pandas as pd
 
-from lab.studies import ttft_claims as study
+from lab.studies.ttft_claims import measure as study
 
 WEIGHTS_BYTES = 538e6
 RUN_DRIFT = (1.0, 1.08, 0.95)  # three runs, the machine a little faster or slower in each
@@ -42,7 +42,7 @@ def cold_raw(override: dict | None = None, drift=RUN_DRIFT) -> pd.DataFrame:
 def claims(p: study.TTFTParams | None = None, sweep: pd.DataFrame | None = None,
            cold: pd.DataFrame | None = None) -> pd.DataFrame:
     """Notebook 09's claims table from the made-up tables (or the ones given)."""
-    from lab.studies.ttft_claims_table import claims_table
+    from lab.studies.ttft_claims.table import claims_table
 
     p = p or study.TTFTParams()
     first = pd.DataFrame({"ttft median s": [0.25, 0.05, 0.024], "hit tokens": [0, 448, 496]})

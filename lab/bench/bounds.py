@@ -1,13 +1,13 @@
 """Roofline bounds of the engine's workloads: the least time this machine's ceilings allow for the steps the
 engine runs.
 
-A step that reads B bytes and does F FLOPs takes at least max(B / bandwidth, F / rate) (`lab.roofline`). The
+A step that reads B bytes and does F FLOPs takes at least max(B / bandwidth, F / rate) (`lab.machine.roofline`). The
 engine runs a workload of prompts p_1..p_n and m new tokens each as prefill steps (every prompt token through
 the model, at most `max_num_batched_tokens` a step, the LM head on one row per prompt) and m - 1 decode steps
 (one token per request, each attending over its context p_i + j). Per step the weights are read once (every
 parameter and buffer but the rotary tables: the tied LM head reads the embedding matrix) and the KV of every
 context token once; FLOPs are 2 per matmul parameter per token (LM head: per logit row) plus attention's
-`lab.roofline.attention_flops_per_context_token` per (query, key) pair. Activations and the embedding lookup
+`lab.machine.roofline.attention_flops_per_context_token` per (query, key) pair. Activations and the embedding lookup
 are left out, so these are lower bounds.
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lab.hardware import Hardware
-from lab.roofline import attention_flops_per_context_token
+from lab.machine.hardware import Hardware
+from lab.machine.roofline import attention_flops_per_context_token
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Results written case by case: one JSON line per finished case, flushed at once.
 
 A benchmark that writes its JSON only at the end loses everything when it is stopped, and the GPU suite stops
-every step at a time limit (bench/gpu_suite.sh). So each step also appends its cases to a `.jsonl` file as
+every step at a time limit (gpu/gpu_suite.sh). So each step also appends its cases to a `.jsonl` file as
 they finish; after a timeout that file holds what was measured, and the suite's summary counts it.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lab.runs import json_safe
+from lab.workflow.run import json_safe
 
 
 class CaseLog:

@@ -14,7 +14,7 @@ from dataclasses import asdict
 import numpy as np
 import pandas as pd
 
-from lab.plots import PALETTE, legend_outside
+from lab.figures.style import PALETTE, legend_outside
 
 WINDOW = 8  # requests in each rolling percentile
 

@@ -5,8 +5,8 @@ one chat request decoding a long answer (TPOT), 32 chat requests x 128 tokens qu
 2048-token prompt with one token out (the prefill time).
 
 The bound of each comes from this machine's ceilings, measured in the same run in the dtype served
-(`lab.hardware.probe_inference`: the read bandwidth of a weight-shaped GEMV, the FLOP/s of a matmul): a step
-takes at least max(bytes it reads / bandwidth, FLOPs / rate) (`lab.roofline`), summed over the steps the
+(`lab.machine.hardware.probe_inference`: the read bandwidth of a weight-shaped GEMV, the FLOP/s of a matmul): a step
+takes at least max(bytes it reads / bandwidth, FLOPs / rate) (`lab.machine.roofline`), summed over the steps the
 workload needs (`lab.bench.bounds`). The fraction is bound / measured: 1 is the roofline.
 
 Engine variants (`VARIANTS`) differ in dtype ("auto" is the serving dtype, `lab.models.default_dtype`), eager or
@@ -114,7 +114,7 @@ def run_workload(llm, workload: Workload, prompts: list[list[int]]) -> dict:
 
 def verify_ratio(llm, context: int = 256, k: int = 4, repeats: int = 5) -> float:
     """A (k + 1)-row verification forward over `context` cached tokens against a one-row step."""
-    from lab.timing import probe_seconds
+    from lab.machine.timing import probe_seconds
 
     one = probe_seconds(llm.forward_probe(context, 1), repeats)  # first, as it always was: order moves the ratio
     return probe_seconds(llm.forward_probe(context, k + 1), repeats) / one
@@ -124,7 +124,7 @@ def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: 
                 profile_dir=None, log=CaseLog(None)) -> dict:
     """Every workload on one engine variant, each beside its bound from ceilings measured in its dtype; with
     `profile_dir`, each workload then runs once more under the profiler (`lab.bench.profile`)."""
-    from lab.hardware import model_ceilings
+    from lab.machine.hardware import model_ceilings
 
     longest = [max(2, int(w.prompt_tokens * scale)) if w.prompt_tokens else 96 for w in workloads]  # chat: < 96
     max_len = max(n + w.max_tokens for n, w in zip(longest, workloads))

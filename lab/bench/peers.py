@@ -16,7 +16,7 @@ import time
 import torch
 
 from lab.bench.workloads import Workload, metric_of, prompt_ids
-from lab.timing import sync
+from lab.machine.timing import sync
 
 
 def _batch(tok, prompts: list[list[int]]) -> dict:

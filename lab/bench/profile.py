@@ -103,11 +103,11 @@ def profile_python(fn, out: Path, name: str) -> dict:
 
 def profile_verification(llm, out: Path, name: str, context: int, k: int = 4, repeats: int = 5) -> dict:
     """The one-row step and the (k + 1)-row verification forward over the same `context` cached tokens
-    (`LLM.forward_probe`, timed by `lab.timing.probe_seconds`) under the profiler, as `name`__1row and
+    (`LLM.forward_probe`, timed by `lab.machine.timing.probe_seconds`) under the profiler, as `name`__1row and
     `name`__<k + 1>rows. Each profile holds the same prefill of the cached prefix and a warm-up besides its
     `repeats` timed forwards, so the difference between the two tables is what the verification adds, operator by
     operator."""
-    from lab.timing import probe_seconds
+    from lab.machine.timing import probe_seconds
 
     labels = {1: "1row", k + 1: f"{k + 1}rows"}
     return {label: profile_call(lambda n=n: probe_seconds(llm.forward_probe(context, n), repeats),

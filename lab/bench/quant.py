@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from lab.bench.engine import cpu_busy_fraction
-from lab.hardware import probe_inference
+from lab.machine.hardware import probe_inference
 
 TARGETS_S = {"gptq": 300.0, "awq": 600.0}
 # The quantization study's held-out domains and their `heldout_texts` sources (lab.studies.quant_accuracy's
@@ -152,7 +152,7 @@ def run_quant_bench(model: str = "smollm2-135m", gptq_blocks: int = 128, awq_blo
     (`lab.quant.gptqmodel_compare`; perplexity on `heldout_sequences` of `heldout_tokens` per held-out domain)."""
     from lab.models import load_model
     from lab.quant.pipeline import QuantJob, calibration_token_ids, quantize_model
-    from lab.runs import check_device, resolve_device
+    from lab.workflow.run import check_device, resolve_device
 
     check_device("device", device)
     where = str(resolve_device(device))

@@ -20,7 +20,7 @@ def _memory(args) -> int:
 def _replay_break_even(args) -> int:
     from dataclasses import asdict
 
-    from lab.hardware import GPUS
+    from lab.machine.hardware import GPUS
     from lab.memory import ModelShape
     from lab.replay.cost import break_even_table, window_cost
 
@@ -66,7 +66,7 @@ def add_replay(sub) -> None:
     be = rp_sub.add_parser("break-even", help="which side wins per model, accelerator and link (lab.replay.cost)")
     be.add_argument("--model", action="append", default=None,
                     help="a preset or config.json path; repeatable (default: llama-3-8b, llama-2-7b, deepseek-v3)")
-    be.add_argument("--hardware", action="append", default=None, help="a GPU of lab.hardware; repeatable "
+    be.add_argument("--hardware", action="append", default=None, help="a GPU of lab.machine.hardware; repeatable "
                                                                       "(default: h100-sxm)")
     be.add_argument("--window", type=int, default=64)
     be.add_argument("--prefix", type=int, default=32768)

@@ -10,7 +10,7 @@ def _bench_engine(args) -> int:
     from lab.bench.caselog import CaseLog
     from lab.bench.engine import run_engine_bench
     from lab.bench.engine_report import format_result, plot_fractions, targets
-    from lab.provenance import provenance
+    from lab.workflow.provenance import provenance
 
     result = run_engine_bench(model=args.model, variants=args.variants.split(","), workloads=args.workloads.split(","),
                               transformers_dtypes=[d for d in args.transformers.split(",") if d],
@@ -70,7 +70,7 @@ def _bench_serve(args) -> int:
 
 def _bench_quant(args) -> int:
     from lab.bench.quant import format_result, run_quant_bench
-    from lab.provenance import provenance
+    from lab.workflow.provenance import provenance
 
     result = run_quant_bench(model=args.model, gptq_blocks=args.gptq_blocks, awq_blocks=args.awq_blocks,
                              block_tokens=args.block_tokens, progress=True, device=args.device, layers=args.layers)

@@ -1,4 +1,4 @@
-"""`lab claims`: the claims ledger gathered from the notebooks' latest reference runs (`lab.ledger`)."""
+"""`lab claims`: the claims ledger gathered from the notebooks' latest reference runs (`lab.claims`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def _claims(args) -> int:
-    from lab.ledger import write_ledger
-    from lab.ledger.checks import committed_rows, failures
-    from lab.ledger.report import summary_lines, write_counts
-    from lab.runs import results_root
+    from lab.claims.ledger import write_ledger
+    from lab.claims.checks import committed_rows, failures
+    from lab.claims.report import summary_lines, write_counts
+    from lab.workflow.run import results_root
     from lab.studies import evidence
 
     root = Path(args.results_dir) if args.results_dir else results_root()

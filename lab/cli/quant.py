@@ -10,7 +10,7 @@ from pathlib import Path
 def device_arg(text: str) -> str:
     """A `--device` value checked as the parser reads it ("auto", "cpu", "cuda", "cuda:N"; CUDA only where it
     exists), so a bad one fails before any model loads."""
-    from lab.runs import check_device
+    from lab.workflow.run import check_device
 
     try:
         check_device("--device", text)
@@ -42,7 +42,7 @@ def _quant(args) -> int:
 def _eval(args) -> int:
     from lab.eval.harness import evaluate
     from lab.models import load_model
-    from lab.runs import json_safe
+    from lab.workflow.run import json_safe
 
     import torch
 

@@ -8,13 +8,13 @@ import time
 import traceback
 from pathlib import Path
 
-from lab.runs import PRESETS
+from lab.workflow.run import PRESETS
 
 
 def _last_durations(root, preset: str) -> dict[str, float]:
     """Each notebook's duration in its latest finished run at `preset` under `root` (the ETA of its next run)."""
-    from lab.results_index import list_runs
-    from lab.runs import results_root
+    from lab.workflow.index import list_runs
+    from lab.workflow.run import results_root
 
     root = Path(root) if root else results_root()
     return {r["notebook"]: r["metrics"]["duration_s"] for r in list_runs(root)
@@ -24,8 +24,8 @@ def _last_durations(root, preset: str) -> dict[str, float]:
 def describe_failure(e: BaseException) -> str:
     """Where a notebook failed and the error's last line, for `lab run all`'s summary: papermill names the cell
     by its execution count and index, `lab run --in-process` (`CellFailed`) by its line in the .py twin."""
-    from lab.results_index import last_line
-    from lab.run_script import CellFailed
+    from lab.workflow.index import last_line
+    from lab.workflow.script import CellFailed
 
     if hasattr(e, "cell_index") and hasattr(e, "ename"):  # papermill.PapermillExecutionError
         return f"cell {e.cell_index} (In [{e.exec_count}]): {e.ename}: {last_line(e.evalue)}"
@@ -39,11 +39,10 @@ def describe_failure(e: BaseException) -> str:
 def _run(args) -> int:
     from tqdm.auto import tqdm
 
-    from lab import run_notebook as papermill_runner
-    from lab import run_script as script_runner
-    from lab.run_compare import against_reference
-    from lab.run_notebook import parse_value, study_notebooks
-    from lab.runs import results_root
+    from lab.workflow import notebook as papermill_runner, script as script_runner
+    from lab.workflow.compare import against_reference
+    from lab.workflow.notebook import parse_value, study_notebooks
+    from lab.workflow.run import results_root
 
     params = {name: parse_value(value) for name, value in args.param}
     if args.preset:
@@ -91,8 +90,8 @@ def _run(args) -> int:
 
 
 def _results(args) -> int:
-    from lab.results_index import list_runs, write_index
-    from lab.runs import results_root
+    from lab.workflow.index import list_runs, write_index
+    from lab.workflow.run import results_root
 
     root = Path(args.results_dir) if args.results_dir else results_root()
     for r in list_runs(root):
@@ -105,12 +104,12 @@ def _results(args) -> int:
 
 def _runs(args) -> int:
     """`lab runs --stale`: every notebook's latest reference run that does not match the code, and why."""
-    from lab.results_index import reference_states
-    from lab.runs import results_root
+    from lab.workflow.index import reference_states
+    from lab.workflow.run import results_root
 
     root = Path(args.results_dir) if args.results_dir else results_root()
     if args.archive:
-        from lab.results_index import archive, write_index
+        from lab.workflow.index import archive, write_index
 
         for path in archive(root):
             print(f"moved {path.parent.parent.name}/{path.name} under earlier/")
@@ -161,10 +160,10 @@ def add_results(sub) -> None:
 
 def _docs(args) -> int:
     """`lab docs [--check]`: the README's studies table and each study doc's opening, from the reference runs."""
-    from lab.ledger.gather import latest_reference_runs
-    from lab.runs import results_root
+    from lab.claims.gather import latest_reference_runs
+    from lab.workflow.run import results_root
     from lab.studies.findings import redraw
-    from lab.study_docs import sync
+    from lab.publish.study_docs import sync
 
     if not args.check:  # each reference run's figures, from its files, before the openings that show them
         for nb, run_dir in sorted(latest_reference_runs(results_root()).items()):
@@ -190,8 +189,8 @@ def add_docs(sub) -> None:
 
 def _report(args) -> int:
     """`lab report [--quick]`: the static HTML site of the findings."""
-    from lab.report import build
-    from lab.runs import results_root
+    from lab.publish.report import build
+    from lab.workflow.run import results_root
 
     root = Path(args.results_dir) if args.results_dir else results_root()
     index = build(root, Path(args.out) if args.out else None, quick=args.quick)

@@ -1,12 +1,12 @@
-"""`lab sweep`: a grid of papermill runs of one study notebook, as Ray tasks (`lab.sweep`)."""
+"""`lab sweep`: a grid of papermill runs of one study notebook, as Ray tasks (`lab.workflow.sweep`)."""
 
 from __future__ import annotations
 
-from lab.runs import PRESETS
+from lab.workflow.run import PRESETS
 
 
 def _sweep(args) -> int:
-    from lab.sweep import SweepOptions, build_spec, run_sweep
+    from lab.workflow.sweep import SweepOptions, build_spec, run_sweep
 
     spec = build_spec(args.notebook, args.param, args.preset)  # a bad name is refused before anything runs
     options = SweepOptions(root=args.results_dir, address=args.address, local=args.local,

@@ -17,7 +17,7 @@ from .request import SamplingParams, Sequence
 @contextmanager
 def forward_probe(runner, block_manager: BlockManager, context: int, n: int, draft: bool = False):
     """A step of n new tokens after `context` cached ones (batch 1), as the engine runs it, to call and time
-    (`lab.timing.probe_seconds`): a target step returns the logits of its last row (n = 1) or of all n rows for
+    (`lab.machine.timing.probe_seconds`): a target step returns the logits of its last row (n = 1) or of all n rows for
     verification (n - 1 drafts: the LM head runs on n rows); a draft step (`draft`) its last row's logits. The
     prefix's KV is computed on entry and its blocks go back on exit. The engine's sampling or verification of
     those logits is not in it (an argmax, or a few rows of softmax: microseconds)."""

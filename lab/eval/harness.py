@@ -42,7 +42,7 @@ import torch
 
 from lab.eval.sensitive import CATEGORIES, Item, build_prompt, check, load_items
 from lab.eval.scores import SequenceScores, log_probs, perplexity, score_sequences
-from lab.intervals import proportion
+from lab.stats.intervals import proportion
 
 if TYPE_CHECKING:  # pandas is imported where a table is built, not on every import of the harness
     import pandas as pd

@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from lab.intervals import Interval, bootstrap, ratio_interval
+from lab.stats.intervals import Interval, bootstrap, ratio_interval
 from lab.models.reference import forward_logits
 
 

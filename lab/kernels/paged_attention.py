@@ -204,7 +204,7 @@ def _precision(q: torch.Tensor) -> str:
 #   prefill, bf16, 64 rows: 4 warps (Triton's default) 255/32, 255/344 at head_dim 256; 8 warps 184/0; 32 rows
 #   on 8 warps at head_dim 256 255/0; per-token int4/int2 on sm_80 (codes unpacked in the loop), 64 rows on 8
 #   warps 255/40, 32 rows 214/0; per-token int8 on sm_80, 64 rows 0 stack bytes, 32 rows 8.
-# Their speed needs a GPU (bench/kernels_gpu.py): none has been lent yet.
+# Their speed needs a GPU (gpu/kernels_gpu.py): none has been lent yet.
 PREFILL_WARPS = 8
 
 

@@ -36,7 +36,7 @@ def memory_report(model: str | ModelShape, weights: str = "bf16", kv_dtype: str 
         "kv_bytes_total": kv_total, "total_bytes": w["total"] + kv_total,
     }
     if gpu:
-        from lab.hardware import get_gpu
+        from lab.machine.hardware import get_gpu
 
         hw = get_gpu(gpu)
         cap = capacity(s, hw.memory_bytes, weights, kv_dtype, max_model_len=seq_len, block_size=block_size,

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lab.hardware import Hardware
+from lab.machine.hardware import Hardware
 from lab.memory import ModelShape
-from lab.roofline import decode_table, model_cost
+from lab.machine.roofline import decode_table, model_cost
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ checkpoint (`load_quantized`), so both carry float16 scales as the format stores
 - per-layer reconstruction error: per decoder layer, sum over its four linears of ||X (W - Q)^T||^2 over
   ||X W^T||^2, X the inputs each linear receives in the UNQUANTIZED model on the first `recon_blocks` calibration
   blocks (the quantity GPTQ minimizes, on inputs that favour neither quantizer's order), pooled over layers with a
-  bootstrap interval over layers (`lab.intervals.ratio_interval`);
+  bootstrap interval over layers (`lab.stats.intervals.ratio_interval`);
 - perplexity on the quantization study's two held-out domains, with intervals: added by `lab.bench.quant`
   (`heldout_perplexity`), since lab.eval and lab.studies import lab.quant and lab.quant must not import them.
 
@@ -113,7 +113,7 @@ def compare(reference, tokenizer, lab_model, lab_codes: dict, lab_seconds: float
 
 
 def _errors_summary(norms: np.ndarray, errors: dict[str, np.ndarray]) -> dict:
-    from lab.intervals import ratio_interval
+    from lab.stats.intervals import ratio_interval
 
     return {"layer_relative_error": {label: (e / norms).tolist() for label, e in errors.items()},
             "pooled_relative_error": {label: ratio_interval(e, norms).columns("value")

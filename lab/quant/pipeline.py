@@ -177,7 +177,7 @@ def run_quant_job(job: QuantJob, out_dir: str | Path, progress: bool = True, dev
     """`lab quant`: quantize `job.model` on `device` ("auto": CUDA when present, else the CPU; checked before
     the model loads) and save it to `out_dir`; returns the summary, the path and the device it ran on."""
     from lab.models import load_model
-    from lab.runs import check_device, resolve_device
+    from lab.workflow.run import check_device, resolve_device
 
     check_device("device", device)
     fmt = checkpoint_format(job)  # a GGUF grid is refused before the model loads

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lab.hardware import GPUS, Hardware
+from lab.machine.hardware import GPUS, Hardware
 from lab.memory import ModelShape, kv_elements_per_token_per_layer, param_counts
 
 

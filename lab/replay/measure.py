@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from lab.engine import LLM, SamplingParams
-from lab.timing import median_seconds
+from lab.machine.timing import median_seconds
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import torch
 
 from lab.models.attention import causal_attention
 from lab.replay.engine_cost import Ceilings, attention_flops, gather_bytes
-from lab.timing import median_seconds
+from lab.machine.timing import median_seconds
 
 
 class NullAttention:

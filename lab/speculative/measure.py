@@ -2,13 +2,13 @@
 forward of k + 1 tokens over the same cached context (v(k) target steps; the article's model says 1), and a
 draft model's one-token step (c = draft step / target step). Each is the median of `repeats` forwards of the
 engine's own `ModelRunner` over a prefix whose KV is in its paged pool, after one warm-up
-(`lab.timing.median_seconds`, which times the replay study's recompute the same way)."""
+(`lab.machine.timing.median_seconds`, which times the replay study's recompute the same way)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lab.timing import probe_seconds
+from lab.machine.timing import probe_seconds
 
 from .drafters import ModelDrafter
 

@@ -39,7 +39,7 @@ RUN_ALL_S = 420  # the notebook's smoke run: 30-60 s on 2 cores
 REDRAW_S = 240
 SHUTDOWN_S = 30
 
-# The widget cell, found by its slider (not by Python names, so a helper in lab.widgets that builds the same
+# The widget cell, found by its slider (not by Python names, so a helper in lab.workflow.widgets that builds the same
 # slider plus output area keeps this test valid); the plot is the image in that cell's output area.
 SLIDER = ".jupyter-widgets .widget-slider, .jupyter-widgets.widget-slider"
 HANDLE = "[role='slider']"
@@ -77,7 +77,7 @@ def _prepare_notebook(root: Path) -> Path:
     the `parameters` cell, as papermill would add it, at the smoke preset with the widgets on."""
     import nbformat
 
-    from lab.run_notebook import NOTEBOOKS_DIR, declared_parameters
+    from lab.workflow.notebook import NOTEBOOKS_DIR, declared_parameters
 
     source = NOTEBOOKS_DIR / f"{NOTEBOOK}.ipynb"
     declared = declared_parameters(source)

@@ -22,7 +22,7 @@ RESULTS = Path(__file__).resolve().parents[2] / "results"
 
 
 def test_the_report_loads_with_every_image_and_a_working_ledger_filter(playwright_api, tmp_path):  # noqa: F811
-    from lab.report import build
+    from lab.publish.report import build
 
     index = build(RESULTS, tmp_path / "report")
     claims = pd.read_csv(RESULTS / "CLAIMS.csv", dtype=str)

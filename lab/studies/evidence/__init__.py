@@ -1,4 +1,4 @@
-"""How each notebook's claims table is rebuilt from one of its runs (`lab.ledger.rebuild.Rebuild`), for the
+"""How each notebook's claims table is rebuilt from one of its runs (`lab.claims.rebuild.Rebuild`), for the
 evidence-level mutation test: one module per notebook, each defining `REBUILD`; `REBUILDS` collects them by
 notebook. A notebook missing here has no claims table computed from measured inputs."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 
-from lab.ledger.rebuild import Rebuild
+from lab.claims.rebuild import Rebuild
 
 # notebook -> the module under lab.studies.evidence that defines its REBUILD
 MODULES = {"01_memory_accounting": "memory_accounting", "02_quantization_accuracy": "quant_accuracy",

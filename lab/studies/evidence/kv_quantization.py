@@ -1,4 +1,4 @@
-"""Notebook 03's claims table rebuilt from one of its runs (`lab.ledger.rebuild.Rebuild`).
+"""Notebook 03's claims table rebuilt from one of its runs (`lab.claims.rebuild.Rebuild`).
 
 The notebook calls `kv_quantization.claims.claims_table(params, blocks, roles, e2e)` and saves the first of the
 two tables it returns (the claims; the second, its intervals, is verdict_intervals.csv). `blocks` is the position
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lab.ledger.rebuild import Inputs, Rebuild, run_parameters
+from lab.claims.rebuild import Inputs, Rebuild, run_parameters
 from lab.studies import kv_quantization as study
 from lab.studies.kv_quantization import claims as claims_mod
 

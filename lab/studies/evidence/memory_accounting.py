@@ -1,7 +1,7 @@
-"""Notebook 01's claims table rebuilt from one of its runs (`lab.ledger.rebuild.Rebuild`).
+"""Notebook 01's claims table rebuilt from one of its runs (`lab.claims.rebuild.Rebuild`).
 
 The notebook saves `pd.concat([study.claims_table(params), int4_claims])`, where `int4_claims` is what
-`lab.studies.int4_decode.run` returns: `claim_rows(int4_table)` (the INT4 speedup rows, §2.1) followed by
+`lab.studies.memory_accounting.int4_decode.run` returns: `claim_rows(int4_table)` (the INT4 speedup rows, §2.1) followed by
 `batching_rows(int4_measured)` (the batching rows, §1.2). Those two are saved as int4_speedup.csv (`int4_table`)
 and int4_decode.csv (`int4_measured`, without its raw per-step `times`). The `times` column is not saved, so
 `int4_decode.speedups` (which bootstraps one run's steps from it) cannot be rerun: the speedup table is taken as
@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from lab.ledger.rebuild import Inputs, Rebuild, run_parameters
-from lab.studies import int4_decode
-from lab.studies import memory_accounting as study
+from lab.claims.rebuild import Inputs, Rebuild, run_parameters
+from lab.studies.memory_accounting import int4_decode, measure as study
 
 
 def _params(run_dir: Path) -> study.MemoryParams:

@@ -1,4 +1,4 @@
-"""Notebook 08's claims table rebuilt from one of its runs (`lab.ledger.rebuild.Rebuild`): the notebook calls
+"""Notebook 08's claims table rebuilt from one of its runs (`lab.claims.rebuild.Rebuild`): the notebook calls
 `parallelism_claims.claims_table(params, tp, proj, bubble, per_rank)`, saved as tp_summary.csv, projection.csv,
 bubble.csv and projected_memory.csv."""
 
@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from lab.ledger.rebuild import Inputs, Rebuild, run_parameters
-from lab.studies import parallelism as study
-from lab.studies import parallelism_claims as claims_mod
+from lab.claims.rebuild import Inputs, Rebuild, run_parameters
+from lab.studies.parallelism import measure as study, claims as claims_mod
 
 
 def _params(run_dir: Path) -> study.ParallelParams:

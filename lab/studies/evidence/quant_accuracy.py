@@ -1,4 +1,4 @@
-"""Notebook 02's claims table rebuilt from one of its runs (`lab.ledger.rebuild.Rebuild`).
+"""Notebook 02's claims table rebuilt from one of its runs (`lab.claims.rebuild.Rebuild`).
 
 The notebook calls `quant_accuracy_stats.claims_table(sens, recovery, grid, scores, outputs, CHECKPOINT_CONFIG,
 mismatch_ratio, baseline=baseline, on_gpu=...)`. What the run saved, and how each input is rebuilt:
@@ -37,11 +37,10 @@ from pathlib import Path
 import pandas as pd
 
 from lab.eval.sensitive import CATEGORIES
-from lab.ledger.rebuild import Inputs, Rebuild, run_parameters
+from lab.claims.rebuild import Inputs, Rebuild, run_parameters
 from lab.memory import ModelShape
 from lab.quant.gguf_grids import QuantizedBaseline
-from lab.studies import quant_accuracy as study
-from lab.studies import quant_accuracy_stats as stats
+from lab.studies.quant_accuracy import measure as study, stats
 
 LABELS = ["model", "method", "config"]
 PPL_RISE = re.compile(r"_ppl_rise")  # sens's columns computed from the per-sequence scores

@@ -1,4 +1,4 @@
-"""Notebook 04's claims table rebuilt from one of its runs (`lab.ledger.rebuild.Rebuild`): the notebook calls
+"""Notebook 04's claims table rebuilt from one of its runs (`lab.claims.rebuild.Rebuild`): the notebook calls
 `study.claims_table(params, measured)`, `measured` saved whole as measured.csv (the engine's recompute times, the
 tiers' load times and the cost models' predictions per model, prefix and window)."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from lab.ledger.rebuild import Inputs, Rebuild, run_parameters
+from lab.claims.rebuild import Inputs, Rebuild, run_parameters
 from lab.studies import replay_break_even as study
 
 

@@ -1,4 +1,4 @@
-"""Notebook 06's claims table rebuilt from one of its runs (`lab.ledger.rebuild.Rebuild`).
+"""Notebook 06's claims table rebuilt from one of its runs (`lab.claims.rebuild.Rebuild`).
 
 The notebook calls `serving_claims.claims_table(prefix, shapes, params.SYSTEM_PROMPT, where, serving)` with
 `serving = [timestamp_row(dynamic)] + serving_rows(chunked, ramp, params.KNEE_GAIN, served, op, budgets)`:
@@ -22,9 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from lab.ledger.rebuild import Inputs, Rebuild, run_parameters
-from lab.studies import serving as study
-from lab.studies import serving_claims as claims_mod
+from lab.claims.rebuild import Inputs, Rebuild, run_parameters
+from lab.studies.serving import measure as study, claims as claims_mod
 
 SHARE = "cached_share_of_system_prompt_%"
 

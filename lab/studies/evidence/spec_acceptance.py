@@ -1,4 +1,4 @@
-"""Notebook 05's claims table rebuilt from one of its runs (`lab.ledger.rebuild.Rebuild`).
+"""Notebook 05's claims table rebuilt from one of its runs (`lab.claims.rebuild.Rebuild`).
 
 The notebook calls `spec_acceptance.claims.claims_table(main, costs, params, model, bench)`:
 
@@ -25,7 +25,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-from lab.ledger.rebuild import Inputs, Rebuild, run_parameters
+from lab.claims.rebuild import Inputs, Rebuild, run_parameters
 from lab.memory import ModelShape
 from lab.memory.shape import param_counts
 from lab.speculative.measure import StepCosts

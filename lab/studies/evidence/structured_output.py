@@ -1,4 +1,4 @@
-"""Notebook 07's claims table rebuilt from one of its runs (`lab.ledger.rebuild.Rebuild`).
+"""Notebook 07's claims table rebuilt from one of its runs (`lab.claims.rebuild.Rebuild`).
 
 The notebook calls `structured_output_claims.claims_table(params, validity, summary, components, depth,
 compile_df, proj, vocab)`, its tables saved as validity.csv, mask_summary.csv, mask_components.csv,
@@ -21,11 +21,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from lab.hardware import GPUS
-from lab.ledger.rebuild import Inputs, Rebuild, run_parameters
+from lab.machine.hardware import GPUS
+from lab.claims.rebuild import Inputs, Rebuild, run_parameters
 from lab.memory import ModelShape
-from lab.studies import structured_output as study
-from lab.studies import structured_output_claims as claims_mod
+from lab.studies.structured_output import measure as study, claims as claims_mod
 
 
 def _params(run_dir: Path) -> study.StructuredParams:

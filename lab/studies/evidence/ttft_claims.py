@@ -1,4 +1,4 @@
-"""Notebook 09's claims table rebuilt from one of its runs (`lab.ledger.rebuild.Rebuild`): the notebook calls
+"""Notebook 09's claims table rebuilt from one of its runs (`lab.claims.rebuild.Rebuild`): the notebook calls
 `ttft_claims_table.claims_table(params, flops, first, int8, sweep, cold, cold_raw, cold_info["weights_bytes"])`;
 the tables are saved as prefill_flops.csv, first_token_ttft.csv, int8_memory.csv, hit_rate_sweep.csv,
 cold_start.csv and cold_start_raw.csv, and the weights file's size in bytes as metrics.json's weights_bytes.
@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from lab.ledger.rebuild import Inputs, Rebuild, run_parameters
-from lab.studies import ttft_claims as study
-from lab.studies import ttft_claims_table as claims_mod
+from lab.claims.rebuild import Inputs, Rebuild, run_parameters
+from lab.studies.ttft_claims import measure as study, table as claims_mod
 
 
 def _params(run_dir: Path) -> study.TTFTParams:

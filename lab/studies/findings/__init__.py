@@ -42,10 +42,10 @@ class RunFiles:
     """A run directory's files as the finding functions read them: tables by stem, metrics, parameters."""
 
     def __init__(self, run_dir: Path):
-        from lab.plots import use_style
+        from lab.figures.style import use_style
 
         self.dir = Path(run_dir)
-        use_style()  # drawn as the run drew it (`lab.runs.start_run` sets the same style)
+        use_style()  # drawn as the run drew it (`lab.workflow.run.start_run` sets the same style)
 
     def csv(self, stem: str) -> pd.DataFrame:
         return pd.read_csv(self.dir / f"{stem}.csv")
@@ -149,7 +149,7 @@ def redraw(notebook: str, run_dir: Path, log=print) -> list[Path]:
     (nothing measured is touched). A figure the run kept no tables for is named and left as it is."""
     import matplotlib.pyplot as plt
 
-    from lab.runs import save_figure
+    from lab.workflow.run import save_figure
 
     saved = []
     for stem, draw in figures(notebook).items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from lab.plots import PALETTE, claim_line, finding_title, legend_outside
+from lab.figures.style import PALETTE, claim_line, finding_title, legend_outside
 from lab.studies.findings import Finding, RunFiles
 
 
@@ -46,7 +46,7 @@ FINDING = Finding(
 
 
 def _kv_over_time(run: RunFiles):
-    from lab.studies.engine_tour import TourParams, plot_kv_over_time
+    from lab.studies.engine_tour.measure import TourParams, plot_kv_over_time
 
     return plot_kv_over_time(run.csv("steps_cold"), run.params(TourParams).NUM_KV_BLOCKS,
                              "Cold batch: KV blocks in use per step")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from lab.plots import PALETTE, claim_band, claim_line, error_extents, finding_title, legend_outside
+from lab.figures.style import PALETTE, claim_band, claim_line, error_extents, finding_title, legend_outside
 from lab.studies.findings import Finding, RunFiles
 from lab.studies.findings.words import against
 
@@ -55,16 +55,16 @@ FINDING = Finding(
 
 
 def _params(run: RunFiles):
-    from lab.studies.memory_accounting import MemoryParams
+    from lab.studies.memory_accounting.measure import MemoryParams
 
     return run.params(MemoryParams)
 
 
 def _roofline(run: RunFiles):
     from lab import memory as mem
-    from lab import roofline
-    from lab.hardware import get_gpu
-    from lab.studies import memory_accounting as study
+    from lab.machine import roofline
+    from lab.machine.hardware import get_gpu
+    from lab.studies.memory_accounting import measure as study
 
     p = _params(run)
     gpu = get_gpu(p.GPU)
@@ -73,14 +73,14 @@ def _roofline(run: RunFiles):
 
 
 def _int4(run: RunFiles):
-    from lab.studies import int4_decode
+    from lab.studies.memory_accounting import int4_decode
 
     return int4_decode.plot(run.csv("int4_speedup"))
 
 
 def _study_plot(name: str, table: str):
     def draw(run: RunFiles):
-        from lab.studies import memory_accounting as study
+        from lab.studies.memory_accounting import measure as study
 
         return getattr(study, name)(run.csv(table), _params(run))
     return draw

@@ -9,7 +9,7 @@ import dataclasses
 from matplotlib.figure import Figure
 
 from lab.parallel.comm_model import LINKS
-from lab.plots import PALETTE, claim_line, finding_title, legend_outside
+from lab.figures.style import PALETTE, claim_line, finding_title, legend_outside
 from lab.studies.findings import Finding, RunFiles
 from lab.studies.findings.words import against
 
@@ -17,8 +17,8 @@ CLAIM = 40.0  # 「通信占比高达 40%」
 
 
 def _shares(run: RunFiles) -> dict[str, float]:
-    from lab.studies.parallelism import ParallelParams
-    from lab.studies.parallelism_claims import replay_step_shares
+    from lab.studies.parallelism.measure import ParallelParams
+    from lab.studies.parallelism.claims import replay_step_shares
 
     names = {f.name for f in dataclasses.fields(ParallelParams)}
     return {k: 100 * v for k, v in replay_step_shares(ParallelParams(
@@ -61,19 +61,19 @@ FINDING = Finding(
 
 
 def _links(run: RunFiles):
-    from lab.studies.parallelism import plot_links
+    from lab.studies.parallelism.measure import plot_links
 
     return plot_links(run.csv("comm_sweep"), run.csv("comm_fit"))
 
 
 def _alpha(run: RunFiles):
-    from lab.studies.parallelism import ParallelParams, plot_alpha_sweep
+    from lab.studies.parallelism.measure import ParallelParams, plot_alpha_sweep
 
     return plot_alpha_sweep(run.csv("alpha_sweep"), run.params(ParallelParams))
 
 
 def _bubble(run: RunFiles):
-    from lab.studies.parallelism_claims import plot_bubble
+    from lab.studies.parallelism.claims import plot_bubble
 
     return plot_bubble(run.csv("bubble"))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from lab.plots import PALETTE, claim_line, error_extents, finding_title, legend_outside
+from lab.figures.style import PALETTE, claim_line, error_extents, finding_title, legend_outside
 from lab.studies.findings import Finding, RunFiles
 
 TENTHS = 1.0  # "up a few tenths": at most +1.0 in perplexity, the most the words allow
@@ -61,25 +61,25 @@ def _domains(run: RunFiles) -> tuple[str, ...]:
 
 
 def _grid(run: RunFiles):
-    from lab.studies.quant_accuracy_plots import plot_grid
+    from lab.studies.quant_accuracy.plots import plot_grid
 
     return plot_grid(run.csv("grid"), run.csv("sensitive_vs_perplexity"), _domains(run))
 
 
 def _pass_rates(run: RunFiles):
-    from lab.studies.quant_accuracy_plots import plot_pass_rates
+    from lab.studies.quant_accuracy.plots import plot_pass_rates
 
     return plot_pass_rates(run.csv("grid"))
 
 
 def _ladder(run: RunFiles):
-    from lab.studies.quant_accuracy_plots import plot_ladder
+    from lab.studies.quant_accuracy.plots import plot_ladder
 
     return plot_ladder(run.csv("ladder"), _domains(run))
 
 
 def _decomposition(run: RunFiles):
-    from lab.studies.quant_accuracy_plots import plot_decomposition
+    from lab.studies.quant_accuracy.plots import plot_decomposition
 
     return plot_decomposition(run.csv("decomposition"), _domains(run))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from lab.plots import PALETTE, claim_line, finding_title, legend_outside
+from lab.figures.style import PALETTE, claim_line, finding_title, legend_outside
 from lab.studies.findings import Finding, RunFiles
 
 STORES = (("load host memory s", "host memory"), ("load disk file s", "a disk file"))

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from lab.plots import PALETTE, claim_band, finding_title, legend_outside
-from lab.run_level import spread
+from lab.figures.style import PALETTE, claim_band, finding_title, legend_outside
+from lab.claims.across_runs import spread
 from lab.studies.findings import Finding, RunFiles
 from lab.studies.findings.words import against
-from lab.studies.serving_claims import prefix_cuts
+from lab.studies.serving.claims import prefix_cuts
 
 SHARED, RANDOM = "shared system prompt", "random prompts"
 BANDS = {SHARED: (30.0, 50.0, "article: a further 30-50%"), RANDOM: (10.0, 20.0, "article: about 10-20% by paging")}
@@ -53,7 +53,7 @@ FINDING = Finding(
 
 
 def _ramp(run: RunFiles):
-    from lab.studies.serving_plots import plot_ramp
+    from lab.studies.serving.plots import plot_ramp
 
     m = run.metrics
     return plot_ramp(run.csv("ramp_levels"), m["knee_concurrency"], m["operating_concurrency"])

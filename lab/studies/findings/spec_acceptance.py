@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from lab.plots import PALETTE, claim_band, claim_line, error_extents, finding_title, legend_outside
+from lab.figures.style import PALETTE, claim_band, claim_line, error_extents, finding_title, legend_outside
 from lab.studies.findings import Finding, RunFiles
 
 DRAFTERS = (("ngram", "n-gram"), ("quantized", "4-bit copy"), ("layerskip", "layer-skip"))

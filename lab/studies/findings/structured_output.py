@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from lab.plots import PALETTE, claim_band, error_extents, finding_title, legend_outside
+from lab.figures.style import PALETTE, claim_band, error_extents, finding_title, legend_outside
 from lab.studies.findings import Finding, RunFiles
 from lab.studies.findings.words import against
 
@@ -55,13 +55,13 @@ FINDING = Finding(
 
 
 def _mask_cost(run: RunFiles):
-    from lab.studies.structured_output_claims import plot_mask_cost
+    from lab.studies.structured_output.claims import plot_mask_cost
 
     return plot_mask_cost(run.csv("mask_summary"), run.csv("mask_components"))
 
 
 def _validity(run: RunFiles):
-    from lab.studies.structured_output_claims import plot_validity
+    from lab.studies.structured_output.claims import plot_validity
 
     return plot_validity(run.csv("validity"))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from lab.plots import PALETTE, claim_band, error_extents, finding_title, legend_outside
+from lab.figures.style import PALETTE, claim_band, error_extents, finding_title, legend_outside
 from lab.studies.findings import Finding, RunFiles
 from lab.studies.findings.words import against
 
@@ -55,7 +55,7 @@ FINDING = Finding(
 
 
 def _claims(run: RunFiles):
-    from lab.studies import ttft_claims_table as table
+    from lab.studies.ttft_claims import table
 
     return table.plot(run.csv("hit_rate_sweep"), run.csv("first_token_ttft"), run.csv("cold_start"),
                       run.parameters["HIGH_HIT"])

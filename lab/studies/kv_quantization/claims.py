@@ -3,7 +3,7 @@
 The position study measures one long text, so there are no independent sequences to resample. Its intervals
 are a block bootstrap (Kunsch, 1989): the text is cut into contiguous blocks of `BLOCK_TOKENS` positions
 (neighbouring positions share context, so their errors are correlated; whole blocks keep that correlation
-inside a resampled unit) and blocks are drawn with replacement (`lab.intervals.bootstrap`). A bucket's mean is
+inside a resampled unit) and blocks are drawn with replacement (`lab.stats.intervals.bootstrap`). A bucket's mean is
 pooled from the blocks drawn into it (measured positions as weights, so the point value is the bucket's
 mean over positions). Every comparison of two formats draws the same blocks for both sides: a paired
 comparison, so the text's own hard stretches cancel. The draws are over all blocks, not within each bucket,
@@ -16,7 +16,7 @@ End to end, perplexity, KL and top-1 resample held-out sequences and pass rates 
 sequences (`lab.eval.scores.paired`), Wilson intervals of lost items and unchanged outputs, and the change
 in pass rate, paired over the same items.
 
-The claims table is the one shape of every notebook's (`lab.claims.claim_row`): the claim, the article's
+The claims table is the one shape of every notebook's (`lab.claims.table.claim_row`): the claim, the article's
 statement (seeds/003 §2.3, or vLLM's documentation for its scale of 1.0), what was measured as "v [low, high]"
 first (the form the claims ledger reads) with the rest of the evidence after it, the verdict and a note. A
 verdict is holds or wrong when its interval excludes the claim's boundary (the null: 1 for a ratio, a stated
@@ -31,10 +31,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from lab.claims import CLAIMS_COLUMNS, NOT_CHECKABLE, Bound, claim_row, from_flag, holds_cell
-from lab.claims import verdict as rules_verdict
+from lab.claims.table import CLAIMS_COLUMNS, NOT_CHECKABLE, Bound, claim_row, from_flag, holds_cell
+from lab.claims.table import verdict as rules_verdict
 from lab.eval.scores import SequenceScores, paired
-from lab.intervals import (Interval, significance_word, undecided, bootstrap, mean_interval, proportion,
+from lab.stats.intervals import (Interval, significance_word, undecided, bootstrap, mean_interval, proportion,
                            significance)
 from lab.studies.kv_quantization.params import UNIT_SCALE
 
@@ -175,12 +175,12 @@ SECTION = "seeds/003 §2.3"
 
 
 def _bracketed(iv: Interval, fmt: str = ".3g") -> str:
-    """"v [low, high]": the form `lab.ledger.rules.parse_lab` reads a number and its interval from."""
+    """"v [low, high]": the form `lab.claims.rules.parse_lab` reads a number and its interval from."""
     return f"{iv.value:{fmt}} [{iv.low:{fmt}}, {iv.high:{fmt}}]"
 
 
 def decide(iv: Interval, null: float, claim_above: bool) -> str:
-    """The verdict on "the quantity lies above `null`" (below, when not `claim_above`): `lab.ledger.rules`'
+    """The verdict on "the quantity lies above `null`" (below, when not `claim_above`): `lab.claims.rules`'
     `Bound` on the interval: holds or wrong by which side of `null` the interval lies on, not distinguishable
     when it reaches across `null` (or is NaN). Strict: two identical formats give a ratio of exactly 1 [1, 1],
     which says neither is better, so a claim that one is better is wrong."""
@@ -312,7 +312,7 @@ def _growth_row(blocks: pd.DataFrame, add) -> None:
 
 def claims_table(p, blocks: pd.DataFrame, roles: pd.DataFrame, e2e: pd.DataFrame,
                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The article's claims in the one shape (`lab.claims.CLAIMS_COLUMNS`, only claims whose formats were run),
+    """The article's claims in the one shape (`lab.claims.table.CLAIMS_COLUMNS`, only claims whose formats were run),
     and beside it each claim's interval (`value`, `value_low`, `value_high`), the boundary it was compared with
     (`null`) and whether the interval excludes it (`significance`)."""
     rows, intervals = [], []

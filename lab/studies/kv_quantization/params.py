@@ -10,7 +10,7 @@ from typing import ClassVar
 from lab.engine import EngineConfig
 from lab.kv.calibration import KVScales
 from lab.kv.format import KVCacheFormat, parse_format
-from lab.runs import as_tuple, check_choice, check_device, check_range
+from lab.workflow.run import as_tuple, check_choice, check_device, check_range
 
 
 UNIT_SCALE = "unit-scale"  # a format-name suffix of this study: static scales of 1.0 (vLLM's default)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from lab.plots import PALETTE, error_extents, frame_extents, legend_outside
+from lab.figures.style import PALETTE, error_extents, frame_extents, legend_outside
 from lab.studies.kv_quantization.params import KVStudyParams
 
 

@@ -2,7 +2,7 @@
 recomputed for its 70B example on an H100, and what this machine's measured recomputes say of its claims about
 them (recompute beats reading; its cost does not grow with the context; replay pays more the longer the context).
 
-Every verdict is `lab.ledger.rules.verdict` on the lab's number (`lab.claims.judged`); the one claim no number
+Every verdict is `lab.claims.rules.verdict` on the lab's number (`lab.claims.table.judged`); the one claim no number
 decides is wrong by argument, its argument in the note.
 """
 
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from lab.claims import BY_ARGUMENT, CLAIMS_COLUMNS, Bound, Number, claim_row, judged, shown
-from lab.hardware import GPUS
+from lab.claims.table import BY_ARGUMENT, CLAIMS_COLUMNS, Bound, Number, claim_row, judged, shown
+from lab.machine.hardware import GPUS
 from lab.memory import ModelShape
 from lab.replay.cost import LINKS, recompute_seconds, window_cost
 
@@ -30,7 +30,7 @@ GROWTH_WINDOWS = (16, 32, 64)  # its windows (§3.1: 16-64 tokens)
 def claims_table(p: ReplayParams, measured: pd.DataFrame | None = None) -> pd.DataFrame:
     """The replay article's numbers (its 70B example: 80 layers, 8 KV heads of 128, d_model 8192, fp16, H100)
     beside the lab's recomputation, one `claim_row` each (the claim led by its section of seeds/000). Every
-    verdict is `lab.ledger.rules.verdict` on the lab's number: its own arithmetic (`Number(text)`) to its printed
+    verdict is `lab.claims.rules.verdict` on the lab's number: its own arithmetic (`Number(text)`) to its printed
     digit, an estimate (`Number(text, exact=False)`) within 2%, a comparison (`Bound`) strictly; the one claim
     no number decides is wrong by argument, the argument in its note."""
     s = ModelShape.preset("llama-3-70b")
@@ -148,7 +148,7 @@ def _estimate(text: str) -> Number:
 
 
 def _recomputed(claim: str, says: str, rule: Number, computed: float, unit: str, why: str = "") -> dict:
-    """A `claim_row` for an article's number recomputed here, judged by `rule` (`lab.claims.judged`) and printed to
+    """A `claim_row` for an article's number recomputed here, judged by `rule` (`lab.claims.table.judged`) and printed to
     at least the claim's precision, so the ledger reads back the verdict; by how much (and `why`, where the figure
     has a point worth stating) in the note."""
     word, off = judged(rule, computed)

@@ -17,12 +17,12 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from lab.hardware import GPUS, Hardware
+from lab.machine.hardware import GPUS, Hardware
 from lab.memory import ModelShape
 from lab.models.loader import default_dtype, parse_dtype
 from lab.replay.cost import LINKS, break_even_table, recompute_seconds, window_cost
-from lab.plots import PALETTE, legend_outside
-from lab.runs import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
+from lab.figures.style import PALETTE, legend_outside
+from lab.workflow.run import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
 
 COST_MODELS = ["smollm2-135m", "llama-2-7b", "llama-3-8b", "llama-3-70b", "qwen2.5-72b", "deepseek-v3"]
 ATTENTION = {"llama-2-7b": "MHA", "deepseek-v3": "MLA"}  # the rest are GQA
@@ -128,7 +128,7 @@ def measure(p: ReplayParams) -> pd.DataFrame:
     from lab.replay import ReplayConfig
     from lab.replay.measure import RecomputeBench, tier_loads
     from lab.replay.microbench import measure_ceilings
-    from lab.hardware import model_ceilings
+    from lab.machine.hardware import model_ceilings
 
     rows = []
     total = max(p.PREFIXES) + max(p.WINDOWS)

@@ -2,11 +2,11 @@
 
 Its worked numbers are recomputed with `lab.speculative.theory`; its claims about acceptance by task, the draft cost
 ratio c and the cost of verification are set against the main run of `lab.studies.spec_acceptance` (its
-per-category table and step costs). Each row is a `lab.claims.claim_row`: the claim, the article's figure, what the
+per-category table and step costs). Each row is a `lab.claims.table.claim_row`: the claim, the article's figure, what the
 lab computes or measures, and the verdict: holds or wrong, "not distinguishable" where the measurement's 95%
 interval over prompts straddles the claim's value, "not checkable here" where the lab cannot test it; the note
 says why. A measured figure is printed as "value [low, high]", the form the claims ledger reads
-(`lab.ledger.rules.parse_lab`).
+(`lab.claims.rules.parse_lab`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from lab.claims import NOT_CHECKABLE, Bound, Number, Range, all_of, claim_row, from_flag, holds_cell, judged, shown
-from lab.intervals import Interval, significance_word, undecided
+from lab.claims.table import NOT_CHECKABLE, Bound, Number, Range, all_of, claim_row, from_flag, holds_cell, judged, shown
+from lab.stats.intervals import Interval, significance_word, undecided
 from lab.speculative.drafters import weight_bytes_ratio
 from lab.speculative.measure import StepCosts
 from lab.speculative.speculator import SpeculativeConfig
@@ -52,13 +52,13 @@ RANDOM_TARGET = "a random-weight target: its acceptance says nothing about tasks
 
 def roofline_costs(model, context: int, ks, hw) -> dict:
     """The roofline's floor under the costs `lab.speculative.measure` times, on ceilings `hw` measured in the model's dtype
-    on its device (`lab.hardware.probe_inference`): the one-token step at `context` cached tokens (weights and KV
+    on its device (`lab.machine.hardware.probe_inference`): the one-token step at `context` cached tokens (weights and KV
     read once) in ms, whether it is memory- or compute-bound, and v(k), a (k + 1)-token verification's floor over
     the step's: 1.0 while verification stays memory-bound, which is the article's "cost 1 + k c"."""
     import dataclasses
 
     from lab.memory import ModelShape, dtype_name, weight_bytes
-    from lab.roofline import decode_flops, decode_step_time, model_cost
+    from lab.machine.roofline import decode_flops, decode_step_time, model_cost
 
     dt = dtype_name(model.embed_tokens.weight.dtype)
     shape = ModelShape.from_hf_config(model.config.to_hf_dict())
@@ -92,7 +92,7 @@ def _interval(row, name: str) -> Interval:
 
 
 def _bracketed(iv: Interval, fmt: str = ".3g") -> str:
-    """"v [low, high]": the form `lab.ledger.rules.parse_lab` reads a number and its interval from."""
+    """"v [low, high]": the form `lab.claims.rules.parse_lab` reads a number and its interval from."""
     return f"{iv.value:{fmt}} [{iv.low:{fmt}}, {iv.high:{fmt}}]"
 
 
@@ -205,7 +205,7 @@ def _by_category(cats: pd.DataFrame) -> list[dict]:
 
 def claims_table(main: pd.DataFrame, costs: dict[str, StepCosts], p: SpecParams, model,
                  bench: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The deployment article's section 5 claims, recomputed or measured here, in `lab.claims.CLAIMS_COLUMNS`;
+    """The deployment article's section 5 claims, recomputed or measured here, in `lab.claims.table.CLAIMS_COLUMNS`;
     acceptance by task from Spec-Bench's rows (`bench`) where it has the task with more prompts."""
     cats = task_categories(main[main["category"] != "all"], bench)
     overall = main[main["category"] == "all"].set_index("drafter")

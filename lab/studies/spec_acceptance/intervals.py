@@ -1,6 +1,6 @@
 """95% intervals over prompts for notebook 05's figures, and the words its comparisons use (issue 23, item 3).
 
-The prompts are the items of `lab.intervals.bootstrap`: a resample draws a category's prompts with replacement
+The prompts are the items of `lab.stats.intervals.bootstrap`: a resample draws a category's prompts with replacement
 and recomputes each figure from the drawn prompts' pooled rounds and summed times, so every rate stays a ratio
 of sums, as the point value is:
 
@@ -23,7 +23,7 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
-from lab.intervals import bootstrap, significance_word, ratio_interval, ratio_of_sums, significance
+from lab.stats.intervals import bootstrap, significance_word, ratio_interval, ratio_of_sums, significance
 from lab.speculative.speculator import SpecStats
 
 TOLERANCE = 0.10  # "within 10%" of a prediction

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from lab.engine import LLM, SamplingParams
 from lab.quant.calibration import SPEC_BENCH_PATH, chat_token_ids
-from lab.runs import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
+from lab.workflow.run import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
 from lab.speculative.drafters import layer_skip_model, quantized_copy
 from lab.speculative.measure import StepCosts, step_costs
 from lab.speculative.prompts import TaskPrompt, load_prompts

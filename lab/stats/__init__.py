@@ -1,0 +1,1 @@
+"""Statistics: intervals over independent units (`intervals`: bootstrap, Wilson, percentile, run-level spreads)."""
