@@ -294,3 +294,26 @@ def test_acceptance_by_task_reads_the_source_with_more_prompts():
     assert list(out["source"]) == ["lab set", "Spec-Bench", "lab set", "lab set"]
     assert list(out["requests"]) == [5, 20, 5, 5] and list(out["a"]) == [0.5, 0.3, 0.7, 0.4]
     assert task_categories(cats, None)["source"].eq("lab set").all()
+
+
+def test_the_verification_row_is_judged_on_the_drafters_spread_and_the_ledger_reads_it_the_same():
+    """003-42, "verifying k drafts costs one target step": v(k) is the target's (k + 1)-token forward, one quantity
+    measured once in each drafter's engine. The notebook called the claim wrong when any drafter's figure exceeded
+    1.1 and the ledger read the layer-skip drafter's alone, so a run at 1.11 (ngram), 1.04 (layer-skip) and 1.05
+    (quantized) got "wrong" from one and "holds" from the other (`lab claims --check`: disagrees). Both now judge
+    the runs' median and min-max spread."""
+    from lab.claims.ledger import CLAIMS
+    from lab.claims.rules import HOLDS, NOT_DISTINGUISHABLE, WRONG, judge, parse_lab
+    from lab.studies.spec_acceptance.claims import verification_row
+
+    claim = next(c for c in CLAIMS if c.id == "003-42")
+    for v, want in (({"ngram": 1.11, "layerskip": 1.04, "quantized": 1.05}, NOT_DISTINGUISHABLE),
+                    ({"ngram": 1.2, "layerskip": 1.3, "quantized": 1.25}, WRONG),
+                    ({"ngram": 1.0, "layerskip": 1.02, "quantized": 1.05}, HOLDS)):
+        row = verification_row(v, 4)
+        assert row["verdict"] == want, (v, row)
+        number = parse_lab(row["measured here"], claim.link.lab_pattern)
+        assert float(number.text) == sorted(v.values())[1]
+        assert (float(number.lo), float(number.hi)) == (min(v.values()), max(v.values()))
+        assert judge(claim.rule, number) == row["verdict"]  # the ledger gives the notebook's verdict
+    assert verification_row({"ngram": 1.2, "layerskip": 1.3}, 4)["verdict"] == NOT_DISTINGUISHABLE  # 2 runs: none

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from lab.claims.across_runs import judged_runs, spread, text
 from lab.claims.table import NOT_CHECKABLE, Bound, Number, Range, all_of, claim_row, from_flag, holds_cell, judged, shown
 from lab.stats.intervals import Interval, significance_word, undecided
 from lab.speculative.drafters import weight_bytes_ratio
@@ -203,6 +204,21 @@ def _by_category(cats: pd.DataFrame) -> list[dict]:
     return rows
 
 
+def verification_row(v: dict[str, float], k: int) -> dict:
+    """The article's "verifying k drafts costs one target step" against v(k), the target's (k + 1)-token forward in
+    plain steps. It is one quantity whatever drafts it, measured once in each drafter's engine: so it is judged on
+    the median and the min-max spread of those runs (`lab.claims.across_runs`), the figure the ledger reads back.
+    (Judging any one drafter's figure, or calling the claim wrong when any exceeds the bound, picks one of several
+    noisy repeats: the notebook and the ledger once did each, and disagreed when the runs straddled 1.1.)"""
+    s = spread(list(v.values()))
+    word, note = judged_runs(UNDER_1_1, s)
+    if holds_cell(word) is False:
+        note = "here: a (k+1)-token forward with k+1 LM-head rows costs more than a one-token step; " + note
+    return claim_row("verifying k drafts costs one target step (cost 1 + k c)", "1 + k c",
+                     f"measured v({k}) = {text(s, UNDER_1_1)} plain steps (" +
+                     ", ".join(f"{x:.2f} {n}" for n, x in v.items()) + ")", word, note)
+
+
 def claims_table(main: pd.DataFrame, costs: dict[str, StepCosts], p: SpecParams, model,
                  bench: pd.DataFrame | None = None) -> pd.DataFrame:
     """The deployment article's section 5 claims, recomputed or measured here, in `lab.claims.table.CLAIMS_COLUMNS`;
@@ -211,13 +227,7 @@ def claims_table(main: pd.DataFrame, costs: dict[str, StepCosts], p: SpecParams,
     overall = main[main["category"] == "all"].set_index("drafter")
     random_target = p.MODEL.startswith("random:")
     rows = _theory_rows() + [_cut_off_row(overall, p.K)] + _c_rows(overall, costs, p, model)
-    v = {name: float(overall.loc[name, "v(k)"]) for name in costs}
-    cheap = all_of(*(judged(UNDER_1_1, x)[0] for x in v.values()))
-    rows.append(claim_row(
-        "verifying k drafts costs one target step (cost 1 + k c)", "1 + k c",
-        f"measured v({p.K}) = " + ", ".join(f"{x:.2f} ({n})" for n, x in v.items()) + " plain steps",
-        cheap, "" if holds_cell(cheap) else "here: a (k+1)-token forward with k+1 LM-head rows costs more than a "
-        "one-token step"))
+    rows.append(verification_row({name: float(overall.loc[name, "v(k)"]) for name in costs}, p.K))
     art, meas = main["error_article_vs_10pct"].value_counts(), main["error_measured_costs_vs_10pct"].value_counts()
     holds = True if art.get("within 10%", 0) == len(main) else False if art.get("outside 10%", 0) else None
     rows.append(claim_row(
