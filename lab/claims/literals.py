@@ -61,8 +61,9 @@ def scan(source: str, name: str = "<source>") -> list[str]:
 def find(*directories: Path) -> list[str]:
     """The verdict literals in every module under `directories` (default: `SCANNED`, lab/studies and
     lab/claims/arithmetic)."""
-    missing = [str(d) for d in (directories or SCANNED) if not Path(d).is_dir()]
+    directories = directories or SCANNED
+    missing = [str(d) for d in directories if not Path(d).is_dir()]
     if missing:  # a moved folder would otherwise be scanned as empty, and pass
         raise FileNotFoundError(f"no such folder to scan for verdict literals: {', '.join(missing)}")
-    return [hit for directory in (directories or SCANNED) for path in sorted(Path(directory).rglob("*.py"))
+    return [hit for directory in directories for path in sorted(Path(directory).rglob("*.py"))
             for hit in scan(path.read_text(), str(path.relative_to(Path(directory).parent)))]

@@ -26,11 +26,15 @@ _IMPORT = re.compile(r"lab\.studies(?:\.(\w+)|[ \t]+import[ \t]+(?:\(([\w\s,]+)\
 _FROM_PACKAGE = re.compile(r"from[ \t]+lab\.studies\.(\w+)[ \t]+import[ \t]+(?:\(([\w\s,]+)\)|([\w \t,]+))")
 
 
+def _names(listing: str) -> set[str]:
+    """The names an import listing brings in ("a as b, c" -> {"a", "c"})."""
+    return {n.split(" as ")[0].strip() for n in listing.split(",") if n.strip()}
+
+
 def _modules(text: str) -> set[str]:
     names = set()
     for dotted, grouped, listed in _IMPORT.findall(text):
-        names |= {dotted} if dotted else {n.split(" as ")[0].strip() for n in (grouped or listed).split(",")
-                                          if n.strip()}
+        names |= {dotted} if dotted else _names(grouped or listed)
     return names
 
 
@@ -61,8 +65,7 @@ _SUBMODULE = re.compile(r"lab\.studies\.(\w+)\.(\w+)")
 
 def _refs(text: str) -> set[str]:
     """The study modules a file names: "x" (a module or a package) and "pkg.sub" (a package's submodule)."""
-    listed = {f"{pkg}.{n.split(' as ')[0].strip()}" for pkg, grouped, flat in _FROM_PACKAGE.findall(text)
-              for n in (grouped or flat).split(",") if n.strip()}
+    listed = {f"{pkg}.{n}" for pkg, grouped, flat in _FROM_PACKAGE.findall(text) for n in _names(grouped or flat)}
     return _modules(text) | {f"{pkg}.{sub}" for pkg, sub in _SUBMODULE.findall(text)} | listed
 
 
