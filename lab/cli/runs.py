@@ -90,8 +90,8 @@ def _run(args) -> int:
         bar.update(round(before.get(name, 60.0)))
     bar.close()
     if len(names) > 1:
-        state = lambda n: "refused" if n in refused else "failed" if n in failed else verdicts.get(n, "")  # noqa: E731
-        print("\n".join(f"  {n:28s} {t / 60:6.1f} min  {state(n)}" for n, t in took.items())
+        outcome = lambda n: "refused" if n in refused else "failed" if n in failed else verdicts.get(n, "")  # noqa: E731
+        print("\n".join(f"  {n:28s} {t / 60:6.1f} min  {outcome(n)}" for n, t in took.items())
               + f"\n  {'total':28s} {sum(took.values()) / 60:6.1f} min")
     if refused:  # what the model could not be used for, and why: the other notebooks ran
         print(f"refused: {len(refused)} of {len(names)} notebooks could not run on MODEL={params.get('MODEL')!r}")

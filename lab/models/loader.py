@@ -159,11 +159,16 @@ def resolve_model_dir(model: str | os.PathLike) -> Path:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")  # any one: the directory has one
 
 
+def has_tokenizer(model_dir: Path) -> bool:
+    """Whether the directory ships a tokenizer (any of `TOKENIZER_FILES`)."""
+    return any((model_dir / f).exists() for f in TOKENIZER_FILES)
+
+
 def load_tokenizer(model_dir: Path):
     """The directory's Hugging Face tokenizer, or None when it ships none (weights-only checkpoints)."""
     from transformers import AutoTokenizer
 
-    if not any((model_dir / f).exists() for f in TOKENIZER_FILES):
+    if not has_tokenizer(model_dir):
         return None
     _record_load("tokenizer", model_dir, model_dir)
     return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
@@ -193,17 +198,14 @@ def describe_model(model: str | os.PathLike) -> ModelInfo:
 
     name = str(model)
     if name.startswith("random:"):
-        config = preset_config(name.split(":", 1)[1])
-        shape = ModelShape.from_hf_config(config.to_hf_dict(), name)
-        return ModelInfo(name, config, False, False, param_counts(shape)["total"])
+        config = preset_config(name.split(":", 1)[1])  # an unknown preset is refused here, by name
+        return ModelInfo(name, config, False, False, param_counts(ModelShape.load(name))["total"])
     model_dir = resolve_model_dir(model)
-    raw = json.loads((model_dir / "config.json").read_text())
     config = ModelConfig.from_json(model_dir / "config.json")  # an unsupported architecture is refused here
-    has_tok = any((model_dir / f).exists() for f in TOKENIZER_FILES)
     chat = (model_dir / "chat_template.jinja").exists() or (
         (model_dir / "tokenizer_config.json").exists()
         and "chat_template" in json.loads((model_dir / "tokenizer_config.json").read_text()))
-    return ModelInfo(name, config, has_tok, chat, param_counts(ModelShape.from_hf_config(raw, name))["total"])
+    return ModelInfo(name, config, has_tokenizer(model_dir), chat, param_counts(ModelShape.load(model_dir))["total"])
 
 
 def load_model(model: str | os.PathLike = "smollm2-135m", dtype: torch.dtype | str | None = None,

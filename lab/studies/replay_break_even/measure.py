@@ -54,8 +54,9 @@ class ReplayParams:
         # has the same shape and a 128K context) in bfloat16 on the GPU, against prefixes up to 32K, and against
         # the GPU's own tiers (its memory, pinned and pageable host memory over PCIe); the tables for the H200 it
         # runs on. The lossless check on that model too, in float32 (exactness holds or fails whatever the
-        # weights). ~25 s on one H200: the lossless check ~7 s (4 x 64 steps of the 8B in float32), a 33K-token prefill ~2 s, ~70 timed forwards ~1 s, tier loads ~1.5 s, probe 4 s,
-        # SmolLM2 load ~1.5 s, 8 s start.
+        # weights). ~25 s on one H200 (an estimate): the lossless check ~7 s (4 x 64 steps of the 8B in float32), a
+        # 33K-token prefill ~2 s, ~70 timed forwards ~1 s, tier loads ~1.5 s, probe 4 s, the 8B's random weights
+        # built twice (float32, then bfloat16) ~1.5 s, 8 s start.
         "gpu": {"MODEL": "random:llama-3-8b", "DTYPE": "bfloat16", "PREFIXES": (2048, 8192, 32768),
                 "WINDOWS": (16, 64, 256), "REPEATS": 5, "HARDWARE": "h200", "LOSSLESS_TOKENS": 64,
                 "PROBE_SECONDS": 4.0},
