@@ -15,12 +15,13 @@ import contextlib
 import html
 import json
 import os
+import shutil
 import traceback
 from pathlib import Path
 
 from .atomic import write_atomic
 from .index import write_index
-from .run import EXPLICIT_ENV, new_run_id, results_root
+from .run import EXPLICIT_ENV, new_run_id, refusal, results_root
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -124,6 +125,9 @@ def run_environment(path: Path, params: dict, root: Path | None = None):
     try:
         yield run_dir
     except Exception as e:
+        if refusal(e) is not None:  # refused before any work (`ModelRefused`): no run to keep; `lab run` says why
+            shutil.rmtree(run_dir)
+            raise
         # The whole traceback: the index shows its last line (the exception), and in-process runs keep the
         # script's file and line (papermill's error text ends with the cell's own traceback).
         error = "".join(traceback.format_exception(e))[-2000:]
