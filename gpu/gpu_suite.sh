@@ -68,7 +68,7 @@ if [[ $plan == tree ]]; then
   steps+=("kernels|90|$PY gpu/kernels_gpu.py ${flag[*]} --out $out")
   for e in "smollm2|45|$small" "llama-3-8b|65|$large"; do
     IFS='|' read -r tag est m <<<"$e"
-    steps+=("engine-$tag|$est|$PY -m lab.cli bench engine --model $m --variants eager-auto --backend torch,triton \
+    steps+=("engine-$tag|$est|$PY -m lab.cli bench engine --model $m --variants eager-auto --rounds 1 --backend torch,triton \
 --transformers auto ${toy[*]} --json $out/bench_engine_$tag.json --plot $out/bench_engine_$tag.png")
     case_logs[engine-$tag]=bench_engine_$tag
   done

@@ -12,12 +12,21 @@ def _bench_engine(args) -> int:
     from lab.bench.engine_report import format_result, plot_fractions, targets
     from lab.workflow.provenance import provenance
 
+    peers = [p for p in args.peer.split(",") if p]
+    if unknown := [p for p in peers if p != "vllm"]:
+        raise ValueError(f"--peer {','.join(unknown)}: the peers run in the same process tree are of ['vllm'] "
+                         f"(a running server: --peer-url)")
+    if peers:
+        from lab.bench.vllm_peer import vllm_python
+
+        vllm_python()  # refused before anything is built, with what to run
     result = run_engine_bench(model=args.model, variants=args.variants.split(","), workloads=args.workloads.split(","),
                               transformers_dtypes=[d for d in args.transformers.split(",") if d],
                               peer_url=args.peer_url, peer_model=args.peer_model, scale=args.scale,
                               max_tokens=args.max_tokens, profile_dir=args.profile,
                               log=CaseLog(Path(args.json).with_suffix(".jsonl") if args.json else None),
-                              backends=tuple(b for b in args.backend.split(",") if b))
+                              backends=tuple(b for b in args.backend.split(",") if b), rounds=args.rounds,
+                              vllm_dtypes=[d for d in args.peer_dtypes.split(",") if d] if peers else ())
     result["targets"] = targets(result)
     print(format_result(result))
     if args.json:
@@ -97,6 +106,11 @@ def add_bench(sub) -> None:
                      help="dtypes to run transformers.generate in ('' for none; auto: the serving dtype)")
     eng.add_argument("--peer-url", default=None, help="also time an OpenAI-compatible server (e.g. a vLLM you "
                                                       "started) on the same workloads")
+    eng.add_argument("--peer", default="", help="peers run beside the engine in the same rounds: vllm (vLLM's CPU "
+                                                "build in its own environment: `make vllm`)")
+    eng.add_argument("--peer-dtypes", default="auto", help="the dtypes --peer runs in (auto: the serving dtype)")
+    eng.add_argument("--rounds", type=int, default=3, help="every contender is timed once a round, interleaved; "
+                                                            "each ratio is the median over rounds, with its span")
     eng.add_argument("--peer-model", default=None, help="the model name that server serves (default --model)")
     eng.add_argument("--scale", type=float, default=1.0, help="shrink the long prompt (smoke runs)")
     eng.add_argument("--max-tokens", type=int, default=None, help="cap every workload's tokens out (smoke runs)")
