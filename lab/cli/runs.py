@@ -82,7 +82,9 @@ def _run(args) -> int:
             else:
                 if args.in_process:  # papermill's message holds the cell's traceback; an in-process error does not
                     bar.write("".join(traceback.format_exception(e)).rstrip(), file=sys.stderr)
-                bar.write(f"{name} FAILED: {type(e).__name__}: {str(e)[-500:]}", file=sys.stderr)
+                text = str(e)  # papermill's ends with the cell's error; a long one keeps its head (what failed) too
+                shown = text if len(text) <= 800 else f"{text[:250]} [...] {text[-500:]}"
+                bar.write(f"{name} FAILED: {type(e).__name__}: {shown}", file=sys.stderr)
                 failed[name] = describe_failure(e)
         took[name] = time.perf_counter() - start
         state = "refused" if name in refused else "failed" if name in failed else "done"
