@@ -41,3 +41,14 @@ def test_combine_takes_medians_and_keeps_the_span_and_per_round_ratios_pair_roun
     assert rotated([1, 2, 3], 4) == [2, 3, 1]
     with pytest.raises(ValueError, match="same rounds on both sides, got 2 and 1"):
         per_round_ratio([1.0, 2.0], [1.0], lower_is_better=True)
+
+
+def test_lab_bench_machine_prints_the_probe_and_refuses_an_unknown_dtype(capsys):
+    """`.ci/run` prints this beside every stage's time: a time without the hour's speed means little here."""
+    from lab.cli import main
+
+    assert main(["bench", "machine", "--seconds", "0.2", "--dtypes", "float32"]) == 0
+    line = capsys.readouterr().out
+    assert line.startswith("machine probe (float32, ") and "GFLOP/s" in line and "GB/s" in line
+    assert main(["bench", "machine", "--dtypes", "int3"]) == 2
+    assert "dtype 'int3' is not one of" in capsys.readouterr().err

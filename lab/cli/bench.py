@@ -1,4 +1,4 @@
-"""`lab bench engine|serve|quant`: the benchmarks of `lab.bench`, with provenance when written to JSON."""
+"""`lab bench engine|serve|quant|machine`: the benchmarks of `lab.bench`, with provenance when written to JSON."""
 
 from __future__ import annotations
 
@@ -90,6 +90,24 @@ def _bench_quant(args) -> int:
     return 0
 
 
+def _bench_machine(args) -> int:
+    """This machine's ceilings now (`lab.machine.hardware.probe_inference`): what a time measured in this hour is
+    to be read beside, since this machine's speed moves 2x between hours."""
+    import torch
+
+    from lab.machine.hardware import probe_inference
+    from lab.models.loader import parse_dtype
+
+    from lab.models.loader import default_dtype
+
+    for name in args.dtypes.split(","):
+        dtype = parse_dtype(name) or default_dtype("cpu")  # "auto": the serving dtype
+        h = probe_inference(dtype, seconds_budget=args.seconds)
+        print(f"machine probe ({str(dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads): matmul "
+              f"{h.peak_flops / 1e9:.0f} GFLOP/s, weight-shaped GEMV read {h.mem_bandwidth / 1e9:.1f} GB/s")
+    return 0
+
+
 def add_bench(sub) -> None:
     """`lab bench engine|serve|quant`"""
     bench = sub.add_parser("bench", help="benchmarks")
@@ -145,6 +163,12 @@ def add_bench(sub) -> None:
     bs.add_argument("--json", default=None, help="write the report (config, summary, requests, scrapes) here")
     bs.add_argument("--plot", default=None, help="write the dashboard (latency, throughput, engine state) PNG here")
     bs.set_defaults(func=_bench_serve)
+
+    bm = bench_sub.add_parser("machine", help="this machine's ceilings now (matmul GFLOP/s, GEMV read GB/s): "
+                                              "read a time measured this hour beside them")
+    bm.add_argument("--dtypes", default="bfloat16", help="comma-separated dtypes to probe")
+    bm.add_argument("--seconds", type=float, default=2.0, help="probe budget per dtype")
+    bm.set_defaults(func=_bench_machine)
 
     from lab.cli.quant import device_arg, layer_list
 
