@@ -272,3 +272,36 @@ def test_a_storm_of_aborting_clients_under_preemption_leaves_every_block_free(tm
         assert "KV blocks in use 0 of 24" in server.log(tail=10**6)
     finally:
         server.close()
+
+
+def test_a_step_past_its_deadline_fails_the_engine_however_it_hangs():
+    """A hang the process state does not show (a rank deadlocked in a collective, a kernel that never returns):
+    the step deadline catches it. Here the engine's step blocks until released, with a 1-s deadline."""
+    import torch
+
+    from lab.engine import LLM
+    from lab.serve.server import ServerThread
+
+    llm = LLM("random:tiny", dtype=torch.float32, max_model_len=256, num_kv_blocks=32)
+    release, step = threading.Event(), llm.step
+
+    def hung_step():
+        release.wait(60)
+        return step()
+
+    llm.step = hung_step
+    server = ServerThread(llm, model_name="random:tiny")
+    server.engine.step_timeout_s = 1.0
+    with server:
+        try:
+            stream = Stream(server.url, 8)
+            took = _poll(lambda: httpx.get(server.url + "/health").status_code == 503, timeout=10)
+            body = httpx.get(server.url + "/health").json()
+            assert "past the step deadline of 1 s" in body["error"], (took, body)
+            r = httpx.post(server.url + "/v1/completions", json={"model": "random:tiny", "prompt": PROMPT,
+                                                                   "max_tokens": 2}, timeout=10)
+            assert r.status_code == 503 and "step deadline" in r.json()["error"]["message"]
+            stream.join(10)
+            assert stream.error and "step deadline" in stream.error and stream.done
+        finally:
+            release.set()
