@@ -6,10 +6,12 @@ from pathlib import Path
 
 import jupytext
 import nbformat
+import pandas as pd
 import pytest
 import torch
 
 from lab.workflow.notebook import NOTEBOOKS_DIR, declared_parameters, run_notebook, study_notebooks
+from lab.workflow.profile import CELLS_FILE, FUNCTIONS_FILE
 from lab.workflow.run import start_run
 
 NOTEBOOKS = [p.stem for p in study_notebooks()]
@@ -38,6 +40,10 @@ def test_notebook_runs_in_smoke_mode_with_provenance(name, tmp_path, monkeypatch
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["duration_s"] > 0
     assert (run_dir / f"{name}.ipynb").exists() and list(run_dir.glob("*.png")) and list(run_dir.glob("*.csv"))
+    # where its time went (issue 52): papermill's per-cell record, and the kernel's sampled functions
+    cells, functions = (pd.read_csv(run_dir / f) for f in (CELLS_FILE, FUNCTIONS_FILE))
+    assert len(cells) == sum(c.cell_type == "code" for c in nbformat.read(run_dir / f"{name}.ipynb", 4).cells)
+    assert cells["seconds"].sum() > 0 and not functions.empty, name
     executed = nbformat.read(run_dir / f"{name}.ipynb", as_version=4)
     # every figure the run saves as a file is inline too (issue 35): at least as many inline PNGs as saved ones,
     # outside the widget cells; progress bars are text in their final state, not the widget's first ("0%")

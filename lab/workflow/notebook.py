@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .atomic import write_atomic
 from .index import INCOMPLETE, write_index
+from .profile import CELLS_FILE, cells_from_notebook, finish_sampling
 from .run import EXPLICIT_ENV, new_run_id, refusal, results_root
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
@@ -171,6 +172,7 @@ def run_environment(path: Path, params: dict, root: Path | None = None):
             else:
                 os.environ[k] = v
         try:
+            finish_sampling(run_dir)  # a run executed here that failed before `Run.finish`: its profile still
             write_index(root)
         except OSError as e:  # a derived view: say so, and let the run's own outcome stand
             print(f"lab run: the results index under {root} could not be refreshed ({e.strerror or e})")
@@ -198,4 +200,5 @@ def run_notebook(name: str, params: dict | None = None, root: Path | None = None
         finally:
             if out.exists():
                 tidy_outputs(out)
+        cells_from_notebook(out).to_csv(run_dir / CELLS_FILE, index=False)  # papermill's per-cell durations
     return run_dir

@@ -10,6 +10,9 @@ parameter dataclass, whose `__post_init__` rejects a bad value before any heavy 
     models_loaded.jsonl  every model (weights or tokenizer) the run loaded, its child processes' too
     *.csv, *.png     tidy tables and plots
     <notebook>.ipynb the executed notebook (written by `lab run`, image outputs stripped)
+    profile_cells.csv, profile_functions.csv   where the run's time went, by cell and by function (`lab run`:
+                     `lab.workflow.profile`)
+    INCOMPLETE       present while `lab run` has not finished writing the run (`lab.workflow.index`)
 
 A run id is a UTC timestamp (to the microsecond) plus a random suffix, so two runs never share a
 directory and ids sort in the order the runs started.
@@ -242,7 +245,11 @@ class Run:
         return current
 
     def finish(self) -> Path:
-        """Record the duration and refresh the results index; returns the run directory."""
+        """Record the duration (and, under `lab run`, where it went: `lab.workflow.profile`) and refresh the
+        results index; returns the run directory."""
+        from .profile import finish_sampling
+
+        finish_sampling(self.dir)
         self.save_metrics(duration_s=round(time.perf_counter() - self.started, 3))
         from lab.models.loader import LOAD_LOG_ENV
 
@@ -282,6 +289,10 @@ def start_run(notebook: str, params) -> Run:
 
     # every model the run loads, here and in its child processes, goes on record beside its parameters (issue 51)
     os.environ[LOAD_LOG_ENV] = str(run_dir / MODELS_LOADED)
+    if os.environ.get("LAB_RUN_DIR"):  # under `lab run`: where the run's time goes, by function (issue 52)
+        from .profile import start_sampling
+
+        start_sampling()
     return Run(notebook, run_dir, values)
 
 
