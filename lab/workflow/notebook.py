@@ -200,5 +200,6 @@ def run_notebook(name: str, params: dict | None = None, root: Path | None = None
         finally:
             if out.exists():
                 tidy_outputs(out)
-        cells_from_notebook(out).to_csv(run_dir / CELLS_FILE, index=False)  # papermill's per-cell durations
+        if out.exists():  # papermill's per-cell durations (an executor that writes no notebook has none)
+            cells_from_notebook(out).to_csv(run_dir / CELLS_FILE, index=False)
     return run_dir
