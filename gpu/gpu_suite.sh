@@ -11,7 +11,8 @@
 #   of the same shape: 04 (its float32 lossless check) and 08 (its process-group measurements).
 # carried (--carried, an optional second call): the pre-flight again (a fresh machine) and the notebooks that need
 #   SmolLM2's weights or tokenizer (98 MB: gpu/gpu_carry.sh cuts it into parts for three calls) and the wheels
-#   the image lacks (.whl/): 00, 01, 02, 03, 05, 06, 07, 09 at their gpu presets.
+#   the image lacks (.whl/): 00, 01, 02, 03, 05, 06, 07, 09 at their gpu presets; with GPU_USER_MODEL=DIR (a
+#   checkpoint on the device machine, docs/your_model.md) the same notebooks on that model instead.
 #
 # Each step has an estimate on one H200 (never yet measured there: the work counted at assumed rates plus 8 s to
 # start, docs/gpu.md) and is stopped at 1.5x it or at what is left of the 8-minute budget, so a wrong estimate
@@ -67,23 +68,28 @@ if [[ $plan == tree ]]; then
   steps+=("kernels|90|$PY gpu/kernels_gpu.py ${flag[*]} --out $out")
   for e in "smollm2|45|$small" "llama-3-8b|65|$large"; do
     IFS='|' read -r tag est m <<<"$e"
-    steps+=("engine-$tag|$est|$PY -m lab.cli bench engine --model $m --variants eager-auto --backend torch,triton \
+    steps+=("engine-$tag|$est|$PY -m lab.cli bench engine --model $m --variants eager-auto --rounds 1 --backend torch,triton \
 --transformers auto ${toy[*]} --json $out/bench_engine_$tag.json --plot $out/bench_engine_$tag.png")
     case_logs[engine-$tag]=bench_engine_$tag
   done
   case_logs[kernels]=kernels_gpu
 fi
 declare -A nb_est=([00_engine_tour]=15 [01_memory_accounting]=20 [02_quantization_accuracy]=45
-  [03_kv_quantization]=35 [04_replay_break_even]=20 [05_speculative_acceptance]=25 [06_serving_ttft]=45
+  [03_kv_quantization]=35 [04_replay_break_even]=25 [05_speculative_acceptance]=25 [06_serving_ttft]=45
   [07_structured_output]=20 [08_parallelism]=40 [09_ttft_claims]=35)
-# The tree plan's notebooks, with the one real-model check of each given random weights of SmolLM2's shape.
-declare -A nb_tree=([04_replay_break_even]="-p LOSSLESS_MODEL $small" [08_parallelism]="-p MODEL $small")
+# The tree plan's notebooks on random weights: 04's gpu preset runs random:llama-3-8b throughout (its float32
+# lossless check too), 08's process-group measurements get random weights of SmolLM2's shape.
+declare -A nb_tree=([04_replay_break_even]="" [08_parallelism]="--model $small")
 if [[ $plan == tree ]]; then default_nbs="${!nb_tree[*]}"
 else default_nbs="00_engine_tour 01_memory_accounting 02_quantization_accuracy 03_kv_quantization
   05_speculative_acceptance 06_serving_ttft 07_structured_output 09_ttft_claims"; fi
+# GPU_USER_MODEL (the carried plan): a checkpoint directory on the device machine that every notebook runs on
+# instead of the carried SmolLM2 (`lab run --model`, docs/your_model.md); the estimates stay SmolLM2's.
+user_model=$(absolute "${GPU_USER_MODEL:-}")
 for nb in $(printf '%s\n' ${NOTEBOOKS:-$default_nbs} | sort); do
   [[ -n "${nb_est[$nb]:-}" ]] || { echo "unknown notebook $nb; known: ${!nb_est[*]}" >&2; exit 2; }
-  steps+=("$nb|${nb_est[$nb]}|$PY -m lab.cli run $nb --in-process --preset $preset ${nb_tree[$nb]:-} \
+  model=${nb_tree[$nb]:-}; [[ $plan == carried && -n "$user_model" ]] && model="--model $user_model"
+  steps+=("$nb|${nb_est[$nb]}|$PY -m lab.cli run $nb --in-process --preset $preset $model \
 --results-dir $out/notebooks")
 done
 

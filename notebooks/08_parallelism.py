@@ -63,7 +63,7 @@ from lab.studies.parallelism import measure as study, claims as claims_mod, rank
 
 params = params_from_namespace(study.ParallelParams, globals())  # validates every value before heavy work
 run = start_run("08_parallelism", params)
-shape = ModelShape.preset(params.MODEL.removeprefix("random:"))
+shape = ModelShape.load(params.MODEL)
 
 # %% [markdown]
 # ## 1. This machine's links

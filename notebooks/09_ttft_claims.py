@@ -31,9 +31,9 @@
 PRESET = "quick"  # quick (about a minute), reference (committed runs), smoke (tests) or gpu (CUDA); values set below win
 INTERACTIVE = False  # show the widget cells
 DEVICE = "auto"  # auto (CUDA when present), cpu, cuda or cuda:N
-MODEL = "smollm2-135m"  # the engine model
+MODEL = "smollm2-135m"  # the engine's model, and the first shape counted
 DTYPE = "auto"  # the serving dtype, or "float32"
-SHAPES = ("smollm2-135m", "llama-3-8b", "llama-3-70b")  # model shapes counted, not run
+SHAPES = ("llama-3-8b", "llama-3-70b")  # model shapes counted beside MODEL's, not run
 PROMPT_TOKENS = 512  # the first-token compute claim
 CACHED_TOKENS = 448  # a cached prefix of that prompt
 SWEEP_TOKENS = 1024  # the hit-rate sweep prompt
@@ -91,11 +91,11 @@ run.save_table("int8_memory", int8)
 int8.round(3)
 
 # %% [markdown]
-# The same account checked against the engine: SmolLM2 as the engine holds it in bfloat16 and with its decoder
+# The same account checked against the engine: MODEL as the engine holds it in bfloat16 and with its decoder
 # linears in int8 packed for the CPU kernel (one scale per output channel), every tensor of the model counted once,
-# beside `lab.memory` for the same formats. SmolLM2 ties its LM head to the embedding: packing the head in int8
-# unties it, and the engine then holds both (the embedding is a fifth of this small model, so int8 saves less
-# here than on a 70B).
+# beside `lab.memory` for the same formats. SmolLM2 (the default MODEL) ties its LM head to the embedding: packing
+# the head in int8 unties it, and the engine then holds both (the embedding is a fifth of this small model, so
+# int8 saves less here than on a 70B).
 
 # %%
 engine_int8 = serving.engine_int8(params.MODEL)
@@ -168,8 +168,8 @@ if INTERACTIVE:
     from lab.workflow.widgets import panel
 
     def show(shape, tokens, cached_pct):
-        p = study.TTFTParams(SHAPES=(shape,), PROMPT_TOKENS=tokens, CACHED_TOKENS=min(tokens * cached_pct // 100, tokens - 1))
-        display(study.flops_table(p).round(3).T)  # noqa: F821
+        p = study.TTFTParams(PROMPT_TOKENS=tokens, CACHED_TOKENS=min(tokens * cached_pct // 100, tokens - 1))
+        display(study.flops_table(p, shapes=(shape,)).round(3).T)  # noqa: F821
 
     display(panel(show, {"shape": widgets.Dropdown(options=sorted(f.stem for f in PRESETS_DIR.glob("*.json"))),  # noqa: F821
                          "tokens": widgets.IntSlider(value=512, min=64, max=8192, step=64),

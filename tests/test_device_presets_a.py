@@ -23,6 +23,7 @@ STUDIES = {"00_engine_tour": engine_tour.TourParams, "01_memory_accounting": mem
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="what is refused here is CUDA where there is none")
 
 
+@pytest.mark.usefixtures("gpu_memory")
 @pytest.mark.parametrize("cls", STUDIES.values(), ids=STUDIES.keys())
 def test_gpu_preset_exists_and_its_values_pass_validation(cls):
     preset = cls.PRESETS["gpu"]
@@ -111,7 +112,8 @@ def test_notebook_04_recompute_runs_on_device_in_the_dtype_its_roofline_probes(m
     monkeypatch.setattr(lab.models, "load_model", lambda *a, **kw: loaded.append(load(*a, **kw)) or loaded[-1])
     fake = Hardware("fake", 1, 1e12, 1e11, "a test")
     monkeypatch.setattr(lab.machine.hardware, "model_ceilings", lambda model, seconds: probed.append(model) or fake)
-    p = replay_break_even.ReplayParams(DEVICE="cpu", DTYPE="bfloat16", MODELS=("random:tiny",), PREFIXES=(32,),
+    p = replay_break_even.ReplayParams(DEVICE="cpu", DTYPE="bfloat16", MODEL="random:tiny", MORE_MODELS=(),
+                                       PREFIXES=(32,),
                                        WINDOWS=(16,), REPEATS=1)
     measured = replay_break_even.measure(p)
     model = loaded[0][0]

@@ -14,6 +14,7 @@ STUDIES = [QuantAccuracyParams, KVStudyParams, SpecParams]
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
 
 
+@pytest.mark.usefixtures("gpu_memory")
 @pytest.mark.parametrize("cls", STUDIES, ids=lambda c: c.__name__)
 def test_the_gpu_preset_changes_the_reference_and_passes_validation(cls):
     gpu = cls.PRESETS["gpu"]
@@ -45,6 +46,7 @@ def test_cuda_is_refused_where_there_is_none(cls):
         cls(DEVICE="cuda:0")
 
 
+@pytest.mark.usefixtures("gpu_memory")
 def test_the_speculative_target_is_checked_against_its_shape_before_loading():
     assert SpecParams(MODEL="random:llama-3-8b", DRAFT_LAYERS=31).DRAFT_LAYERS == 31  # 32 layers
     with pytest.raises(ValueError, match="DRAFT_LAYERS"):

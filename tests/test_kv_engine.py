@@ -219,7 +219,7 @@ def test_lab_serve_starts_with_fp8_e4m3_as_its_help_says(monkeypatch, caplog):
 
     built = {}
     monkeypatch.setattr(lab.serve, "serve",
-                        lambda llm, name, host, port, warmup=False: built.update(llm=llm, warmup=warmup))
+                        lambda llm, name, host, port, warmup=False, **kw: built.update(llm=llm, warmup=warmup) or 0)
     assert main(["serve", "--kv-cache-dtype", "fp8_e4m3", "--max-model-len", "128", "--num-kv-blocks", "16",
                  "--dtype", "float32"]) == 0
     llm = built["llm"]

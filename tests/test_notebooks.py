@@ -6,10 +6,12 @@ from pathlib import Path
 
 import jupytext
 import nbformat
+import pandas as pd
 import pytest
 import torch
 
 from lab.workflow.notebook import NOTEBOOKS_DIR, declared_parameters, run_notebook, study_notebooks
+from lab.workflow.profile import CELLS_FILE, FUNCTIONS_FILE
 from lab.workflow.run import start_run
 
 NOTEBOOKS = [p.stem for p in study_notebooks()]
@@ -38,6 +40,10 @@ def test_notebook_runs_in_smoke_mode_with_provenance(name, tmp_path, monkeypatch
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["duration_s"] > 0
     assert (run_dir / f"{name}.ipynb").exists() and list(run_dir.glob("*.png")) and list(run_dir.glob("*.csv"))
+    # where its time went (issue 52): papermill's per-cell record, and the kernel's sampled functions
+    cells, functions = (pd.read_csv(run_dir / f) for f in (CELLS_FILE, FUNCTIONS_FILE))
+    assert len(cells) == sum(c.cell_type == "code" for c in nbformat.read(run_dir / f"{name}.ipynb", 4).cells)
+    assert cells["seconds"].sum() > 0 and not functions.empty, name
     executed = nbformat.read(run_dir / f"{name}.ipynb", as_version=4)
     # every figure the run saves as a file is inline too (issue 35): at least as many inline PNGs as saved ones,
     # outside the widget cells; progress bars are text in their final state, not the widget's first ("0%")
@@ -197,6 +203,7 @@ def _study_class(name: str):
     return getattr(importlib.import_module(f"{module[1]}.{module[2]}"), cls[2])
 
 
+@pytest.mark.usefixtures("gpu_memory")  # the gpu presets' 8B models are checked against a GPU's memory
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_parameters_cell_holds_the_reference_values_and_every_preset_names_real_parameters(name):
     """A value that differs from the dataclass default counts as explicit and beats the preset, so a parameters
@@ -244,7 +251,7 @@ def test_lab_run_all_says_what_runs_with_its_last_duration_and_how_long_each_too
 
     monkeypatch.setattr(rn, "run_notebook", fake_run)
     args = argparse.Namespace(param=[], notebook="all", results_dir=str(tmp_path), log_output=False, preset=None,
-                              in_process=False)
+                              model=None, in_process=False)
     assert runs._run(args) == 1  # one notebook failed; the others ran
     assert runs._run(argparse.Namespace(**{**vars(args), "notebook": "00_engine_tour"})) == 0
     out = capsys.readouterr()
@@ -253,3 +260,40 @@ def test_lab_run_all_says_what_runs_with_its_last_duration_and_how_long_each_too
     assert "02_quantization_accuracy failed in" in out.out and "total" in out.out
     assert "[1/1] running 00_engine_tour (its last run took 1.5 min) ..." in out.out
     assert "02_quantization_accuracy FAILED: RuntimeError: a cell failed" in out.err
+
+
+def test_lab_run_all_model_reaches_every_notebook_and_a_refusal_is_said_not_failed(tmp_path, monkeypatch, capsys):
+    """`lab run all --model M` gives every notebook MODEL=M; one that refuses it up front (`ModelRefused`, here
+    through the in-process runner's wrapping) is listed with its reason, the others run, and the run succeeds."""
+    import argparse
+
+    import lab.workflow.notebook as rn
+    from lab.cli import runs
+    from lab.workflow.run import ModelRefused
+    from lab.workflow.script import CellFailed
+
+    given = {}
+
+    def fake_run(name, params, root=None, log_output=False):
+        given[name] = params["MODEL"]
+        if name == "07_structured_output":
+            raise CellFailed("the cell at line 60 raised ModelRefused") from ModelRefused("no tokenizer: grammars")
+        d = Path(root) / name / "20260101"
+        d.mkdir(parents=True)
+        (d / "params.json").write_text(json.dumps({"parameters": {"PRESET": "smoke", "MODEL": params["MODEL"]}}))
+        (d / "metrics.json").write_text(json.dumps({"duration_s": 1.0}))
+        return d
+
+    monkeypatch.setattr(rn, "run_notebook", fake_run)
+    args = argparse.Namespace(param=[], notebook="all", results_dir=str(tmp_path), log_output=False, preset="smoke",
+                              model="/my/model", in_process=False)
+    assert runs._run(args) == 0
+    assert set(given) == {p.stem for p in rn.study_notebooks()} and set(given.values()) == {"/my/model"}
+    # a relative path is made absolute: the notebooks run in notebooks/, not where `lab run` was called
+    (tmp_path / "mine").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert runs._run(argparse.Namespace(**{**vars(args), "model": "mine", "results_dir": str(tmp_path / "again")})) == 0
+    assert set(given.values()) == {str(tmp_path / "mine")}
+    out = capsys.readouterr().out
+    assert "07_structured_output refused its model: no tokenizer: grammars" in out
+    assert "refused: 1 of 10 notebooks could not run on MODEL='/my/model'" in out

@@ -14,6 +14,7 @@ from lab.speculative.measure import StepCosts
 from lab.speculative.prompts import LAB_PROMPTS, MULTI_TURN, load_prompts
 from lab.speculative.theory import expected_tokens_by_position, expected_tokens_per_round, predicted_run_speedup
 from lab.stats.intervals import Interval
+from lab.workflow.run import ModelRefused
 from lab.studies.spec_acceptance import SpecParams, policy_table, summarize
 from lab.studies.spec_acceptance.claims import CUT_OFF, _cut_off_row, break_even, claims_table, range_verdict
 from lab.studies.spec_acceptance.intervals import drafter_comparison
@@ -247,7 +248,7 @@ def test_study_parameters_are_checked():
         SpecParams(DRAFT_LAYERS=30)
     with pytest.raises(ValueError, match="THRESHOLD=1.5"):
         SpecParams(THRESHOLD=1.5)
-    with pytest.raises(ValueError, match="MODEL='/no/such/dir' is not .* or a local Hugging Face directory"):
+    with pytest.raises(ValueError, match="MODEL='/no/such/dir': cannot load model .* or a directory with config.json"):
         SpecParams(MODEL="/no/such/dir")
 
 
@@ -260,10 +261,12 @@ def test_a_local_checkpoint_directory_is_a_target(tmp_path):
                 num_key_value_heads=2).save_pretrained(tmp_path / "mine")
     p = SpecParams(MODEL=str(tmp_path / "mine"), DRAFT_LAYERS=3)
     with pytest.raises(ValueError, match="DRAFT_LAYERS=10"):  # the target's 6 layers bound it, not SmolLM2's 30
-        SpecParams(MODEL=p.MODEL)
+        SpecParams(MODEL=p.MODEL, DRAFT_LAYERS=10)
+    assert SpecParams(MODEL=p.MODEL).DRAFT_LAYERS == 2  # by default a third of the target's layers
+    assert SpecParams().DRAFT_LAYERS == 10  # SmolLM2's 30
     LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
                 num_key_value_heads=2).save_pretrained(tmp_path / "small")
-    with pytest.raises(ValueError, match="vocabulary \\(1000\\) is smaller"):
+    with pytest.raises(ModelRefused, match="vocabulary \\(1000\\) is smaller"):
         SpecParams(MODEL=str(tmp_path / "small"), DRAFT_LAYERS=3)
 
 

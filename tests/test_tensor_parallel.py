@@ -144,7 +144,7 @@ def test_killed_worker_is_an_error_naming_its_rank(chat_prompt_ids, one_thread, 
 
     built = {}  # the engine `lab serve --tensor-parallel-size 2` builds
     monkeypatch.setattr(lab.serve, "serve",
-                        lambda llm, name, host, port, warmup=False: built.update(llm=llm, warmup=warmup))
+                        lambda llm, name, host, port, warmup=False, **kw: built.update(llm=llm, warmup=warmup) or 0)
     assert main(["serve", "--tensor-parallel-size", "2", "--max-model-len", "512", "--num-kv-blocks", "64",
                  "--dtype", "float32"]) == 0
     llm = built.pop("llm")

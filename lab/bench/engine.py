@@ -120,51 +120,72 @@ def verify_ratio(llm, context: int = 256, k: int = 4, repeats: int = 5) -> float
     return probe_seconds(llm.forward_probe(context, k + 1), repeats) / one
 
 
-def run_variant(variant: Variant, workloads: list[Workload], model: str, scale: float = 1.0,
-                profile_dir=None, log=CaseLog(None)) -> dict:
-    """Every workload on one engine variant, each beside its bound from ceilings measured in its dtype; with
-    `profile_dir`, each workload then runs once more under the profiler (`lab.bench.profile`)."""
-    from lab.machine.hardware import model_ceilings
+class EngineContender:
+    """One engine variant built and held for the whole benchmark (`lab.bench.rounds.Contender`): its prompts, its
+    ceilings (measured in its dtype when it is built) and the bytes it moves, so each workload's bound is ready."""
 
-    longest = [max(2, int(w.prompt_tokens * scale)) if w.prompt_tokens else 96 for w in workloads]  # chat: < 96
-    max_len = max(n + w.max_tokens for n, w in zip(longest, workloads))
-    llm = build_engine(variant, model, int(max_len) + 16, max(w.num_requests for w in workloads))
-    dtype = llm.model.embed_tokens.weight.dtype
-    ceilings = model_ceilings(llm.model)  # shaped like the model: an 8B model's GEMV leaves a GPU's L2
-    size = ModelBytes.of(llm.model, kv_bytes_per_token=llm.kv_bytes_per_token)
-    out = {"variant": variant.label, "dtype": str(dtype).removeprefix("torch."), "device": str(llm.device),
-           "attention_backend": llm.config.attention_backend, "ceilings": {
-        "read_GBps": ceilings.mem_bandwidth / 1e9, "gemm_GFLOPs": ceilings.peak_flops / 1e9,
-        "source": ceilings.source}, "weight_MB": size.weight_bytes / 1e6, "workloads": {}}
-    for w in workloads:
-        prompts = prompt_ids(w, llm.tokenizer, llm.model.config.vocab_size, scale)
-        measured = run_workload(llm, w, prompts)
-        bound = workload_bound(ceilings, size, [len(p) for p in prompts], w.max_tokens)
-        measured_s = measured["step_s"] * (w.max_tokens - 1) if w.metric == "step_ms" else measured["seconds"]
-        bound_s = bound["decode_bound_s"] if w.metric == "step_ms" else bound["bound_s"]
-        out["workloads"][w.name] = {**measured, **bound, "fraction_of_roofline": bound_s / measured_s}
-        log.write("engine", {"variant": variant.label, "workload": w.name, **out["workloads"][w.name]})
+    def __init__(self, variant: Variant, workloads: list[Workload], model: str, scale: float = 1.0):
+        from lab.machine.hardware import model_ceilings
+
+        self.variant, self.label = variant, variant.label
+        self._workloads = {w.name: w for w in workloads}
+        longest = [max(2, int(w.prompt_tokens * scale)) if w.prompt_tokens else 96 for w in workloads]  # chat: < 96
+        self.max_len = max(n + w.max_tokens for n, w in zip(longest, workloads))
+        self.llm = build_engine(variant, model, int(self.max_len) + 16, max(w.num_requests for w in workloads))
+        self.ceilings = model_ceilings(self.llm.model)  # shaped like the model: an 8B model's GEMV leaves a GPU's L2
+        self.size = ModelBytes.of(self.llm.model, kv_bytes_per_token=self.llm.kv_bytes_per_token)
+        self.prompts = {w.name: prompt_ids(w, self.llm.tokenizer, self.llm.model.config.vocab_size, scale)
+                        for w in workloads}
+        self.verify_context = min(256, int(self.max_len) - 8)  # the ratio and its profile over the same tokens
+
+    def measure(self, workload: Workload) -> dict:
+        return run_workload(self.llm, workload, self.prompts[workload.name])
+
+    def verify(self) -> float:
+        return verify_ratio(self.llm, context=self.verify_context)
+
+    def record(self, runs: dict[str, list[dict]], verify: list[float], profile_dir=None) -> dict:
+        """The variant's result: each workload's rounds combined (`lab.bench.rounds.combine`) beside its bound;
+        with `profile_dir`, each workload then runs once more under the profiler (`lab.bench.profile`)."""
+        from lab.bench.rounds import combine, summarize
+
+        llm = self.llm
+        out = {"variant": self.label, "dtype": str(llm.model.embed_tokens.weight.dtype).removeprefix("torch."),
+               "device": str(llm.device), "attention_backend": llm.config.attention_backend, "ceilings": {
+            "read_GBps": self.ceilings.mem_bandwidth / 1e9, "gemm_GFLOPs": self.ceilings.peak_flops / 1e9,
+            "source": self.ceilings.source}, "weight_MB": self.size.weight_bytes / 1e6, "workloads": {}}
+        for name, measured in runs.items():
+            w = self._workloads[name]
+            m = combine(measured)
+            bound = workload_bound(self.ceilings, self.size, [len(p) for p in self.prompts[name]], w.max_tokens)
+            measured_s = m["step_s"] * (w.max_tokens - 1) if w.metric == "step_ms" else m["seconds"]
+            bound_s = bound["decode_bound_s"] if w.metric == "step_ms" else bound["bound_s"]
+            out["workloads"][name] = {**m, **bound, "fraction_of_roofline": bound_s / measured_s}
+            if profile_dir is not None:
+                from lab.bench.profile import profile_workload
+                from lab.engine import SamplingParams
+
+                params = SamplingParams(temperature=0.0, max_tokens=w.max_tokens, ignore_eos=True)
+                llm.reset_prefix_cache()
+                out["workloads"][name]["profile"] = profile_workload(llm, self.prompts[name], params,
+                                                                     Path(profile_dir), f"{self.label}__{name}")
+        v = summarize(verify)
+        out["verify_5_rows_over_1"], out["verify_span"] = v["value"], v["span"]
         if profile_dir is not None:
-            from lab.bench.profile import profile_workload
-            from lab.engine import SamplingParams
+            from lab.bench.profile import profile_verification
 
-            params = SamplingParams(temperature=0.0, max_tokens=w.max_tokens, ignore_eos=True)
-            llm.reset_prefix_cache()
-            out["workloads"][w.name]["profile"] = profile_workload(llm, prompts, params, Path(profile_dir),
-                                                                   f"{variant.label}__{w.name}")
-    verify_context = min(256, int(max_len) - 8)  # the ratio and its profile over the same cached tokens
-    out["verify_5_rows_over_1"] = verify_ratio(llm, context=verify_context)
-    if profile_dir is not None:
-        from lab.bench.profile import profile_verification
+            out["verify_profile"] = profile_verification(llm, Path(profile_dir), f"{self.label}__verify",
+                                                         context=self.verify_context)
+            if not self.variant.enforce_eager:
+                from lab.bench.profile import write_compile_times
 
-        out["verify_profile"] = profile_verification(llm, Path(profile_dir), f"{variant.label}__verify",
-                                                     context=verify_context)
-        if not variant.enforce_eager:
-            from lab.bench.profile import write_compile_times
+                out["compile_profile"] = write_compile_times(Path(profile_dir), f"{self.label}__compile")
+        out["compile_seconds"] = llm.stats()["compile_seconds"]
+        return out
 
-            out["compile_profile"] = write_compile_times(Path(profile_dir), f"{variant.label}__compile")
-    out["compile_seconds"] = llm.stats()["compile_seconds"]
-    return out
+    def close(self) -> None:
+        self.llm = None
+        release_device_memory()
 
 
 def release_device_memory() -> None:
@@ -177,31 +198,81 @@ def release_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def _free_bytes() -> int:
+    """Memory free on the device the engines use (the GPU's, or the host's)."""
+    from lab.engine.kv_store import available_memory
+    from lab.models.loader import default_device
+
+    return available_memory(torch.device(default_device()))
+
+
 def run_engine_bench(model: str = "smollm2-135m", variants=tuple(VARIANTS), workloads=tuple(WORKLOADS),
                      transformers_dtypes=("float32", "auto"), peer_url: str | None = None,
                      peer_model: str | None = None, scale: float = 1.0, max_tokens: int | None = None,
-                     profile_dir=None, log=CaseLog(None), backends=("torch",)) -> dict:
-    """The whole benchmark: each engine variant, then the peers, on the same workloads in one process; `log` (a
-    `lab.bench.caselog.CaseLog`) gets each engine workload and each peer as it finishes; `backends`: each variant
-    runs on each attention backend named.
+                     profile_dir=None, log=CaseLog(None), backends=("torch",), rounds: int = 3,
+                     vllm_dtypes=()) -> dict:
+    """The whole benchmark: every engine variant and every peer built and held at once, then timed on the same
+    workloads interleaved over `rounds` (`lab.bench.rounds`); where they do not fit in memory together, each is
+    built, timed and released in turn (`interleaved` false). `log` (a `lab.bench.caselog.CaseLog`) gets each
+    engine workload and each peer's round as it finishes; `backends`: each variant runs on each attention backend
+    named; `vllm_dtypes`: vLLM's CPU build as a peer in each dtype (`lab.bench.vllm_peer`, its own environment).
     `workloads`: names of `WORKLOADS` or `Workload`s; `scale` shrinks the long prompt and `max_tokens` caps the
     tokens out (smoke runs); `profile_dir`: write each engine workload's per-operator profile there."""
-    from lab.bench.peers import run_transformers, run_url_peer
+    from lab.bench.peers import TransformersPeer, UrlPeer
+    from lab.bench.rounds import combine, run_rounds
+    from lab.bench.vllm_peer import VllmPeer
 
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     busy = cpu_busy_fraction()
     ws = [w if isinstance(w, Workload) else WORKLOADS[w] for w in workloads]
     if max_tokens is not None:
         ws = [dataclasses.replace(w, max_tokens=min(w.max_tokens, max(2, max_tokens))) for w in ws]
-    result = {"model": model, "threads": torch.get_num_threads(), "cpu_busy_at_start": busy, "engines": [],
-              "peers": []}
     runs = [with_backend(VARIANTS[name], backend) for name in variants for backend in backends]  # refused first
-    for variant in runs:
-        result["engines"].append(run_variant(variant, ws, model, scale, profile_dir, log))
-        release_device_memory()
-    for dtype in transformers_dtypes:
-        result["peers"].append(run_transformers(model, dtype, ws, scale))
-        log.write("peer", result["peers"][-1])
+    builders = [("engine", lambda v=v: EngineContender(v, ws, model, scale)) for v in runs]
+    builders += [("peer", lambda d=d: TransformersPeer(model, d, ws, scale)) for d in transformers_dtypes]
+    builders += [("peer", lambda d=d: VllmPeer(model, d, ws, scale)) for d in vllm_dtypes]
     if peer_url:
-        result["peers"].append(run_url_peer(peer_url, peer_model or model, model, ws, scale))
-        log.write("peer", result["peers"][-1])
+        builders.append(("peer", lambda: UrlPeer(peer_url, peer_model or model, model, ws, scale)))
+    result = {"model": model, "threads": torch.get_num_threads(), "cpu_busy_at_start": busy, "rounds": rounds,
+              "engines": [], "peers": []}
+    pending: dict[tuple[str, int], dict] = {}
+
+    def logged(c, w, r, m):
+        if isinstance(c, EngineContender):
+            log.write("engine", {"variant": c.label, "workload": w.name, "round": r, **m})
+            return
+        done = pending.setdefault((c.label, r), {})
+        done[w.name] = m
+        if len(done) == len(ws):  # a peer's round is logged whole, as a peer was before rounds
+            log.write("peer", {"peer": c.label, "round": r, "workloads": pending.pop((c.label, r))})
+
+    def finish(c, measured):
+        if isinstance(c, EngineContender):
+            result["engines"].append(c.record(measured, [c.verify() for _ in range(rounds)], profile_dir))
+        else:
+            result["peers"].append({"peer": c.label, "device": c.device,
+                                    "workloads": {n: combine(m) for n, m in measured.items()}, **c.about()})
+
+    # Held at once if the rest fit beside the first (its footprint measured, with room to spare).
+    before = _free_bytes()
+    first = builders[0][1]()
+    footprint = max(0, before - _free_bytes())
+    result["interleaved"] = _free_bytes() > 1.5 * footprint * (len(builders) - 1)
+    if result["interleaved"]:
+        contenders = [first] + [build() for _, build in builders[1:]]
+        try:
+            measured = run_rounds(contenders, ws, rounds, logged)
+            for c in contenders:
+                finish(c, measured[c.label])
+        finally:
+            for c in contenders:
+                c.close()
+    else:
+        for i, (_, build) in enumerate(builders):
+            c = first if i == 0 else build()
+            try:
+                finish(c, run_rounds([c], ws, rounds, logged)[c.label])
+            finally:
+                c.close()
     return result

@@ -77,6 +77,26 @@ def latest_reference_runs(root: Path) -> dict[str, Path]:
     return {r["notebook"]: r["dir"] for r in list_runs(root) if r["preset"] == "reference"}
 
 
+def latest_runs(paths: list[Path]) -> dict[str, Path]:
+    """Each notebook's latest finished run among `paths`, at any preset (a user's runs on their model, issue 51):
+    each path a run directory (holding params.json) or a folder of them (`lab run --results-dir`). A path that
+    holds no finished run is refused by name: a ledger built from nothing would look like a ledger of nothing."""
+    found = []
+    for path in map(Path, paths):
+        if (path / "params.json").exists():
+            runs = [r for r in list_runs(path.parent.parent) if r["dir"] == path]
+        else:
+            runs = list_runs(path)
+        if not runs:
+            raise FileNotFoundError(f"{path} holds no finished run (a run directory with params.json and "
+                                    f"metrics.json, or a folder of them as `lab run --results-dir` writes)")
+        found += runs
+    latest = {}
+    for r in sorted(found, key=lambda r: r["run_id"]):  # run ids sort in the order the runs started
+        latest[r["notebook"]] = r["dir"]
+    return latest
+
+
 def find_rows(table: Path, match: str) -> list[tuple[int, dict, tuple]]:
     """The rows of `table` whose claim cell contains `match`, with their 1-based index and column names."""
     with table.open(newline="") as f:
@@ -95,7 +115,7 @@ def resolve(claim: Claim, runs: dict[str, Path], rebuilds: dict[str, Rebuild] | 
     run = runs.get(link.notebook)
     table = run / link.table if run else None
     if table is None or not table.exists():
-        where = f"no reference run of {link.notebook}" if run is None else f"{link.table} is not in {run.name}"
+        where = f"no run of {link.notebook} was read" if run is None else f"{link.table} is not in {run.name}"
         return Entry(claim, "", MISSING, f"{where} (notebook {link.notebook})", run, link.table)
     rows = find_rows(table, link.match)
     if len(rows) != 1:
@@ -220,6 +240,9 @@ def _scoped(entry: Entry) -> Entry:
                                in_setting=in_setting, undecided_by=kept)
 
 
-def gather(claims: list[Claim], root: Path, rebuilds: dict[str, Rebuild] | None = None) -> list[Entry]:
-    runs = latest_reference_runs(root)
+def gather(claims: list[Claim], root: Path | None, rebuilds: dict[str, Rebuild] | None = None,
+           runs: dict[str, Path] | None = None) -> list[Entry]:
+    """Each claim resolved against `runs` ({notebook: run directory}; default: the latest reference runs under
+    `root`)."""
+    runs = latest_reference_runs(root) if runs is None else runs
     return [resolve(c, runs, rebuilds) for c in claims]

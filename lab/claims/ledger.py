@@ -19,7 +19,7 @@ from lab.claims import deployment_article, deployment_article_serving, replay_ar
 from lab.claims.gather import Entry, gather
 from lab.claims.rebuild import Rebuild
 from lab.claims.record import Cause, Claim, cause_table
-from lab.claims.report import write_csv, write_markdown
+from lab.claims.report import HEADER, write_csv, write_markdown, yours_header
 from lab.claims.rules import MISSING
 
 # The registry: one module per article (its claims, and the mistakes behind its wrong verdicts, `CAUSES`); checking
@@ -32,16 +32,19 @@ CAUSES: dict[str, dict[str, Cause]] = {article.CLAIMS[0].seed: cause_table(artic
                                        if hasattr(article, "CAUSES")}
 
 
-def write_ledger(root: Path, out_dir: Path, claims: list[Claim] = CLAIMS,
+def write_ledger(root: Path | None, out_dir: Path, claims: list[Claim] = CLAIMS,
                  causes: dict[str, dict[str, Cause]] = CAUSES,
-                 rebuilds: dict[str, Rebuild] | None = None) -> tuple[list[Entry], list[Path]]:
-    """Gather `claims` from the reference runs under `root` and write CLAIMS.md (with the wrong verdicts grouped
-    by `causes`) and CLAIMS.csv into `out_dir`; `rebuilds` (each notebook's `Rebuild`, from
-    `lab.studies.evidence`) recompute the figures whose assumptions are notebook parameters."""
-    entries = gather(claims, Path(root), rebuilds)
+                 rebuilds: dict[str, Rebuild] | None = None,
+                 runs: dict[str, Path] | None = None) -> tuple[list[Entry], list[Path]]:
+    """Gather `claims` from the reference runs under `root` (or from `runs`, {notebook: run directory}: a user's
+    runs on their own model) and write CLAIMS.md (with the wrong verdicts grouped by `causes`) and CLAIMS.csv into
+    `out_dir`; `rebuilds` (each notebook's `Rebuild`, from `lab.studies.evidence`) recompute the figures whose
+    assumptions are notebook parameters."""
+    entries = gather(claims, Path(root) if root else None, rebuilds, runs)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    return entries, [write_markdown(entries, out_dir, causes), write_csv(entries, out_dir)]
+    header = HEADER if runs is None else yours_header(runs, out_dir)
+    return entries, [write_markdown(entries, out_dir, causes, header), write_csv(entries, out_dir)]
 
 
 def missing(entries: list[Entry]) -> list[Entry]:

@@ -162,8 +162,24 @@ def cause_lines(entries: list[Entry], causes: dict[str, dict[str, Cause]]) -> li
     return lines
 
 
-def write_markdown(entries: list[Entry], out_dir: Path, causes: dict[str, dict[str, Cause]]) -> Path:
-    lines = [HEADER, "## Verdicts per seed", "", *summary_lines(entries), "", *evidence_lines(entries), "",
+def yours_header(runs: dict[str, Path], out_dir: Path) -> str:
+    """CLAIMS.md's opening for a ledger of a user's runs (`lab claims --runs`): which runs it read."""
+    listed = "\n".join(f"- {nb}: `{Path(os.path.relpath(d, out_dir)).as_posix()}`" for nb, d in sorted(runs.items()))
+    return f"""# The claims ledger of your runs
+
+The same claims, rules and scopes as the committed ledger (`results/CLAIMS.md`, `docs/claims.md`), judged on these
+runs, each notebook's latest among those given to `lab claims --runs` (any preset). A row is decided where the
+run's model and device fit the claim's setting (a 16-bit checkpoint decides the weight-accuracy rows, a GPU run the
+GPU-speed rows); "evidence missing" names a notebook that is not among them. BESIDE.csv sets each row beside the
+committed ledger's; `lab report --beside` shows the two side by side.
+
+{listed}
+"""
+
+
+def write_markdown(entries: list[Entry], out_dir: Path, causes: dict[str, dict[str, Cause]],
+                   header: str = HEADER) -> Path:
+    lines = [header, "## Verdicts per seed", "", *summary_lines(entries), "", *evidence_lines(entries), "",
              *cause_lines(entries, causes)]
     for seed, name in SEEDS.items():
         lines += ["", f"## Seed {seed} (`seeds/{name}`)", "",
@@ -198,6 +214,47 @@ def write_csv(entries: list[Entry], out_dir: Path) -> Path:
                         c.about, e.evidence, e.lab_setting, e.in_setting, str(c.model or ""), e.undecided_by,
                         e.assumptions))
     return path
+
+
+# How a row of a user's ledger stands beside the committed one's (`beside`), in the order they are listed.
+DECIDED_HERE = "decided by your runs"  # the committed ledger leaves it undecided; yours measures it in its setting
+DIFFERS, SAME, NOT_RUN = "verdict differs", "same verdict", "not in your runs"  # no run, or no such row
+
+
+def beside(committed_csv: Path, yours_csv: Path):
+    """Each claim's row in the committed ledger beside its row in a user's (`lab claims --runs`): both verdicts,
+    both figures and settings, and how they stand (`DECIDED_HERE`, `DIFFERS`, `SAME`, `NOT_RUN`)."""
+    import pandas as pd
+
+    if not committed_csv.exists():
+        raise FileNotFoundError(f"no committed ledger at {committed_csv}: run `lab claims` there first")
+    keep = ["id", "seed", "claim", "scope", "lab", "verdict", "lab setting", "in this setting", "undecided by"]
+    ours, yours = (pd.read_csv(p, dtype=str).fillna("")[keep].set_index("id") for p in (committed_csv, yours_csv))
+    t = ours.join(yours.drop(columns=["seed", "claim", "scope"]), lsuffix=" (committed)", rsuffix=" (yours)")
+
+    def stands(r) -> str:
+        mine, theirs = r["verdict (yours)"], r["verdict (committed)"]
+        if mine == MISSING:
+            return NOT_RUN
+        if theirs in UNDECIDED and mine in MEASURED:
+            return DECIDED_HERE
+        return SAME if mine == theirs else DIFFERS
+
+    t.insert(3, "stands", t.apply(stands, axis=1))
+    return t.reset_index()
+
+
+def beside_lines(table) -> list[str]:
+    """What a user's ledger changes, in a few lines: the rows it decides that the committed one cannot, the verdicts
+    that differ, the rows not in them."""
+    lines = []
+    for what, label in ((DECIDED_HERE, "decided by your runs, not checkable in the committed ledger's setting"),
+                        (DIFFERS, "a verdict other than the committed ledger's"),
+                        (NOT_RUN, "not in your runs (no run of the notebook, or a preset without the row)")):
+        rows = table[table["stands"] == what]
+        ids = ", ".join(f"{r['id']} ({r['verdict (committed)']} -> {r['verdict (yours)']})" for _, r in rows.iterrows())
+        lines.append(f"{len(rows):4d} rows {label}" + (f": {ids}" if ids and what != NOT_RUN else ""))
+    return lines
 
 
 COUNTS_BEGIN = "<!-- counts from the ledger, written by `lab claims`: begin -->"

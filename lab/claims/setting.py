@@ -15,7 +15,9 @@ from pathlib import Path
 from lab.claims.model_class import ModelClass, scale_band
 from lab.claims.rules import ON_CPU, ON_GPU, Evidence
 
-MODEL_PARAMS = ("MODEL", "ENGINE_MODEL", "LOSSLESS_MODEL")
+# the run's measured model: notebook 01's MODEL may be a shape it only accounts, its ENGINE_MODEL ran (04's
+# LOSSLESS_MODEL: its runs before issue 51)
+MODEL_PARAMS = ("ENGINE_MODEL", "MODEL", "LOSSLESS_MODEL")
 
 
 def _json(path: Path) -> dict:
@@ -41,13 +43,11 @@ def model_class(model: str | None) -> ModelClass | None:
     """The class of `model` (its scale band and architecture): an embedded model's, a `random:<preset>` model's or
     a local checkpoint's, from its shape (`lab.memory.ModelShape`); None where its shape cannot be read."""
     from lab.memory import ModelShape, param_counts
-    from lab.models.loader import EMBEDDED_MODELS
 
     if not model:
         return None
-    name = model.removeprefix("random:")
     try:
-        shape = ModelShape.load("smollm2-135m" if name in EMBEDDED_MODELS else name)
+        shape = ModelShape.load(model)
     except (OSError, ValueError, KeyError):
         return None
     counts = param_counts(shape)
@@ -55,7 +55,7 @@ def model_class(model: str | None) -> ModelClass | None:
 
 
 def _model(params: dict) -> str | None:
-    return next((params[k] for k in MODEL_PARAMS if isinstance(params.get(k), str)), None)
+    return next((params[k] for k in MODEL_PARAMS if isinstance(params.get(k), str) and params[k]), None)
 
 
 def run_evidence(run_dir: Path | None, kind: str) -> Evidence:

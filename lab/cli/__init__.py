@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import accounts, bench, claims, inference, quant, runs, spec, sweep
+from . import accounts, bench, claims, inference, models, quant, runs, spec, sweep
 
 # In `lab --help` order.
 SUBCOMMANDS = (inference.add_generate, bench.add_bench, runs.add_run, sweep.add_sweep, accounts.add_memory,
                quant.add_quant, quant.add_eval, accounts.add_replay, spec.add_spec, inference.add_serve,
-               runs.add_results, runs.add_runs, runs.add_docs, runs.add_report, claims.add_claims)
+               runs.add_results, runs.add_runs, runs.add_docs, runs.add_report, claims.add_claims,
+               models.add_checkpoint)
 
 
 def build_parser() -> argparse.ArgumentParser:

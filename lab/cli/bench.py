@@ -1,4 +1,4 @@
-"""`lab bench engine|serve|quant`: the benchmarks of `lab.bench`, with provenance when written to JSON."""
+"""`lab bench engine|serve|quant|machine`: the benchmarks of `lab.bench`, with provenance when written to JSON."""
 
 from __future__ import annotations
 
@@ -12,12 +12,21 @@ def _bench_engine(args) -> int:
     from lab.bench.engine_report import format_result, plot_fractions, targets
     from lab.workflow.provenance import provenance
 
+    peers = [p for p in args.peer.split(",") if p]
+    if unknown := [p for p in peers if p != "vllm"]:
+        raise ValueError(f"--peer {','.join(unknown)}: the peers run in the same process tree are of ['vllm'] "
+                         f"(a running server: --peer-url)")
+    if peers:
+        from lab.bench.vllm_peer import vllm_python
+
+        vllm_python()  # refused before anything is built, with what to run
     result = run_engine_bench(model=args.model, variants=args.variants.split(","), workloads=args.workloads.split(","),
                               transformers_dtypes=[d for d in args.transformers.split(",") if d],
                               peer_url=args.peer_url, peer_model=args.peer_model, scale=args.scale,
                               max_tokens=args.max_tokens, profile_dir=args.profile,
                               log=CaseLog(Path(args.json).with_suffix(".jsonl") if args.json else None),
-                              backends=tuple(b for b in args.backend.split(",") if b))
+                              backends=tuple(b for b in args.backend.split(",") if b), rounds=args.rounds,
+                              vllm_dtypes=[d for d in args.peer_dtypes.split(",") if d] if peers else ())
     result["targets"] = targets(result)
     print(format_result(result))
     if args.json:
@@ -81,6 +90,24 @@ def _bench_quant(args) -> int:
     return 0
 
 
+def _bench_machine(args) -> int:
+    """This machine's ceilings now (`lab.machine.hardware.probe_inference`): what a time measured in this hour is
+    to be read beside, since this machine's speed moves 2x between hours."""
+    import torch
+
+    from lab.machine.hardware import probe_inference
+    from lab.models.loader import parse_dtype
+
+    from lab.models.loader import default_dtype
+
+    for name in args.dtypes.split(","):
+        dtype = parse_dtype(name) or default_dtype("cpu")  # "auto": the serving dtype
+        h = probe_inference(dtype, seconds_budget=args.seconds)
+        print(f"machine probe ({str(dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads): matmul "
+              f"{h.peak_flops / 1e9:.0f} GFLOP/s, weight-shaped GEMV read {h.mem_bandwidth / 1e9:.1f} GB/s")
+    return 0
+
+
 def add_bench(sub) -> None:
     """`lab bench engine|serve|quant`"""
     bench = sub.add_parser("bench", help="benchmarks")
@@ -97,6 +124,11 @@ def add_bench(sub) -> None:
                      help="dtypes to run transformers.generate in ('' for none; auto: the serving dtype)")
     eng.add_argument("--peer-url", default=None, help="also time an OpenAI-compatible server (e.g. a vLLM you "
                                                       "started) on the same workloads")
+    eng.add_argument("--peer", default="", help="peers run beside the engine in the same rounds: vllm (vLLM's CPU "
+                                                "build in its own environment: `make vllm`)")
+    eng.add_argument("--peer-dtypes", default="auto", help="the dtypes --peer runs in (auto: the serving dtype)")
+    eng.add_argument("--rounds", type=int, default=3, help="every contender is timed once a round, interleaved; "
+                                                            "each ratio is the median over rounds, with its span")
     eng.add_argument("--peer-model", default=None, help="the model name that server serves (default --model)")
     eng.add_argument("--scale", type=float, default=1.0, help="shrink the long prompt (smoke runs)")
     eng.add_argument("--max-tokens", type=int, default=None, help="cap every workload's tokens out (smoke runs)")
@@ -131,6 +163,12 @@ def add_bench(sub) -> None:
     bs.add_argument("--json", default=None, help="write the report (config, summary, requests, scrapes) here")
     bs.add_argument("--plot", default=None, help="write the dashboard (latency, throughput, engine state) PNG here")
     bs.set_defaults(func=_bench_serve)
+
+    bm = bench_sub.add_parser("machine", help="this machine's ceilings now (matmul GFLOP/s, GEMV read GB/s): "
+                                              "read a time measured this hour beside them")
+    bm.add_argument("--dtypes", default="bfloat16", help="comma-separated dtypes to probe")
+    bm.add_argument("--seconds", type=float, default=2.0, help="probe budget per dtype")
+    bm.set_defaults(func=_bench_machine)
 
     from lab.cli.quant import device_arg, layer_list
 

@@ -51,8 +51,9 @@ def _serve(args) -> int:
               kv_cache_dtype="auto" if kv_format is None else kv_format, speculative=speculative, dtype=args.dtype,
               enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
               pipeline_parallel_size=args.pipeline_parallel_size)
-    serve(llm, args.served_model_name or args.model, args.host, args.port, warmup=args.warmup)
-    return 0
+    return serve(llm, args.served_model_name or args.model, args.host, args.port, warmup=args.warmup,
+                 drain_timeout_s=args.drain_timeout, step_timeout_s=args.step_timeout,
+                 failure_grace_s=args.failure_grace, exit_on_failure=not args.stay_up_on_failure)
 
 
 def _engine_arguments(parser) -> None:
@@ -106,5 +107,14 @@ def add_serve(sub) -> None:
     sv.add_argument("--num-speculative-tokens", type=int, default=4, help="k: drafts per round")
     sv.add_argument("--warmup", action="store_true",
                     help="run one tiny request first; /ready answers 503 until it has run, /health 200 throughout")
+    sv.add_argument("--drain-timeout", type=float, default=30.0,
+                    help="seconds SIGTERM lets the requests in flight run before aborting them (match Kubernetes' "
+                         "terminationGracePeriodSeconds, less a few seconds)")
+    sv.add_argument("--step-timeout", type=float, default=60.0,
+                    help="a step running longer is a hang: the server reports itself failed")
+    sv.add_argument("--failure-grace", type=float, default=5.0,
+                    help="seconds the server answers 503 after its engine failed, before it exits with status 1")
+    sv.add_argument("--stay-up-on-failure", action="store_true",
+                    help="after an engine failure keep answering 503 instead of exiting (for debugging)")
     _engine_arguments(sv)
     sv.set_defaults(func=_serve)

@@ -42,11 +42,15 @@ def _run(args) -> int:
     from lab.workflow import notebook as papermill_runner, script as script_runner
     from lab.workflow.compare import against_reference
     from lab.workflow.notebook import parse_value, study_notebooks
-    from lab.workflow.run import results_root
+    from lab.workflow.run import refusal, results_root
 
     params = {name: parse_value(value) for name, value in args.param}
     if args.preset:
         params["PRESET"] = args.preset
+    if args.model:  # the one switch (issue 51): every notebook's MODEL, and every model each one loads follows it
+        params["MODEL"] = args.model
+    if isinstance(params.get("MODEL"), str) and Path(params["MODEL"]).exists():  # a notebook runs in notebooks/
+        params["MODEL"] = str(Path(params["MODEL"]).absolute())
     names = [p.stem for p in study_notebooks()] if args.notebook == "all" else [args.notebook]
     run = (functools.partial(script_runner.run_script, params=params, root=args.results_dir) if args.in_process
            else functools.partial(papermill_runner.run_notebook, params=params, root=args.results_dir,
@@ -54,7 +58,7 @@ def _run(args) -> int:
     preset = params.get("PRESET", "quick")
     before = _last_durations(args.results_dir, preset)
     print(f"preset: {preset}", flush=True)
-    failed, took, verdicts = {}, {}, {}
+    failed, refused, took, verdicts = {}, {}, {}, {}
     # Progress in seconds of the notebooks' last runs at this preset (60 s for one never run), so its ETA is
     # what the previous runs took, updated as each notebook finishes.
     bar = tqdm(total=round(sum(before.get(n, 60.0) for n in names)), unit="s", desc="notebooks",
@@ -72,17 +76,28 @@ def _run(args) -> int:
         except ValueError:
             raise
         except Exception as e:  # a failing cell: report it, keep running the other notebooks
-            if args.in_process:  # papermill's message holds the cell's traceback; an in-process error does not
-                bar.write("".join(traceback.format_exception(e)).rstrip(), file=sys.stderr)
-            bar.write(f"{name} FAILED: {type(e).__name__}: {str(e)[-500:]}", file=sys.stderr)
-            failed[name] = describe_failure(e)
+            if (why := refusal(e)) is not None:  # the model is not one this study can use: said, not a failure
+                refused[name] = why
+                bar.write(f"{name} refused its model: {why}", file=sys.stdout)
+            else:
+                if args.in_process:  # papermill's message holds the cell's traceback; an in-process error does not
+                    bar.write("".join(traceback.format_exception(e)).rstrip(), file=sys.stderr)
+                text = str(e)  # papermill's ends with the cell's error; a long one keeps its head (what failed) too
+                shown = text if len(text) <= 800 else f"{text[:250]} [...] {text[-500:]}"
+                bar.write(f"{name} FAILED: {type(e).__name__}: {shown}", file=sys.stderr)
+                failed[name] = describe_failure(e)
         took[name] = time.perf_counter() - start
-        bar.write(f"{name} {'failed' if name in failed else 'done'} in {took[name] / 60:.1f} min", file=sys.stdout)
+        state = "refused" if name in refused else "failed" if name in failed else "done"
+        bar.write(f"{name} {state} in {took[name] / 60:.1f} min", file=sys.stdout)
         bar.update(round(before.get(name, 60.0)))
     bar.close()
     if len(names) > 1:
-        print("\n".join(f"  {n:28s} {t / 60:6.1f} min  {verdicts.get(n, 'failed' if n in failed else '')}"
-                        for n, t in took.items()) + f"\n  {'total':28s} {sum(took.values()) / 60:6.1f} min")
+        outcome = lambda n: "refused" if n in refused else "failed" if n in failed else verdicts.get(n, "")  # noqa: E731
+        print("\n".join(f"  {n:28s} {t / 60:6.1f} min  {outcome(n)}" for n, t in took.items())
+              + f"\n  {'total':28s} {sum(took.values()) / 60:6.1f} min")
+    if refused:  # what the model could not be used for, and why: the other notebooks ran
+        print(f"refused: {len(refused)} of {len(names)} notebooks could not run on MODEL={params.get('MODEL')!r}")
+        print("\n".join(f"  {n}: {why}" for n, why in refused.items()))
     if failed:  # every failure named at the end, where a reader of a long log looks
         print(f"failed: {len(failed)} of {len(names)} notebooks", file=sys.stderr)
         print("\n".join(f"  {n}: {why}" for n, why in failed.items()), file=sys.stderr)
@@ -143,6 +158,10 @@ def add_run(sub) -> None:
     run.add_argument("--preset", choices=PRESETS, default=None,
                      help="quick (the notebooks' default: minutes), reference (the committed runs) or smoke (the "
                           "tests'); a -p value beats the preset's")
+    run.add_argument("--model", default=None, metavar="PATH_OR_NAME",
+                     help="run the study (or every study) on this model: a checkpoint directory, a .gguf path, "
+                          "smollm2-135m or random:<preset>; the same as -p MODEL, and a notebook that cannot use "
+                          "it refuses up front with its reason while the others go on (docs/your_model.md)")
     run.add_argument("--results-dir", default=None, help="where run directories go (default: results/)")
     run.add_argument("--log-output", action="store_true", help="stream the notebook's output to this terminal")
     run.add_argument("--in-process", action="store_true",
@@ -193,7 +212,10 @@ def _report(args) -> int:
     from lab.workflow.run import results_root
 
     root = Path(args.results_dir) if args.results_dir else results_root()
-    index = build(root, Path(args.out) if args.out else None, quick=args.quick)
+    if args.beside and not args.out:  # the committed report stays the committed ledger's alone
+        raise ValueError("--beside needs --out: the report with your ledger beside goes outside results/report")
+    index = build(root, Path(args.out) if args.out else None, quick=args.quick,
+                  beside=Path(args.beside) if args.beside else None)
     print(f"report: {index} (open it in a browser; no server needed)")
     return 0
 
@@ -203,5 +225,8 @@ def add_report(sub) -> None:
     rep = sub.add_parser("report", help="build the static HTML site of the findings (results/report/index.html)")
     rep.add_argument("--quick", action="store_true", help="show each notebook's latest quick run beside its reference")
     rep.add_argument("--out", default=None, help="where the site goes (default: results/report)")
+    rep.add_argument("--beside", default=None, metavar="DIR",
+                     help="also show the ledger of your runs (`lab claims --runs ... --out DIR`) beside the "
+                          "committed one (needs --out)")
     rep.add_argument("--results-dir", default=None)
     rep.set_defaults(func=_report)

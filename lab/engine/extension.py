@@ -53,7 +53,8 @@ alone sees the whole engine, to validate the options against it once.
    place that ends requests, so no extension can miss one);
 8. `after_step(step)`: bookkeeping once the step's tokens are in.
 
-`stats()` is merged into `LLM.stats()`; `close()` runs on `LLM.close()` (hooks removed, pools released).
+`stats()` is merged into `LLM.stats()`; `health()` answers `LLM.health()` (a server's watchdog asks it whether
+the engine can still serve); `close()` runs on `LLM.close()` (hooks removed, pools released).
 An extension whose intents move `num_computed_tokens` backwards sets `rewinds = True`: two of them in one
 engine would each decide on positions the other drops (a replayed window's drafts), so the engine refuses the
 pair by name.
@@ -155,6 +156,11 @@ class EngineExtension:
 
     def stats(self) -> dict:
         return {}
+
+    def health(self) -> str | None:
+        """Why the engine cannot serve any longer (a parallel rank died or is stopped), or None. Called from a
+        server's watchdog thread, between steps and during one: it must only read (`LLM.health`)."""
+        return None
 
     def close(self) -> None:
         pass

@@ -118,14 +118,27 @@ class LLM:
                 self._add_extension(FanOut())
             self.extensions["fanout"].hold(first, siblings)
 
-    def abort(self, request_id: int) -> None:
-        """End a request: queued or running, its blocks go back; a sample still held (`add_samples`) never runs."""
+    def abort(self, request_id: int) -> RequestDelta | None:
+        """End a request: queued or running, its blocks go back and its last delta is returned (the tokens not yet
+        sent, finish reason "abort", its whole output), for a caller that still has someone to tell (a server
+        draining at shutdown); a sample still held (`add_samples`) never runs, and gets none."""
         seq = self.sequences.pop(request_id, None)
-        self.output_processor.forget(request_id)
         if seq is not None and seq.status != Status.FINISHED:
             self._finish(seq, "abort")
-        elif seq is None and "fanout" in self.extensions:
+            return self.output_processor.delta(seq, True)  # the last one: its record goes
+        self.output_processor.forget(request_id)
+        if seq is None and "fanout" in self.extensions:
             self.extensions["fanout"].drop(request_id)
+        return None
+
+    def health(self) -> str | None:
+        """Why the engine cannot compute another step, or None: an extension's cause (`EngineExtension.health`: a
+        parallel rank that died or is stopped). Cheap and safe to call from another thread while a step runs (a
+        server's watchdog polls it)."""
+        for ext in list(self.extensions.values()):
+            if (check := getattr(ext, "health", None)) and (cause := check()):
+                return cause
+        return None
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -35,6 +35,9 @@ class ParallelExtension(EngineExtension):
     def stats(self) -> dict:
         return self.group.stats()
 
+    def health(self) -> str | None:
+        return self.group.failure_now()
+
     def close(self) -> None:
         self.group.close()
 

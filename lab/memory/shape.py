@@ -92,7 +92,11 @@ class ModelShape:
 
     @classmethod
     def load(cls, model: str) -> ModelShape:
-        """A preset name or a path to a config.json (or a directory holding one)."""
+        """A preset name (the embedded model's name is one), `random:<preset>` (random weights of its shape), or a
+        path to a config.json (or a checkpoint directory holding one): whatever a study's MODEL may be."""
+        model = str(model)
+        if model.startswith("random:"):
+            return cls.preset(model.removeprefix("random:"))
         path = Path(model)
         if path.is_dir():
             path = path / "config.json"

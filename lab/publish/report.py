@@ -143,6 +143,28 @@ def _ledger(results: Path) -> str:
             f'header to sort.</p><table id="ledger"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>')
 
 
+def _beside(yours: Path) -> str:
+    """The committed ledger and a user's (`lab claims --runs`, its BESIDE.csv) side by side: the rows their runs
+    decide that the committed runs cannot, and the verdicts that differ, first."""
+    from lab.claims.report import DECIDED_HERE, DIFFERS, NOT_RUN, SAME
+
+    path = yours / "BESIDE.csv"
+    if not path.exists():
+        raise FileNotFoundError(f"no {path}: build it with `lab claims --runs YOUR_RUNS --out {yours}`")
+    df = pd.read_csv(path, dtype=str).fillna("")
+    order = {s: i for i, s in enumerate((DECIDED_HERE, DIFFERS, SAME, NOT_RUN))}
+    df = df.sort_values("stands", key=lambda s: s.map(order), kind="stable")
+    cols = ["id", "claim", "stands", "verdict (committed)", "lab setting (committed)", "verdict (yours)",
+            "lab (yours)", "lab setting (yours)"]
+    counts = ", ".join(f"{(df['stands'] == s).sum()} {s}" for s in order)
+    head = "".join(f"<th>{_e(c)}</th>" for c in cols)
+    body = "".join(f'<tr class="{_e(r["stands"]).replace(" ", "-")}">' + "".join(f"<td>{_e(r[c])}</td>" for c in cols)
+                   + "</tr>" for _, r in df.iterrows())
+    return (f'<h2 id="beside-section">Your runs beside the committed ledger</h2><p>From <code>{_e(yours)}</code> '
+            f"(<code>lab claims --runs</code>): {_e(counts)}.</p><table><thead><tr>{head}</tr></thead>"
+            f"<tbody>{body}</tbody></table>")
+
+
 def _finding(h: Headline) -> str:
     verdict = f' <span class="verdict">{_e(h.finding.verdict)}</span>' if h.finding.verdict else ""
     return f"{_e(h.finding.sentence)}{verdict}"
@@ -183,7 +205,8 @@ def summary(results: Path, out: Path | None = None) -> str:
             f"</p><table>{''.join(rows)}</table></body></html>")
 
 
-def page(results: Path, out: Path | None = None, quick: bool = False, repo: Path | None = None) -> str:
+def page(results: Path, out: Path | None = None, quick: bool = False, repo: Path | None = None,
+         beside: Path | None = None) -> str:
     """The site's index.html as `build` writes it (nothing is written here: the test that keeps the committed
     report current compares it with the file)."""
     from lab.workflow.index import reference_states
@@ -212,11 +235,14 @@ def page(results: Path, out: Path | None = None, quick: bool = False, repo: Path
             f"finding from its latest reference run, measured on the machine named beside it (one page to print: "
             f'<a href="summary.html">summary.html</a>). {toc} · <a href="#ledger-section">claims ledger</a></p>'
             f'{_findings(heads, results, out)}{"".join(sections)}'
-            f'<h2 id="ledger-section">Claims ledger</h2>{_ledger(results)}</body></html>')
+            f'<h2 id="ledger-section">Claims ledger</h2>{_ledger(results)}{_beside(beside) if beside else ""}'
+            f'</body></html>')
 
 
-def build(results: Path, out: Path | None = None, quick: bool = False, repo: Path | None = None) -> Path:
-    """Write the site under `out` (default `results/report`) and return its index.html."""
+def build(results: Path, out: Path | None = None, quick: bool = False, repo: Path | None = None,
+          beside: Path | None = None) -> Path:
+    """Write the site under `out` (default `results/report`) and return its index.html; `beside`: a user's ledger
+    folder (`lab claims --runs ... --out DIR`) shown beside the committed ledger."""
     out = out or results / "report"
     out.mkdir(parents=True, exist_ok=True)
     reference, quick_runs = _latest(results, "reference"), _latest(results, "quick") if quick else {}
@@ -224,6 +250,6 @@ def build(results: Path, out: Path | None = None, quick: bool = False, repo: Pat
     for run_dir in [*reference.values(), *quick_runs.values()]:
         _render_notebook(run_dir, out)
     index = out / "index.html"
-    index.write_text(page(results, out, quick, repo))
+    index.write_text(page(results, out, quick, repo, beside))
     (out / "summary.html").write_text(summary(results, out))
     return index

@@ -100,18 +100,22 @@ async def _http_error(request: Request, exc: HTTPException):
 
 @router.get("/health")
 async def health(request: Request):
-    """Liveness: 200 while the process serves or warms up; 503 once the engine has failed (restart it)."""
+    """Liveness: 200 while the process serves, warms up or drains; 503 with the cause once the engine cannot serve
+    (a rank died or hung, the engine thread failed: restart the process)."""
     engine = request.app.state.engine
     if engine.failed:
         return JSONResponse({"status": "failed", "error": engine.failed}, status_code=503)
-    return {"status": "ok", "ready": engine.ready.is_set(), "active_requests": engine.num_active}
+    return {"status": "ok", "ready": engine.ready.is_set(), "draining": engine.draining,
+            "active_requests": engine.num_active}
 
 
 @router.get("/ready")
 async def ready(request: Request):
-    """Readiness: 200 only after the warm-up request has run; 503 with the status before (or after a failure)."""
+    """Readiness: 200 only after the warm-up request has run and until shutdown begins; 503 with the status
+    before, while draining, and after a failure (with its cause)."""
     engine = request.app.state.engine
-    body = {"status": engine.status, "warmup_s": engine.warmup_seconds}
+    body = {"status": engine.status, "warmup_s": engine.warmup_seconds,
+            **({"error": engine.failed} if engine.failed else {})}
     return JSONResponse(body, status_code=200 if engine.status == "ready" else 503)
 
 
@@ -160,6 +164,9 @@ async def _serve(request: Request, body: SamplingRequest, prompt, chat: bool):
     engine, model_name = request.app.state.engine, request.app.state.model_name
     if engine.failed:  # the engine thread has stopped: queueing the request would leave it waiting forever
         return _error(503, f"the server cannot serve: {engine.failed}")
+    if engine.draining:
+        return _error(503, "the server is shutting down (draining the requests in flight); send this to another "
+                           "instance")
     if body.model != model_name:
         engine.metrics.rejected.inc()
         return _error(404, f"model {body.model!r} does not exist; this server serves {model_name!r}",
@@ -178,8 +185,8 @@ async def _serve(request: Request, body: SamplingRequest, prompt, chat: bool):
     finals = [None] * len(seqs)
     async with aclosing(engine.generate_samples(seqs)) as deltas:  # closing it early aborts every sample
         async for i, delta in deltas:
-            if delta.error:
-                return _error(500, delta.error)
+            if delta.error:  # 503 if the whole engine failed under it, 500 if its own step did
+                return _error(503 if engine.failed else 500, delta.error)
             text[i].append(delta.text)
             tokens[i] += delta.token_ids
             lps[i] += delta.logprobs or []

@@ -77,4 +77,11 @@ def against_reference(run_dir: Path, reference_root: Path) -> str:
     if reference is None:
         return "verdicts: no reference run to compare with"
     agreement = compare_verdicts(run_dir, reference)
-    return agreement.summary() if agreement else "verdicts: this notebook writes no claims table"
+    if not agreement:
+        return "verdicts: this notebook writes no claims table"
+    import json
+
+    models = [json.loads((d / "params.json").read_text())["parameters"].get("MODEL") for d in (run_dir, reference)]
+    other = (f"on another model than the reference run's ({models[0]}, not {models[1]}): a verdict may differ "
+             f"for that reason alone\n") if models[0] != models[1] else ""
+    return other + agreement.summary()

@@ -35,18 +35,26 @@ def run_preset(params: dict) -> str:
     return values.get("PRESET") or ("smoke" if values.get("SMOKE") else "reference")
 
 
+# `lab run` puts this file in a run's directory before the notebook starts and removes it once the run has
+# written everything (`lab.workflow.notebook.run_environment`): a run still executing, killed, or whose directory
+# could not be written to the end, keeps it, and is not a result.
+INCOMPLETE = "INCOMPLETE"
+
+
 def list_runs(root: Path, include_failed: bool = False) -> list[dict]:
     """Every finished run under `root`, oldest first, with its notebook, id, metrics and plots. A run still
-    executing has no metrics.json yet and is never listed; a failed one records `"status": "failed"` there
-    (`lab.workflow.notebook`) and is listed only with `include_failed` (the index shows its error). Neither is a
-    result, so neither can become a notebook's latest run for the ledger, the docs or the report, nor be moved
+    executing, or one that never finished (killed, its directory unwritable), has no metrics.json yet or still
+    holds `INCOMPLETE`, and is never listed; a failed one records `"status": "failed"` in metrics.json
+    (`lab.workflow.notebook`) and is listed only with `include_failed` (the index shows its error). None of them
+    is a result, so none can become a notebook's latest run for the ledger, the docs or the report, nor be moved
     by `archive`."""
     runs = []
     for params in sorted(root.glob("*/*/params.json")):
         run_dir = params.parent
         metrics_path = run_dir / "metrics.json"
         metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else None
-        if metrics is None or (metrics.get("status") == "failed" and not include_failed):
+        failed = metrics is not None and metrics.get("status") == "failed"
+        if metrics is None or (failed and not include_failed) or ((run_dir / INCOMPLETE).exists() and not failed):
             continue
         runs.append({
             "notebook": run_dir.parent.name,

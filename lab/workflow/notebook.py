@@ -15,12 +15,14 @@ import contextlib
 import html
 import json
 import os
+import shutil
 import traceback
 from pathlib import Path
 
 from .atomic import write_atomic
-from .index import write_index
-from .run import EXPLICIT_ENV, new_run_id, results_root
+from .index import INCOMPLETE, write_index
+from .profile import CELLS_FILE, cells_from_notebook, finish_sampling
+from .run import EXPLICIT_ENV, new_run_id, refusal, results_root
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -106,29 +108,62 @@ def tidy_outputs(notebook_path: Path) -> None:
     nbformat.write(nb, notebook_path)
 
 
+class RunDirUnwritable(OSError):
+    """A run's directory could not be written to the end: the run is left incomplete (`INCOMPLETE` stays in it)."""
+
+
 @contextlib.contextmanager
 def run_environment(path: Path, params: dict, root: Path | None = None):
     """A new run directory for the notebook at `path` (yielded), with what a notebook reads while it runs:
     `LAB_RUN_DIR` (where `start_run` writes), `LAB_RESULTS_DIR` and the injected names in `EXPLICIT_ENV`.
     The variables are restored afterwards, a failure is recorded in metrics.json (then re-raised) and the
     results index is refreshed either way. `lab run` executes through papermill (`run_notebook`) or in this
-    process (`lab.workflow.script`); both go through here, so a run looks the same whichever executed it."""
+    process (`lab.workflow.script`); both go through here, so a run looks the same whichever executed it.
+
+    The directory holds `INCOMPLETE` (`lab.workflow.index`) until the run has written everything: a run killed
+    midway, or whose directory stopped being writable (a full disk, a read-only mount, permissions), never looks
+    complete; where even the failure cannot be recorded, `RunDirUnwritable` names the directory and the cause."""
     # Absolute once, here: both executors change into the notebooks folder, where a relative path (the GPU
     # suite's `--results-dir results/gpu`, a relative LAB_RESULTS_DIR) would point somewhere else.
     root = (Path(root) if root else results_root()).absolute()
     run_dir = root / path.stem / new_run_id()
-    run_dir.mkdir(parents=True)
+    try:
+        run_dir.mkdir(parents=True)
+        (run_dir / INCOMPLETE).write_text("this run has not finished writing its results (lab run)\n")
+    except OSError as e:
+        raise RunDirUnwritable(f"the results directory {root} cannot be written ({e.strerror or e}): nothing "
+                               f"was run") from e
     previous = {k: os.environ.get(k) for k in ("LAB_RUN_DIR", "LAB_RESULTS_DIR", EXPLICIT_ENV)}
     os.environ["LAB_RUN_DIR"], os.environ["LAB_RESULTS_DIR"] = str(run_dir), str(root)
     os.environ[EXPLICIT_ENV] = json.dumps(sorted(params))  # these beat the notebook's preset
     try:
         yield run_dir
+        try:
+            (run_dir / INCOMPLETE).unlink()
+        except OSError as e:
+            raise RunDirUnwritable(f"the run directory {run_dir} could not be written at the end of the run "
+                                   f"({e.strerror or e}): the run stays marked incomplete ({INCOMPLETE})") from e
+    except RunDirUnwritable:
+        raise
     except Exception as e:
+        if refusal(e) is not None:  # refused before any work (`ModelRefused`): no run to keep; `lab run` says why
+            shutil.rmtree(run_dir)
+            raise
         # The whole traceback: the index shows its last line (the exception), and in-process runs keep the
         # script's file and line (papermill's error text ends with the cell's own traceback).
         error = "".join(traceback.format_exception(e))[-2000:]
-        write_atomic(run_dir / "metrics.json", json.dumps({"status": "failed", "error": error}, indent=2))
         e.run_dir = run_dir  # a sweep links a failed point to the directory it made
+        try:
+            write_atomic(run_dir / "metrics.json", json.dumps({"status": "failed", "error": error}, indent=2))
+        except OSError as unwritable:  # the notebook's own error is most likely this one: say both, plainly
+            last = error.strip().splitlines()[-1] if error.strip() else type(e).__name__
+            why = unwritable.strerror or str(unwritable)
+            failure = RunDirUnwritable(
+                f"the run directory {run_dir} stopped being writable during the run ({why}): the notebook failed "
+                f"({last}) and not even its failure could be recorded; the run stays marked incomplete "
+                f"({INCOMPLETE}), so no listing, ledger or report takes it as a result")
+            failure.run_dir = run_dir
+            raise failure from e
         raise
     finally:
         for k, v in previous.items():
@@ -136,7 +171,11 @@ def run_environment(path: Path, params: dict, root: Path | None = None):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        write_index(root)
+        try:
+            finish_sampling(run_dir)  # a run executed here that failed before `Run.finish`: its profile still
+            write_index(root)
+        except OSError as e:  # a derived view: say so, and let the run's own outcome stand
+            print(f"lab run: the results index under {root} could not be refreshed ({e.strerror or e})")
 
 
 def run_notebook(name: str, params: dict | None = None, root: Path | None = None, log_output: bool = False,
@@ -161,4 +200,6 @@ def run_notebook(name: str, params: dict | None = None, root: Path | None = None
         finally:
             if out.exists():
                 tidy_outputs(out)
+        if out.exists():  # papermill's per-cell durations (an executor that writes no notebook has none)
+            cells_from_notebook(out).to_csv(run_dir / CELLS_FILE, index=False)
     return run_dir

@@ -7,8 +7,12 @@ parameter dataclass, whose `__post_init__` rejects a bad value before any heavy 
 
     params.json      the parameters and the provenance (git commit, versions, machine, start time)
     metrics.json     the key numbers of the run, and its duration once finished
+    models_loaded.jsonl  every model (weights or tokenizer) the run loaded, its child processes' too
     *.csv, *.png     tidy tables and plots
     <notebook>.ipynb the executed notebook (written by `lab run`, image outputs stripped)
+    profile_cells.csv, profile_functions.csv   where the run's time went, by cell and by function (`lab run`:
+                     `lab.workflow.profile`)
+    INCOMPLETE       present while `lab run` has not finished writing the run (`lab.workflow.index`)
 
 A run id is a UTC timestamp (to the microsecond) plus a random suffix, so two runs never share a
 directory and ids sort in the order the runs started.
@@ -41,6 +45,7 @@ def new_run_id() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ") + "-" + secrets.token_hex(3)
 
 
+MODELS_LOADED = "models_loaded.jsonl"  # a run's record of the models it loaded (`lab.models.loader._record_load`)
 PRESETS = ("quick", "reference", "smoke", "gpu")  # gpu: what a CPU cannot study (production shapes, long contexts)
 EXPLICIT_ENV = "LAB_EXPLICIT_PARAMS"  # set by `lab run`: the names it injected (JSON list)
 
@@ -109,6 +114,63 @@ def check_device(name: str, value) -> None:
     index = int(value[5:]) if value.startswith("cuda:") else 0
     if index >= torch.cuda.device_count():
         raise ValueError(f"parameter {name}={value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+
+
+class ModelRefused(ValueError):
+    """A study cannot run on the model it was given (no tokenizer, a refused architecture, too large for the device):
+    raised while its parameters are checked, before any heavy work. `lab run all` reports it as a refusal with its
+    reason and goes on with the other notebooks (issue 51)."""
+
+
+def refusal(e: BaseException) -> str | None:
+    """The reason a notebook refused its model up front (`ModelRefused`, raised while its parameters were checked),
+    from papermill's error or the in-process runner's; None where it failed otherwise."""
+    if getattr(e, "ename", None) == ModelRefused.__name__:  # papermill.PapermillExecutionError
+        lines = [line for line in str(e.evalue).splitlines() if line.strip()]
+        return lines[-1].strip() if lines else ""
+    cause = e.__cause__
+    return str(cause) if isinstance(cause, ModelRefused) else None
+
+
+def _device_memory(device) -> tuple[int, str]:
+    """(bytes, what they are) of the memory a model on `device` must fit in."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory, f"{device}'s memory"
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's memory"
+
+
+def check_model(name: str, value, device: str = "auto", dtype: str = "auto", needs_tokenizer: str = "",
+                needs_chat_template: str = "", copies: float = 1.0):
+    """A model parameter (MODEL): a model `lab.models.load_model` takes, whose `ModelInfo` it returns; refused with
+    `ModelRefused`, naming the value and the reason, where the study cannot use it. `needs_tokenizer` and
+    `needs_chat_template`: why the study needs one ("" where it does not); `copies`: how many builds of its weights
+    in `dtype` the study holds at once (a reference beside its quantized copies), which must fit in the memory of
+    `device` (checked as DEVICE and DTYPE parameters are)."""
+    from lab.models.loader import default_dtype, describe_model, parse_dtype
+
+    if not isinstance(value, str) or not value:
+        raise ModelRefused(f"parameter {name}={value!r} must name a model: a name, 'random:<preset>', a checkpoint "
+                           f"directory or a .gguf path")
+    try:
+        info = describe_model(value)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        raise ModelRefused(f"parameter {name}={value!r}: {e}") from e
+    if needs_tokenizer and not info.tokenizer:
+        raise ModelRefused(f"parameter {name}={value!r} has no tokenizer, and this study needs one: {needs_tokenizer}")
+    if needs_chat_template and not info.chat_template:
+        raise ModelRefused(f"parameter {name}={value!r}: its tokenizer has no chat template, and this study needs one: "
+                           f"{needs_chat_template}")
+    where = resolve_device(device)
+    torch_dtype = parse_dtype(dtype) or default_dtype(where)
+    need, (have, what) = info.weight_bytes(torch_dtype) * copies, _device_memory(where)
+    if need > 0.9 * have:  # the activations, the KV pool and the process need the rest
+        held = f" ({copies:g} builds held at once)" if copies != 1 else ""
+        dtype_name = str(torch_dtype).removeprefix("torch.")
+        raise ModelRefused(f"parameter {name}={value!r}: its weights take {need / 1e9:.1f} GB in {dtype_name}{held}, "
+                           f"more than 90% of {what} ({have / 1e9:.1f} GB)")
+    return info
 
 
 def resolve_device(value: str):
@@ -183,8 +245,16 @@ class Run:
         return current
 
     def finish(self) -> Path:
-        """Record the duration and refresh the results index; returns the run directory."""
+        """Record the duration (and, under `lab run`, where it went: `lab.workflow.profile`) and refresh the
+        results index; returns the run directory."""
+        from .profile import finish_sampling
+
+        finish_sampling(self.dir)
         self.save_metrics(duration_s=round(time.perf_counter() - self.started, 3))
+        from lab.models.loader import LOAD_LOG_ENV
+
+        if os.environ.get(LOAD_LOG_ENV) == str(self.dir / MODELS_LOADED):  # later loads are not this run's
+            del os.environ[LOAD_LOG_ENV]
         from .index import write_index
 
         write_index(self.dir.parents[1])
@@ -215,6 +285,14 @@ def start_run(notebook: str, params) -> Run:
     record = {"notebook": notebook, "run_id": run_dir.name, **provenance(values),
               "preset_values": getattr(params, "preset_values", {})}
     (run_dir / "params.json").write_text(json.dumps(record, indent=2) + "\n")
+    from lab.models.loader import LOAD_LOG_ENV
+
+    # every model the run loads, here and in its child processes, goes on record beside its parameters (issue 51)
+    os.environ[LOAD_LOG_ENV] = str(run_dir / MODELS_LOADED)
+    if os.environ.get("LAB_RUN_DIR"):  # under `lab run`: where the run's time goes, by function (issue 52)
+        from .profile import start_sampling
+
+        start_sampling()
     return Run(notebook, run_dir, values)
 
 

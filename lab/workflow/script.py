@@ -18,9 +18,11 @@ import dataclasses
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 from .notebook import check_parameter_names, resolve_notebook, run_environment
+from .profile import CELLS_FILE, cell_table
 
 _MARKER = "# %%"
 _TEXT_CELL = re.compile(r"\[(markdown|md|raw)\]")  # jupytext's non-code cell types
@@ -158,16 +160,20 @@ def run_script(name: str, params: dict | None = None, root: Path | None = None) 
     check_parameter_names(path, params, declared=parameter_names(found[0]))
     with run_environment(path, params, root) as run_dir, _notebook_process(path.parent, run_dir / "script.log"):
         namespace = {"__name__": "__main__", "display": display}
+        timed = []  # (cell, first line, seconds): papermill's record, kept here (`lab.workflow.profile`)
         for cell in cells:
             if cell.kind == "text":
                 continue
+            t = time.perf_counter()
             try:
                 run_cell(cell, path, namespace)
             except Exception as e:
                 raise CellFailed(f"the cell at line {cell.line} of {path.name} raised {type(e).__name__}: {e}") from e
+            timed.append((len(timed), (cell.source.strip().splitlines() or [""])[0][:120], time.perf_counter() - t))
             _close_figures()
             if cell is found[0]:
                 # papermill's injected cell comes right after the (first) parameters cell; the values are
                 # assigned as they are, not written as `NAME = repr(value)`, whose text may not read back (inf).
                 namespace.update(params)
+        cell_table(timed).to_csv(run_dir / CELLS_FILE, index=False)
     return run_dir

@@ -14,7 +14,7 @@ import pandas as pd
 from lab.engine import LLM, SamplingParams
 from lab.engine.trace import traced_generate
 from lab.figures.style import PALETTE, legend_outside
-from lab.workflow.run import as_tuple, check_device, check_range, resolve_device
+from lab.workflow.run import as_tuple, check_device, check_model, check_range, resolve_device
 
 SYSTEM_PROMPT = ("You are a concise assistant for an inference-optimization lab. Answer in at most three "
                  "sentences, prefer numbers to adjectives, and say when you are unsure.")
@@ -57,6 +57,8 @@ class TourParams:
 
     def __post_init__(self):
         check_device("DEVICE", self.DEVICE)
+        check_model("MODEL", self.MODEL, self.DEVICE, needs_tokenizer="the tour's requests are text",
+                    needs_chat_template="the tour's requests are chat conversations")
         check_range("NUM_REQUESTS", self.NUM_REQUESTS, 1, len(QUESTIONS), int)
         check_range("MAX_TOKENS", self.MAX_TOKENS, 1, 1024, int)
         check_range("BLOCK_SIZE", self.BLOCK_SIZE, 1, 256, int)

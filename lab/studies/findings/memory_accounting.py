@@ -68,7 +68,7 @@ def _roofline(run: RunFiles):
 
     p = _params(run)
     gpu = get_gpu(p.GPU)
-    cost = study.model_cost(mem.ModelShape.preset(p.MODEL), p.WEIGHTS, p.KV_DTYPE)
+    cost = study.model_cost(mem.ModelShape.load(p.MODEL), p.WEIGHTS, p.KV_DTYPE)
     return roofline.plot_roofline(gpu, study.roofline_points(gpu, cost, p.SEQ_LEN))
 
 

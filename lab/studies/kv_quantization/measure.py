@@ -88,7 +88,7 @@ def max_concurrency(model, tokenizer, names: list[str], calibrated: KVScales, po
     from lab.engine import LLM, SamplingParams
     from lab.memory import ModelShape, dtype_name, kv_bytes_per_token
 
-    shape = ModelShape.preset(shape_name)
+    shape = ModelShape.load(shape_name)  # a preset, or the checkpoint MODEL names
     gen = torch.Generator().manual_seed(0)
     blocks_per_seq = -(-seq_len // block_size)
     rows = []

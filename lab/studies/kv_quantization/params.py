@@ -10,7 +10,7 @@ from typing import ClassVar
 from lab.engine import EngineConfig
 from lab.kv.calibration import KVScales
 from lab.kv.format import KVCacheFormat, parse_format
-from lab.workflow.run import as_tuple, check_choice, check_device, check_range
+from lab.workflow.run import as_tuple, check_choice, check_device, check_model, check_range
 
 
 UNIT_SCALE = "unit-scale"  # a format-name suffix of this study: static scales of 1.0 (vLLM's default)
@@ -76,6 +76,8 @@ class KVStudyParams:
 
     def __post_init__(self):
         check_device("DEVICE", self.DEVICE)
+        check_model("MODEL", self.MODEL, self.DEVICE, "float32",
+                    needs_tokenizer="perplexity is over text, and the sensitive items are text prompts")
         for name in ("GROWTH_FORMATS", "ROLE_FORMATS", "E2E_FORMATS"):
             setattr(self, name, as_tuple(name, getattr(self, name)))
             for f in getattr(self, name):

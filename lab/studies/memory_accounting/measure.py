@@ -24,7 +24,7 @@ from lab.models.loader import EMBEDDED_MODELS, preset_names
 from lab.machine.roofline import model_cost
 from lab.claims import arithmetic
 from lab.claims.arithmetic import recomputed as _recomputed
-from lab.workflow.run import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
+from lab.workflow.run import as_tuple, check_choice, check_device, check_model, check_dtype, check_range, resolve_device
 from lab.figures.style import PALETTE, legend_outside
 
 KV_DTYPES = ["bf16", "fp8", "int8", "int4", "int2"]
@@ -37,7 +37,7 @@ class MemoryParams:
     PRESET: str = "quick"
     INTERACTIVE: bool = False
     DEVICE: str = "auto"  # where the engine check (section 6) runs; the INT4 claim is a CPU study
-    MODEL: str = "llama-3-8b"
+    MODEL: str = "llama-3-8b"  # the model accounted: a preset's shape, or a model to run (a checkpoint, ...)
     WEIGHTS: str = "int4-g128"
     KV_DTYPE: str = "bf16"
     SEQ_LEN: int = 8192
@@ -47,12 +47,13 @@ class MemoryParams:
     LENGTH_P50: int = 600  # request lengths (prompt + output) for the paging-waste study
     LENGTH_P90: int = 2000
     LENGTH_P99: int = 6000
-    ENGINE_MODEL: str = "smollm2-135m"  # the engine check's model: smollm2-135m or random:<preset>
+    ENGINE_MODEL: str = ""  # the engine check's model; "": MODEL where it is a model to run, else smollm2-135m
     ENGINE_DTYPE: str = "float32"  # its dtype ("auto": the serving dtype on DEVICE); the committed CPU runs: float32
     ENGINE_BATCHES: tuple = (1, 4, 16, 32)  # batch sizes timed on the lab engine for the roofline check
     ENGINE_CONTEXT: int = 128  # tokens of context of every timed sequence
     PROBE_SECONDS: float = 4.0  # this machine's bandwidth and FLOP/s probe
     DECODE_STEPS: int = 8  # timed decode steps per batch size
+    INT4_MODEL: str = ""  # the INT4 decode claim's model (section 7, on the CPU); "": ENGINE_MODEL
     INT4_BATCHES: tuple = (1, 32)  # the INT4 decode claim (section 7)
     INT4_CONTEXT: int = 128
     INT4_STEPS: int = 16
@@ -68,14 +69,15 @@ class MemoryParams:
         "quick": {"PROBE_SECONDS": 2.0, "INT4_STEPS": 8},
         "smoke": {"ENGINE_BATCHES": (1, 4), "PROBE_SECONDS": 2.0, "DECODE_STEPS": 3,
                   "INT4_BATCHES": (1, 2), "INT4_CONTEXT": 32, "INT4_STEPS": 3, "INT4_ROUNDS": 1},
-        "gpu": {"GPU": "h200", "ENGINE_MODEL": "random:llama-3-8b", "ENGINE_DTYPE": "bfloat16",
+        # section 7 is a CPU study: under the gpu preset it stays on the embedded model, on the host's CPU
+        "gpu": {"GPU": "h200", "MODEL": "random:llama-3-8b", "INT4_MODEL": "smollm2-135m", "ENGINE_DTYPE": "bfloat16",
                 "ENGINE_BATCHES": (1, 16, 64), "ENGINE_CONTEXT": 1024, "DECODE_STEPS": 16,
                 "PROBE_SECONDS": 2.0},
     }
 
     def __post_init__(self):
         check_device("DEVICE", self.DEVICE)
-        check_choice("MODEL", self.MODEL, MODEL_NAMES)
+        mem.ModelShape.load(self.MODEL)  # a preset or a model's config.json; refused by name where it is neither
         mem.weight_format(self.WEIGHTS)  # raises with the known formats
         check_choice("KV_DTYPE", self.KV_DTYPE, KV_DTYPES)
         check_choice("GPU", self.GPU, sorted(GPUS))
@@ -94,24 +96,34 @@ class MemoryParams:
             check_range(name, getattr(self, name), 2, 1000, int)
         check_range("INT4_CONTEXT", self.INT4_CONTEXT, 1, 8192, int)
         check_range("INT4_ROUNDS", self.INT4_ROUNDS, 1, 50, int)
-        check_choice("ENGINE_MODEL", self.ENGINE_MODEL, [*EMBEDDED_MODELS, *(f"random:{n}" for n in preset_names())])
         check_dtype("ENGINE_DTYPE", self.ENGINE_DTYPE)
+        # A bare preset name is a shape to account, not weights to run: the engine check then runs the embedded
+        # model. Anything the loader takes (a checkpoint, a .gguf, random:<preset>) is run as well as accounted.
+        runnable = self.MODEL in EMBEDDED_MODELS or self.MODEL not in preset_names()
+        self.ENGINE_MODEL = self.ENGINE_MODEL or (self.MODEL if runnable else next(iter(EMBEDDED_MODELS)))
+        check_model("ENGINE_MODEL", self.ENGINE_MODEL, self.DEVICE, self.ENGINE_DTYPE)
+        self.INT4_MODEL = self.INT4_MODEL or self.ENGINE_MODEL
+        # section 7 holds its float32, bfloat16 and packed INT4 builds at once on the CPU: 6.5 bytes a weight
+        check_model("INT4_MODEL", self.INT4_MODEL, "cpu", "float32", copies=6.5 / 4)
         check_range("ENGINE_CONTEXT", self.ENGINE_CONTEXT, 1, 8192, int)
 
 
-def parameter_table() -> pd.DataFrame:
+def parameter_table(also: tuple = ()) -> pd.DataFrame:
+    """Each preset's parameters counted from its shape beside its published total, and the models in `also` that
+    are not presets (a user's checkpoint: its count only, with no published figure to meet)."""
     rows = []
-    for name in MODEL_NAMES:
-        s = mem.ModelShape.preset(name)
+    for name in [*MODEL_NAMES, *(m for m in also if m not in MODEL_NAMES)]:
+        s = mem.ModelShape.load(name)
         c = mem.param_counts(s)
-        rows.append({"model": name, "computed_B": c["total"] / 1e9, "published_B": s.published_params / 1e9,
-                     "error_%": 100 * (c["total"] / s.published_params - 1), "active_B": c["active"] / 1e9,
+        published = s.published_params or float("nan")  # a checkpoint states none
+        rows.append({"model": name, "computed_B": c["total"] / 1e9, "published_B": published / 1e9,
+                     "error_%": 100 * (c["total"] / published - 1), "active_B": c["active"] / 1e9,
                      "kv_elements_per_token_per_layer": mem.kv_elements_per_token_per_layer(s)})
     return pd.DataFrame(rows)
 
 
 def memory_vs_context(p: MemoryParams, contexts: list[int]) -> pd.DataFrame:
-    s = mem.ModelShape.preset(p.MODEL)
+    s = mem.ModelShape.load(p.MODEL)
     w = mem.weight_bytes(s, p.WEIGHTS)
     return pd.DataFrame([{"context": n, "weights_GiB": w["total"] / mem.GIB,
                           "kv_GiB": mem.kv_cache_bytes(s, n, p.CONCURRENCY, dtype=p.KV_DTYPE) / mem.GIB}
@@ -136,7 +148,7 @@ def plot_memory_vs_context(df: pd.DataFrame, p: MemoryParams):
 
 
 def concurrency_vs_context(p: MemoryParams, contexts: list[int]) -> pd.DataFrame:
-    s, gpu = mem.ModelShape.preset(p.MODEL), get_gpu(p.GPU)
+    s, gpu = mem.ModelShape.load(p.MODEL), get_gpu(p.GPU)
     rows = []
     for kv in KV_DTYPES:
         kw = {"granularity": mem.default_kv_granularity(kv)}

@@ -31,7 +31,7 @@ from lab.models.loader import default_dtype, parse_dtype
 from lab.parallel import comm_bench
 from lab.parallel.comm_model import LINKS, Link, alpha_for_share, pipeline_bubble, tp_decode_step
 from lab.figures.style import PALETTE, error_extents, legend_outside
-from lab.workflow.run import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
+from lab.workflow.run import as_tuple, check_choice, check_device, check_model, check_dtype, check_range, resolve_device
 from lab.bench.decode import start_decode_batch
 
 # The multi-process measurements (links, TP and PP on the engine) run as processes of one CPU with gloo: one GPU
@@ -83,6 +83,7 @@ class ParallelParams:
     def __post_init__(self):
         check_device("DEVICE", self.DEVICE)
         check_dtype("DTYPE", self.DTYPE)
+        check_model("MODEL", self.MODEL, PROCESS_DEVICE, self.DTYPE)
         # the engine's processes run on PROCESS_DEVICE, one rank's compute on DEVICE: each in its serving dtype
         self.torch_dtype = parse_dtype(self.DTYPE) or default_dtype(PROCESS_DEVICE)
         self.device_dtype = parse_dtype(self.DTYPE) or default_dtype(resolve_device(self.DEVICE))
@@ -281,7 +282,7 @@ def engine_memory(p: ParallelParams, tp: int = 2, num_kv_blocks: int = 64) -> pd
     stats, block_size = llm.stats(), llm.config.block_size
     llm.close()
     fmt = {4: "fp32", 2: "bf16"}[p.torch_dtype.itemsize]
-    counted = rank_memory(ModelShape.preset(p.MODEL.removeprefix("random:")), tp, fmt, fmt)
+    counted = rank_memory(ModelShape.load(p.MODEL), tp, fmt, fmt)
     counted["weight bytes (engine)"] = stats["tp_rank_weight_bytes"]
     counted["KV pool bytes (engine)"] = stats["tp_rank_kv_bytes"]
     counted["KV pool bytes (counted)"] = counted["KV bytes per token"] * num_kv_blocks * block_size

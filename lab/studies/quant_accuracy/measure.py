@@ -48,7 +48,7 @@ from lab.memory import ModelShape, WeightFormat, weight_bytes, weight_format
 from lab.quant.formats import AWQ_BITS
 from lab.quant.pipeline import GGUF_METHODS, METHODS, QuantJob, gguf_spec, quantize_model
 from lab.quant.rtn import QuantSpec
-from lab.workflow.run import as_tuple, check_choice, check_device, check_range
+from lab.workflow.run import as_tuple, check_choice, check_device, check_model, check_range
 from lab.studies.quant_accuracy.ladder import weight_error
 from lab.studies.quant_accuracy.prompts import checkpoint_prompts, summarization_prompts  # noqa: F401
 
@@ -109,7 +109,7 @@ class QuantAccuracyParams:
                            "HELDOUT_TOKENS": 256, "MAX_TOKENS": 24, "ITEMS_PER_CATEGORY": 3, "SUMMARIZATION_DOCS": 2,
                            "MISMATCH_SAMPLES": 0},
         "smoke": _FEWER | {"GPTQ_CALIB": (4, 64), "AWQ_CALIB": (4, 64), "HELDOUT_SEQUENCES": 2, "HELDOUT_TOKENS": 64,
-                           "MAX_TOKENS": 12, "ITEMS_PER_CATEGORY": 2, "SUMMARIZATION_DOCS": 1,
+                           "MAX_TOKENS": 12, "ITEMS_PER_CATEGORY": 2, "SUMMARIZATION_DOCS": 2,
                            "QUANT_LAYERS": (0, 1)},
         # gpu: what 2 CPU cores cannot afford, at the INT4 point the article names: every method at w4g64
         # (calibrated as the reference is) with all 30 long-context items (2K-6K tokens), twice the held-out
@@ -122,6 +122,9 @@ class QuantAccuracyParams:
 
     def __post_init__(self):
         check_device("DEVICE", self.DEVICE)
+        # the baseline and one quantized copy at a time, in float32
+        check_model("MODEL", self.MODEL, self.DEVICE, "float32", copies=2,
+                    needs_tokenizer="perplexity is over text, and the sensitive items are text prompts")
         for name in ("METHODS", "CONFIGS", "LONG_CONTEXT_CONFIGS", "GPTQ_CALIB", "AWQ_CALIB", "DOMAINS",
                      "QUANT_LAYERS", "LADDER_GROUPS", "LADDER_BITS"):
             setattr(self, name, as_tuple(name, getattr(self, name)))

@@ -22,7 +22,7 @@ from lab.memory import ModelShape
 from lab.models.loader import default_dtype, parse_dtype
 from lab.replay.cost import LINKS, break_even_table, recompute_seconds, window_cost
 from lab.figures.style import PALETTE, legend_outside
-from lab.workflow.run import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
+from lab.workflow.run import as_tuple, check_choice, check_device, check_model, check_dtype, check_range, resolve_device
 
 COST_MODELS = ["smollm2-135m", "llama-2-7b", "llama-3-8b", "llama-3-70b", "qwen2.5-72b", "deepseek-v3"]
 ATTENTION = {"llama-2-7b": "MHA", "deepseek-v3": "MLA"}  # the rest are GQA
@@ -33,9 +33,9 @@ class ReplayParams:
     PRESET: str = "quick"
     INTERACTIVE: bool = False
     DEVICE: str = "auto"  # where the models run: the lossless check, the timed recomputes and the probe
-    LOSSLESS_MODEL: str = "smollm2-135m"  # the replay = no-replay check, in float32
+    MODEL: str = "smollm2-135m"  # the replay = no-replay check (in float32) and the first model timed
     LOSSLESS_TOKENS: int = 32
-    MODELS: tuple = ("smollm2-135m", "random:smollm2-360m")  # measured on the engine
+    MORE_MODELS: tuple = ("random:smollm2-360m",)  # timed beside MODEL on the engine: another scale
     PREFIXES: tuple = (1024, 2048, 4096, 7680)  # M: cached tokens before the window
     WINDOWS: tuple = (16, 32, 64, 128, 256, 512)  # W
     REPEATS: int = 3
@@ -46,17 +46,18 @@ class ReplayParams:
     DTYPE: str = "auto"  # of the timed models: the serving dtype on DEVICE (the lossless check runs in float32)
     PROBE_SECONDS: float = 6.0  # this machine's ceilings in DTYPE on DEVICE, probed once per timed model
     PRESETS: ClassVar[dict] = {
-        "quick": {"MODELS": ("smollm2-135m",), "PREFIXES": (1024, 4096), "WINDOWS": (16, 64, 256), "REPEATS": 2,
+        "quick": {"MORE_MODELS": (), "PREFIXES": (1024, 4096), "WINDOWS": (16, 64, 256), "REPEATS": 2,
                   "PROBE_SECONDS": 4.0},
-        "smoke": {"LOSSLESS_MODEL": "random:tiny", "LOSSLESS_TOKENS": 8, "MODELS": ("random:tiny",),
+        "smoke": {"MODEL": "random:tiny", "LOSSLESS_TOKENS": 8, "MORE_MODELS": (),
                   "PREFIXES": (64, 128), "WINDOWS": (16, 32), "REPEATS": 1, "PROBE_SECONDS": 2.0},
         # What a CPU cannot time: the recompute at a production shape, Llama-3-8B (random weights; Llama-3.1-8B
         # has the same shape and a 128K context) in bfloat16 on the GPU, against prefixes up to 32K, and against
         # the GPU's own tiers (its memory, pinned and pageable host memory over PCIe); the tables for the H200 it
-        # runs on. The lossless check on the real model, on the GPU. ~20 s on one H200: the lossless check ~2 s
-        # (4 x 64 SmolLM2 steps), a 33K-token prefill ~2 s, ~70 timed forwards ~1 s, tier loads ~1.5 s, probe 4 s,
-        # SmolLM2 load ~1.5 s, 8 s start.
-        "gpu": {"MODELS": ("random:llama-3-8b",), "DTYPE": "bfloat16", "PREFIXES": (2048, 8192, 32768),
+        # runs on. The lossless check on that model too, in float32 (exactness holds or fails whatever the
+        # weights). ~25 s on one H200 (an estimate): the lossless check ~7 s (4 x 64 steps of the 8B in float32), a
+        # 33K-token prefill ~2 s, ~70 timed forwards ~1 s, tier loads ~1.5 s, probe 4 s, the 8B's random weights
+        # built twice (float32, then bfloat16) ~1.5 s, 8 s start.
+        "gpu": {"MODEL": "random:llama-3-8b", "DTYPE": "bfloat16", "PREFIXES": (2048, 8192, 32768),
                 "WINDOWS": (16, 64, 256), "REPEATS": 5, "HARDWARE": "h200", "LOSSLESS_TOKENS": 64,
                 "PROBE_SECONDS": 4.0},
     }
@@ -66,8 +67,12 @@ class ReplayParams:
         check_dtype("DTYPE", self.DTYPE)
         self.device = resolve_device(self.DEVICE)
         self.torch_dtype = parse_dtype(self.DTYPE) or default_dtype(self.device)  # what "auto" means there
-        self.MODELS, self.PREFIXES, self.WINDOWS = (as_tuple(n, getattr(self, n)) for n in ("MODELS", "PREFIXES",
-                                                                                             "WINDOWS"))
+        self.MORE_MODELS, self.PREFIXES, self.WINDOWS = (as_tuple(n, getattr(self, n))
+                                                         for n in ("MORE_MODELS", "PREFIXES", "WINDOWS"))
+        check_model("MODEL", self.MODEL, self.DEVICE, "float32")  # the lossless check's dtype
+        for m in self.MORE_MODELS:
+            check_model("MORE_MODELS", m, self.DEVICE, self.DTYPE)
+        self.MODELS = (self.MODEL, *self.MORE_MODELS)  # every model timed, MODEL first
         check_choice("HARDWARE", self.HARDWARE, sorted(GPUS))
         check_range("REPEATS", self.REPEATS, 1, 100, int)
         check_range("LOSSLESS_TOKENS", self.LOSSLESS_TOKENS, 1, 200, int)

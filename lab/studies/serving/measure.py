@@ -38,8 +38,8 @@ from tqdm.auto import tqdm
 
 from lab.bench.serve import LengthDist, LoadConfig, LoadReport, run_load_sync
 from lab.engine import LLM, SamplingParams
-from lab.models.loader import preset_config
-from lab.workflow.run import as_tuple, check_device, check_dtype, check_range
+from lab.models.loader import EMBEDDED_MODELS
+from lab.workflow.run import as_tuple, check_device, check_model, check_dtype, check_range
 from lab.serve import ServerThread
 
 
@@ -93,8 +93,7 @@ class ServingParams:
     def __post_init__(self):
         check_device("DEVICE", self.DEVICE)
         check_dtype("DTYPE", self.DTYPE)
-        if self.MODEL.startswith("random:"):
-            preset_config(self.MODEL.removeprefix("random:"))  # an unknown preset is refused here, by name
+        check_model("MODEL", self.MODEL, self.DEVICE, self.DTYPE)  # prompts are token ids: no tokenizer needed
         for name in ("INPUT_LEN", "OUTPUT_LEN", "CONCURRENCY", "BATCH_SIZES"):
             setattr(self, name, as_tuple(name, getattr(self, name)))
             for v in getattr(self, name):
@@ -323,7 +322,7 @@ import torch
 from lab.engine import LLM, SamplingParams
 from lab.models import load_model
 t1 = time.perf_counter()
-model, tok = load_model("smollm2-135m", dtype=sys.argv[3], device=sys.argv[4], prepack_weights=True)
+model, tok = load_model(sys.argv[5], dtype=sys.argv[3], device=sys.argv[4], prepack_weights=True)
 t2 = time.perf_counter()
 llm = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=512)
 prompt = list(range(1000, 1000 + int(sys.argv[1])))
@@ -337,18 +336,20 @@ print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "first_ttft_s": first.
 """
 
 
-def cold_start(prompt_tokens: int = 128, dtype: str = "auto", device: str = "cpu") -> pd.DataFrame:
-    """Fresh processes on `device`: the first with an empty model cache (SmolLM2's GGUF is converted, whatever
-    the study serves: a random model has no file to convert), then with the cache warm; then the first request's
-    TTFT without and with a warm-up request."""
+def cold_start(model: str, prompt_tokens: int = 128, dtype: str = "auto", device: str = "cpu") -> pd.DataFrame:
+    """Fresh processes loading `model` on `device`: the first with an empty model cache (a GGUF, the embedded
+    model's too, is converted then; a checkpoint directory or random weights have nothing to convert), then with
+    the cache warm; then the first request's TTFT without and with a warm-up request."""
+    converts = str(model) in EMBEDDED_MODELS or str(model).endswith(".gguf")
     rows = []
     with tempfile.TemporaryDirectory() as cache:
-        for label, env_cache, mode in (("first load: convert the GGUF", cache, "cold"),
-                                       ("cached safetensors", cache, "cold"),
-                                       ("cached, warm-up request first", cache, "warm")):
+        for label, env_cache, mode in (("first load: convert the GGUF" if converts else "first load", cache, "cold"),
+                                       ("cached safetensors" if converts else "second load", cache, "cold"),
+                                       ("cached, warm-up request first" if converts else "warm-up request first",
+                                        cache, "warm")):
             env = os.environ | {"LAB_CACHE_DIR": env_cache}
-            out = subprocess.run([sys.executable, "-c", _COLD_START, str(prompt_tokens), mode, dtype, device],
-                                 env=env, capture_output=True, text=True, check=True)
+            out = subprocess.run([sys.executable, "-c", _COLD_START, str(prompt_tokens), mode, dtype, device,
+                                  str(model)], env=env, capture_output=True, text=True, check=True)
             rows.append({"case": label, **json.loads(out.stdout.strip().splitlines()[-1])})
     t = pd.DataFrame(rows)
     t["first_over_second_ttft"] = t["first_ttft_s"] / t["second_ttft_s"]

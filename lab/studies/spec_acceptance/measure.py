@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import ClassVar
 
 import pandas as pd
@@ -27,7 +26,7 @@ from tqdm.auto import tqdm
 
 from lab.engine import LLM, SamplingParams
 from lab.quant.calibration import SPEC_BENCH_PATH, chat_token_ids
-from lab.workflow.run import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
+from lab.workflow.run import as_tuple, check_choice, check_device, check_model, ModelRefused, check_dtype, check_range, resolve_device
 from lab.speculative.drafters import layer_skip_model, quantized_copy
 from lab.speculative.measure import StepCosts, step_costs
 from lab.speculative.prompts import TaskPrompt, load_prompts
@@ -41,17 +40,11 @@ PROMPT_MODEL = "smollm2-135m"  # whose tokenizer renders the prompts (a random: 
 
 
 def target_config(model: str):
-    """The target's config, read before any weight loads: the embedded SmolLM2, a `random:<preset>` shape, or a
-    local Hugging Face directory (its config.json; the weights load later, `load_target`)."""
-    from lab.models.config import ModelConfig
-    from lab.models.loader import preset_config
+    """The target's config, read before any weight loads (`lab.models.loader.describe_model`: the embedded SmolLM2,
+    a `random:<preset>` shape, a checkpoint directory or a .gguf; the weights load later, `load_target`)."""
+    from lab.models.loader import describe_model
 
-    if isinstance(model, str) and (model == PROMPT_MODEL or model.startswith("random:")):
-        return preset_config(model.removeprefix("random:"))
-    if isinstance(model, str) and (Path(model) / "config.json").is_file():
-        return ModelConfig.from_json(Path(model) / "config.json")
-    raise ValueError(f"parameter MODEL={model!r} is not {PROMPT_MODEL!r}, 'random:<preset>' or a local Hugging "
-                     f"Face directory with a config.json")
+    return describe_model(model).config
 
 
 @dataclass
@@ -68,7 +61,7 @@ class SpecParams:
     K_SWEEP: tuple = (1, 2, 4, 8)
     SWEEP_DRAFTERS: tuple = ("ngram", "quantized")
     SWEEP_PER_CATEGORY: int = 2
-    DRAFT_LAYERS: int = 10  # layerskip: the first N of the target's layers (SmolLM2 has 30)
+    DRAFT_LAYERS: int = 0  # layerskip: the first N of the target's layers; 0: a third of them (SmolLM2: 10 of 30)
     DRAFT_QUANT: str = "rtn"  # quantized: lab.quant method of the copy (rtn, gptq, awq)
     DRAFT_BITS: int = 4
     THRESHOLD: float = 0.55  # the article's acceptance_threshold
@@ -101,15 +94,15 @@ class SpecParams:
     def __post_init__(self):
         check_device("DEVICE", self.DEVICE)
         check_dtype("DTYPE", self.DTYPE)
-        target = target_config(self.MODEL)
+        # the target and its quantized drafter (a 4-bit copy) at once
+        info = check_model("MODEL", self.MODEL, self.DEVICE, self.DTYPE, copies=1.5)
+        target = info.config
         # A target without a tokenizer of its own (random weights, a weights-only directory) has its prompts
         # rendered by SmolLM2's (load_target): their ids must be in its vocabulary.
-        from lab.models.loader import TOKENIZER_FILES
-
-        own = self.MODEL == PROMPT_MODEL or any((Path(self.MODEL) / f).exists() for f in TOKENIZER_FILES)
-        if not own and target.vocab_size < target_config(PROMPT_MODEL).vocab_size:
-            raise ValueError(f"MODEL={self.MODEL!r}: its vocabulary ({target.vocab_size}) is smaller than that "
-                             f"of the prompts' tokenizer ({PROMPT_MODEL})")
+        if not info.tokenizer and target.vocab_size < target_config(PROMPT_MODEL).vocab_size:
+            raise ModelRefused(f"parameter MODEL={self.MODEL!r} has no tokenizer, and its vocabulary "
+                               f"({target.vocab_size}) is smaller than that of the tokenizer that would render "
+                               f"its prompts ({PROMPT_MODEL}'s)")
         for name in ("DRAFTERS", "K_SWEEP", "SWEEP_DRAFTERS", "SPEC_BENCH_DRAFTERS"):
             setattr(self, name, as_tuple(name, getattr(self, name)))
         for name in ("DRAFTERS", "SWEEP_DRAFTERS", "SPEC_BENCH_DRAFTERS"):
@@ -122,7 +115,11 @@ class SpecParams:
         check_range("K", self.K, 1, 32, int)
         for k in self.K_SWEEP:
             check_range("K_SWEEP", k, 1, 32, int)
-        check_range("DRAFT_LAYERS", self.DRAFT_LAYERS, 1, target.num_hidden_layers - 1, int)
+        check_range("DRAFT_LAYERS", self.DRAFT_LAYERS, 0, target.num_hidden_layers - 1, int)
+        if target.num_hidden_layers < 2:
+            raise ModelRefused(f"parameter MODEL={self.MODEL!r} has one layer: the layer-skip drafter needs fewer "
+                               f"layers than its target")
+        self.DRAFT_LAYERS = self.DRAFT_LAYERS or max(1, round(target.num_hidden_layers / 3))
         check_choice("DRAFT_QUANT", self.DRAFT_QUANT, ("rtn", "gptq", "awq"))
         check_choice("DRAFT_BITS", self.DRAFT_BITS, (2, 3, 4, 8))
         check_range("THRESHOLD", self.THRESHOLD, 0.0, 1.0)

@@ -39,7 +39,7 @@ from lab.engine.structured import GrammarState, StructuredOutputsConfig
 from lab.machine.hardware import GPUS
 from lab.memory import ModelShape
 from lab.models.loader import default_dtype, parse_dtype
-from lab.workflow.run import as_tuple, check_choice, check_device, check_dtype, check_range, resolve_device
+from lab.workflow.run import as_tuple, check_choice, check_device, check_model, check_dtype, check_range, resolve_device
 from lab.studies.structured_output import task
 from lab.machine.timing import median_seconds, sync
 
@@ -132,6 +132,7 @@ class StructuredParams:
     def __post_init__(self):
         check_device("DEVICE", self.DEVICE)
         check_dtype("DTYPE", self.DTYPE)
+        check_model("MODEL", self.MODEL, self.DEVICE, self.DTYPE, needs_tokenizer="grammars are over its vocabulary")
         self.torch_dtype = parse_dtype(self.DTYPE) or default_dtype(resolve_device(self.DEVICE))
         self.BATCHES, self.NESTING_DEPTHS, self.PROJECT_MODELS = (
             as_tuple(n, getattr(self, n)) for n in ("BATCHES", "NESTING_DEPTHS", "PROJECT_MODELS"))

@@ -44,7 +44,7 @@ import pandas as pd
 from lab import memory as mem
 from lab.machine import roofline as rl
 from lab.models.loader import default_dtype, parse_dtype
-from lab.workflow.run import as_tuple, check_device, check_dtype, check_range, resolve_device
+from lab.workflow.run import as_tuple, check_device, check_model, ModelRefused, check_dtype, check_range, resolve_device
 
 
 @dataclass
@@ -52,9 +52,9 @@ class TTFTParams:
     PRESET: str = "quick"
     INTERACTIVE: bool = False
     DEVICE: str = "auto"  # where the engine runs: "auto" (CUDA when present), "cpu", "cuda" or "cuda:N"
-    MODEL: str = "smollm2-135m"  # the engine model (token ids only: any lab model name)
+    MODEL: str = "smollm2-135m"  # the engine's model (prompts are token ids), and the first shape counted
     DTYPE: str = "auto"  # the serving dtype, or "float32"
-    SHAPES: tuple = ("smollm2-135m", "llama-3-8b", "llama-3-70b")  # counted, not run
+    SHAPES: tuple = ("llama-3-8b", "llama-3-70b")  # counted beside MODEL, not run; the claims read the last
     PROMPT_TOKENS: int = 512  # the first-token compute claim
     CACHED_TOKENS: int = 448  # a cached prefix of that prompt
     SWEEP_TOKENS: int = 1024  # the hit-rate sweep prompt
@@ -85,8 +85,12 @@ class TTFTParams:
         check_dtype("DTYPE", self.DTYPE)
         self.torch_dtype = parse_dtype(self.DTYPE) or default_dtype(resolve_device(self.DEVICE))
         self.SHAPES, self.HIT_RATES = as_tuple("SHAPES", self.SHAPES), as_tuple("HIT_RATES", self.HIT_RATES)
+        check_model("MODEL", self.MODEL, self.DEVICE, self.DTYPE)
+        if self.MODEL.startswith("random:"):  # section 4 times a cold start from the checkpoint's files
+            raise ModelRefused(f"parameter MODEL={self.MODEL!r}: random weights have no weights file, and the "
+                               f"cold start (section 4) reads one")
         for s in self.SHAPES:
-            mem.ModelShape.preset(s)  # raises on an unknown shape
+            mem.ModelShape.load(s)  # raises on an unknown shape
         for h in self.HIT_RATES:
             check_range("HIT_RATES", h, 0, 100)
         check_range("HIGH_HIT", self.HIGH_HIT, 0, 100)
@@ -117,10 +121,16 @@ def cached_share_for_speedup(cost: rl.ModelCost, n_tokens: int, speedup: float) 
     return 1.0
 
 
-def flops_table(p: TTFTParams) -> pd.DataFrame:
+def counted(p: TTFTParams) -> tuple:
+    """The shapes the tables count: MODEL's, then SHAPES."""
+    return tuple(dict.fromkeys((p.MODEL, *p.SHAPES)))
+
+
+def flops_table(p: TTFTParams, shapes: tuple | None = None) -> pd.DataFrame:
+    """Prefill FLOPs with and without the cached prefix for each of `shapes` (default: `counted`)."""
     rows = []
-    for name in p.SHAPES:
-        cost = rl.model_cost(mem.ModelShape.preset(name), "bf16", "bf16")
+    for name in shapes or counted(p):
+        cost = rl.model_cost(mem.ModelShape.load(name), "bf16", "bf16")
         full = prefill_flops_cached(cost, p.PROMPT_TOKENS)
         hit = prefill_flops_cached(cost, p.PROMPT_TOKENS, p.CACHED_TOKENS)
         rows.append({"model": name, "prompt tokens": p.PROMPT_TOKENS, "cached tokens": p.CACHED_TOKENS,
@@ -145,8 +155,8 @@ def int8_saving(shape: mem.ModelShape, embeddings_int8: bool = False, kv_tokens:
 
 def int8_table(p: TTFTParams) -> pd.DataFrame:
     rows = []
-    for name in p.SHAPES:
-        s = mem.ModelShape.preset(name)
+    for name in counted(p):
+        s = mem.ModelShape.load(name)
         parts = mem.weight_bytes(s, "bf16")
         for what, kw in (("weights, embeddings in bf16", {}), ("weights, all int8", {"embeddings_int8": True}),
                          (f"weights + {p.KV_TOKENS} bf16 KV tokens", {"kv_tokens": p.KV_TOKENS})):

@@ -120,7 +120,7 @@ def engine_int8(model_name: str) -> pd.DataFrame:
 
     bf16, _ = load_model(model_name, dtype="bfloat16", device="cpu")  # a byte count: the packed kernel is the CPU's
     spec = QuantSpec(bits=8, group_size=None)
-    shape = mem.ModelShape.preset(model_name)
+    shape = mem.ModelShape.load(model_name)
     builds = (("bf16", bf16, mem.weight_bytes(shape, "bf16")["total"]),
               ("int8 linears, bf16 embedding", rtn_packed(bf16, spec, head=False),
                mem.weight_bytes(shape, "int8", embedding="bf16", lm_head="bf16")["total"]),

@@ -21,7 +21,7 @@ from lab.claims.table import BY_ARGUMENT, NOT_CHECKABLE, Bound, Number, Range, c
 from lab.figures.style import PALETTE, error_extents, legend_outside
 from lab.workflow.run import resolve_device
 from lab.claims.across_runs import Spread, judged_runs, spread, text
-from lab.studies.ttft_claims.measure import cold_runs
+from lab.studies.ttft_claims.measure import cold_runs, counted
 
 if TYPE_CHECKING:
     from lab.studies.ttft_claims.measure import TTFTParams
@@ -102,7 +102,7 @@ def int8_rows(p: TTFTParams, w: pd.DataFrame) -> list[dict]:
         parts = "; ".join(f"{m} {100 * w.loc[(m, 'weights, embeddings in bf16'), 'saving']:.1f}% "
                           f"(all int8 {100 * w.loc[(m, 'weights, all int8'), 'saving']:.1f}%, with "
                           f"{p.KV_TOKENS} bf16 KV tokens {100 * w.loc[(m, f'weights + {p.KV_TOKENS} bf16 KV tokens'), 'saving']:.1f}%)"
-                          for m in p.SHAPES)
+                          for m in counted(p))
         s = w.loc[(p.SHAPES[-1], "weights, embeddings in bf16"), "saving"]
         about = Number(str(claim_pct), exact=False, rel_tol=5 / claim_pct)  # "about": within 5 points
         rows.append(claim_row(
