@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from lab.machine.procs import proc_stat
 from lab.serve.server import descendants, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,11 +37,8 @@ PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
 
 
 def _alive(pid: int) -> bool:
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
+    stat = proc_stat(pid)
+    return stat is not None and stat.state not in "ZX"
 
 
 class Server:

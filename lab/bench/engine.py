@@ -229,11 +229,11 @@ def run_engine_bench(model: str = "smollm2-135m", variants=tuple(VARIANTS), work
     if max_tokens is not None:
         ws = [dataclasses.replace(w, max_tokens=min(w.max_tokens, max(2, max_tokens))) for w in ws]
     runs = [with_backend(VARIANTS[name], backend) for name in variants for backend in backends]  # refused first
-    builders = [("engine", lambda v=v: EngineContender(v, ws, model, scale)) for v in runs]
-    builders += [("peer", lambda d=d: TransformersPeer(model, d, ws, scale)) for d in transformers_dtypes]
-    builders += [("peer", lambda d=d: VllmPeer(model, d, ws, scale)) for d in vllm_dtypes]
+    builders = [lambda v=v: EngineContender(v, ws, model, scale) for v in runs]
+    builders += [lambda d=d: TransformersPeer(model, d, ws, scale) for d in transformers_dtypes]
+    builders += [lambda d=d: VllmPeer(model, d, ws, scale) for d in vllm_dtypes]
     if peer_url:
-        builders.append(("peer", lambda: UrlPeer(peer_url, peer_model or model, model, ws, scale)))
+        builders.append(lambda: UrlPeer(peer_url, peer_model or model, model, ws, scale))
     result = {"model": model, "threads": torch.get_num_threads(), "cpu_busy_at_start": busy, "rounds": rounds,
               "engines": [], "peers": []}
     pending: dict[tuple[str, int], dict] = {}
@@ -256,11 +256,11 @@ def run_engine_bench(model: str = "smollm2-135m", variants=tuple(VARIANTS), work
 
     # Held at once if the rest fit beside the first (its footprint measured, with room to spare).
     before = _free_bytes()
-    first = builders[0][1]()
+    first = builders[0]()
     footprint = max(0, before - _free_bytes())
     result["interleaved"] = _free_bytes() > 1.5 * footprint * (len(builders) - 1)
     if result["interleaved"]:
-        contenders = [first] + [build() for _, build in builders[1:]]
+        contenders = [first] + [build() for build in builders[1:]]
         try:
             measured = run_rounds(contenders, ws, rounds, logged)
             for c in contenders:
@@ -269,7 +269,7 @@ def run_engine_bench(model: str = "smollm2-135m", variants=tuple(VARIANTS), work
             for c in contenders:
                 c.close()
     else:
-        for i, (_, build) in enumerate(builders):
+        for i, build in enumerate(builders):
             c = first if i == 0 else build()
             try:
                 finish(c, run_rounds([c], ws, rounds, logged)[c.label])

@@ -30,6 +30,7 @@ import weakref
 import torch
 import torch.multiprocessing as mp
 
+from lab.machine.procs import proc_stat
 from lab.models import prepack
 
 from .collectives import Collectives, open_store
@@ -62,11 +63,8 @@ def _stop(processes: list, seconds: float = 5.0) -> None:
 
 def _stopped(pid: int) -> bool:
     """Whether process `pid` is stopped by a signal or traced (state T or t in /proc; False where there is none)."""
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] in "Tt"  # the field after the command name, which may hold spaces
+    stat = proc_stat(pid)
+    return stat is not None and stat.state in "Tt"
 
 
 class WorkerGroup:

@@ -26,6 +26,7 @@ import time
 import uvicorn
 
 from lab.engine import LLM
+from lab.machine.procs import all_pids, proc_stat
 
 from .async_engine import AsyncLLM
 from .openai_api import create_app
@@ -79,13 +80,10 @@ log = logging.getLogger(__name__)
 def descendants(pid: int | None = None) -> list[int]:
     """Every process below `pid` (this one by default), children first, from /proc (empty where it is missing)."""
     parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if entry.isdigit():
-            try:
-                stat = open(f"/proc/{entry}/stat").read()
-            except OSError:
-                continue
-            parents.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(entry))
+    for child in all_pids():
+        stat = proc_stat(child)
+        if stat is not None:
+            parents.setdefault(stat.ppid, []).append(child)
     out, todo = [], [os.getpid() if pid is None else pid]
     while todo:
         kids = parents.get(todo.pop(0), [])
