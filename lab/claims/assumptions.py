@@ -73,11 +73,17 @@ def _span(a: Assumption) -> np.ndarray:
     return np.linspace(a.low - (WIDEN - 1) / 2 * width, a.high + (WIDEN - 1) / 2 * width, GRID)
 
 
-def through_rebuild(claim: Claim, param: str, rebuild: Rebuild, run_dir: Path) -> Callable[[float], float]:
+def through_rebuild(claim: Claim, param: str, rebuild: Rebuild, run_dir: Path,
+                    tables: dict | None = None) -> Callable[[float], float]:
     """The claim's figure as a function of the notebook parameter `param`: the run's inputs loaded once, the
     parameter set on the one input that carries it (the notebook's parameters), the claims table rebuilt and the
-    claim's row read back by its link's pattern."""
-    inputs = rebuild.load(Path(run_dir))
+    claim's row read back by its link's pattern. `tables` keeps the inputs and each rebuilt table for the other
+    claims of the same run that sweep the same parameter (half the rebuilds of `lab claims` were repeats)."""
+    tables = {} if tables is None else tables
+    run = (rebuild.notebook, str(run_dir))
+    if run not in tables:
+        tables[run] = rebuild.load(Path(run_dir))
+    inputs = tables[run]
     holder = next((k for k, v in inputs.items() if dataclasses.is_dataclass(v) and hasattr(v, param)), None)
     if holder is None:
         raise ValueError(f"no input of {rebuild.notebook}'s claims table carries the parameter {param!r}")
@@ -85,7 +91,10 @@ def through_rebuild(claim: Claim, param: str, rebuild: Rebuild, run_dir: Path) -
 
     def figure(x: float) -> float:
         value = int(round(x)) if kind is int else kind(x)
-        table = rebuild.table({**inputs, holder: dataclasses.replace(inputs[holder], **{param: value})})
+        key = (*run, holder, param, value)
+        if key not in tables:
+            tables[key] = rebuild.table({**inputs, holder: dataclasses.replace(inputs[holder], **{param: value})})
+        table = tables[key]
         number = row_figure(table, claim.link.match, lambda row: claim.link.figure(measured_cell(row)))
         if number is None:
             raise ValueError(f"the rebuilt table has no figure for {claim.link.match!r} at {param}={value}")

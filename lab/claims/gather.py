@@ -105,7 +105,8 @@ def find_rows(table: Path, match: str) -> list[tuple[int, dict, tuple]]:
         return [(i, row, cols) for i, row in enumerate(reader, start=1) if match in row[cols[0]]]
 
 
-def resolve(claim: Claim, runs: dict[str, Path], rebuilds: dict[str, Rebuild] | None = None) -> Entry:
+def resolve(claim: Claim, runs: dict[str, Path], rebuilds: dict[str, Rebuild] | None = None,
+            tables: dict | None = None) -> Entry:
     """`claim` against its notebook's latest reference run (unlinked claims pass through); `rebuilds` (each notebook's
     `Rebuild`) recompute a figure whose assumption is a notebook parameter."""
     if claim.link is None:
@@ -137,7 +138,8 @@ def resolve(claim: Claim, runs: dict[str, Path], rebuilds: dict[str, Rebuild] | 
     if claim.parts:
         verdict, parts = parts_verdict(claim, lab)
         why = "; ".join(x for x in (parts, why) if x)
-    entry = _unstated(Entry(claim, lab, verdict, why, run, link.table, index, said, measured=verdict), rebuilds or {})
+    entry = _unstated(Entry(claim, lab, verdict, why, run, link.table, index, said, measured=verdict), rebuilds or {},
+                      tables)
     if said in MEASURED and said not in (entry.verdict, entry.measured):  # shown, not overridden silently
         entry = dataclasses.replace(entry, why=f"the notebook says {said!r}; the rules give {entry.verdict!r} from its "
                                                f"figure" + (f": {entry.why}" if entry.why else ""))
@@ -158,7 +160,7 @@ def parts_verdict(claim: Claim, lab: str) -> tuple[str, str]:
     return all_of(*(v for _, _, v in said)), f"parts: {words}"
 
 
-def _unstated(entry: Entry, rebuilds: dict[str, Rebuild]) -> Entry:
+def _unstated(entry: Entry, rebuilds: dict[str, Rebuild], tables: dict | None = None) -> Entry:
     """`entry` with each reading of the claim judged and each assumption swept: the verdict stands where the readings
     agree and no assumption flips it inside its plausible range, else it is not distinguishable."""
     claim = entry.claim
@@ -180,7 +182,7 @@ def _unstated(entry: Entry, rebuilds: dict[str, Rebuild]) -> Entry:
     point = claim.link.figure(entry.lab)
     row_verdict = verdict_of(claim, point.text) if point else ""
     for a in claim.assumptions:
-        flip = _sweep(a, entry, point, row_verdict, rebuilds)
+        flip = _sweep(a, entry, point, row_verdict, rebuilds, tables)
         found.append(flip)
         notes.append(flip.text())
         if flip.inside and verdict in MEASURED:
@@ -188,7 +190,8 @@ def _unstated(entry: Entry, rebuilds: dict[str, Rebuild]) -> Entry:
     return dataclasses.replace(entry, verdict=verdict, assumptions="; ".join(notes), flips=tuple(found))
 
 
-def _sweep(a, entry: Entry, point, row_verdict: str, rebuilds: dict[str, Rebuild]) -> assumptions.Flip:
+def _sweep(a, entry: Entry, point, row_verdict: str, rebuilds: dict[str, Rebuild],
+           tables: dict | None = None) -> assumptions.Flip:
     """Assumption `a` of the entry's claim swept to its flip points: read from the row where the notebook computed
     them (`flip_pattern`), else recomputed (the rule at each threshold on the row's figure, a function of the value,
     or the notebook's claims table through its `Rebuild`)."""
@@ -205,7 +208,7 @@ def _sweep(a, entry: Entry, point, row_verdict: str, rebuilds: dict[str, Rebuild
             figure = lambda _, v=float(point.text): v  # noqa: E731 - the row's figure, whatever the threshold
         else:
             figure = a.figure or assumptions.through_rebuild(claim, a.param, rebuilds[claim.link.notebook],
-                                                             entry.run_dir)
+                                                             entry.run_dir, tables)
     except (KeyError, ValueError, OSError) as exc:
         return assumptions.Flip(a, error=f"no way to recompute the figure ({type(exc).__name__}: {exc})")
     return assumptions.flips(claim, a, row_verdict, figure)
@@ -245,4 +248,5 @@ def gather(claims: list[Claim], root: Path | None, rebuilds: dict[str, Rebuild] 
     """Each claim resolved against `runs` ({notebook: run directory}; default: the latest reference runs under
     `root`)."""
     runs = latest_reference_runs(root) if runs is None else runs
-    return [resolve(c, runs, rebuilds) for c in claims]
+    tables: dict = {}  # the rebuilt claims tables, shared by the claims that sweep one run's parameter
+    return [resolve(c, runs, rebuilds, tables) for c in claims]
