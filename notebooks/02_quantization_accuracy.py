@@ -278,6 +278,8 @@ if INTERACTIVE:
         merged = ref.merge(outputs[model], on=["id", "category"], suffixes=("_ref", "_quant"))
         view = merged[merged["category"] == category][["id", "passed_ref", "passed_quant", "output_ref",
                                                         "output_quant", "reason_quant"]]
+        differ = int((view["output_ref"] != view["output_quant"]).sum())
+        print(f"{model}, {category}: {differ} of {len(view)} outputs differ from the unquantized model's")
         with pd.option_context("display.max_colwidth", 80):
             display(view)  # noqa: F821
 

@@ -217,6 +217,8 @@ if INTERACTIVE:
 
     def show_outputs(name):
         merged = outputs["exact"].merge(outputs[name], on=["id", "category"], suffixes=("_exact", "_quant"))
+        changed = int((merged["output_exact"] != merged["output_quant"]).sum())
+        print(f"{name}: {changed} of {len(merged)} outputs differ from the exact cache's")
         with pd.option_context("display.max_colwidth", 80):
             display(merged[merged["output_exact"] != merged["output_quant"]][  # noqa: F821
                 ["category", "id", "passed_exact", "passed_quant", "output_exact", "output_quant"]])

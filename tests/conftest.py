@@ -136,3 +136,13 @@ def gpu_memory(monkeypatch):
     import lab.workflow.run
 
     monkeypatch.setattr(lab.workflow.run, "_device_memory", lambda device: (141e9, "an H200's memory (a test's)"))
+
+
+@pytest.fixture(scope="session")
+def llama16(tmp_path_factory):
+    """A small random-weight 16-bit Llama checkpoint with the embedded model's tokenizer (`lab.models.random_checkpoint`,
+    from transformers' own config class: no download): the user's own model of issue 51, on which the study notebooks'
+    smoke runs are made (tests/test_notebooks.py)."""
+    from lab.models.random_checkpoint import write_random_checkpoint
+
+    return write_random_checkpoint(tmp_path_factory.mktemp("ck") / "llama16", family="llama")

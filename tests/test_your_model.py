@@ -1,47 +1,33 @@
 """The whole workbench on a user's model (issue 51), on small random-weight 16-bit checkpoints with a tokenizer
 (`lab.models.random_checkpoint`, built from transformers' own config classes: no download).
 
-`lab run all --preset smoke --model DIR` runs every study notebook on a 16-bit Llama, and (in process, the GPU
-machine's runner) the five whose code takes a family's own paths on a Qwen3; each run records the models it loaded (`models_loaded.jsonl`, its child processes'
-too), and every load is of that checkpoint, so a notebook that ignores the switch (a hard-coded model, a parameter
-`MODEL` does not reach) fails here. Notebook 02's detector reports 16-bit weights, and `lab claims --runs` then
-decides the weight-accuracy rows that the committed ledger, measured on the already-4-bit embedded model, leaves
-"not checkable here". A model a study cannot use is refused up front with its reason, and the rest go on.
+`lab run all --model DIR` hands every study notebook MODEL=DIR (tests/test_notebooks.py). Every notebook's smoke run is made on a 16-bit
+Llama (tests/test_notebooks.py, one run per notebook serving both the notebook convention and the switch): each run
+records the models it loaded (`models_loaded.jsonl`, its child processes' too), and every load must be of that
+checkpoint, so a notebook that ignores the switch (a hard-coded model, a parameter `MODEL` does not reach) fails
+there; notebook 02's detector reports 16-bit weights, and `lab claims --runs` then decides the weight-accuracy rows
+that the committed ledger, measured on the already-4-bit embedded model, leaves "not checkable here". Here: the five
+notebooks whose code takes a family's own paths run on a Qwen3 (in process, the GPU machine's runner), and a model a
+study cannot use is refused up front with its reason while the rest go on.
 """
 
 import json
 import shutil
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from lab.cli import main
 from lab.models.loader import TOKENIZER_FILES
 from lab.models.random_checkpoint import write_random_checkpoint
 from lab.workflow.notebook import study_notebooks
-from lab.workflow.run import MODELS_LOADED, ModelRefused
+from lab.workflow.run import MODELS_LOADED, ModelRefused, foreign_loads
 
 NOTEBOOKS = [p.stem for p in study_notebooks()]
 REPO = Path(__file__).resolve().parents[1]
 
 
-def foreign_loads(run_dir: Path, model: Path) -> list[dict]:
-    """The loads a run made of anything but `model` (a checkpoint directory) and the checkpoints it wrote from it
-    (notebook 02's quantized copies, under the cache's checkpoints/<run id>/): what ignoring the switch looks like."""
-    from lab.models.loader import cache_dir
-
-    own = str((cache_dir() / "checkpoints" / run_dir.name).resolve())
-    lines = [json.loads(x) for x in (run_dir / MODELS_LOADED).read_text().splitlines()]
-    return [x for x in lines if x["dir"] != str(model.resolve()) and not x["dir"].startswith(own + "/")]
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    return write_random_checkpoint(tmp_path_factory.mktemp("ck") / "llama16", family="llama")
-
-
-def test_a_load_of_another_model_is_caught(tmp_path, llama):
+def test_a_load_of_another_model_is_caught(tmp_path, llama16):
     """The check the switch is held to fails on a run that loaded the embedded model beside the checkpoint."""
     from lab.models.loader import LOAD_LOG_ENV, load_tokenizer, resolve_model_dir
 
@@ -49,57 +35,11 @@ def test_a_load_of_another_model_is_caught(tmp_path, llama):
     run.mkdir()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(LOAD_LOG_ENV, str(run / MODELS_LOADED))
-        load_tokenizer(llama)
-        assert foreign_loads(run, llama) == []
+        load_tokenizer(llama16)
+        assert foreign_loads(run, llama16) == []
         load_tokenizer(resolve_model_dir("smollm2-135m"))  # what a notebook ignoring MODEL would do
-    (bad,) = foreign_loads(run, llama)
+    (bad,) = foreign_loads(run, llama16)
     assert bad["what"] == "tokenizer" and "SmolLM2" in bad["dir"]
-
-
-@pytest.fixture(scope="module")
-def runs(llama, tmp_path_factory):
-    """`lab run all --preset smoke --model <16-bit Llama>` into a folder of its own."""
-    out = tmp_path_factory.mktemp("yours")
-    assert main(["run", "all", "--preset", "smoke", "--model", str(llama), "--results-dir", str(out)]) == 0
-    return out
-
-
-@pytest.mark.parametrize("name", NOTEBOOKS)
-def test_every_notebook_runs_on_the_switch_and_loads_only_that_model(name, runs, llama):
-    (run,) = (runs / name).glob("2*")
-    assert json.loads((run / "params.json").read_text())["parameters"]["MODEL"] == str(llama)
-    assert (run / MODELS_LOADED).exists(), f"{name} loaded no model at all"
-    assert foreign_loads(run, llama) == [], name
-
-
-def test_notebook_02_detects_16bit_weights_and_the_ledger_decides_the_weight_accuracy_rows(runs, tmp_path):
-    (run,) = (runs / "02_quantization_accuracy").glob("2*")
-    assert json.loads((run / "metrics.json").read_text())["weights16"] is True
-    # random weights pass none of the sensitive items: AWQ cannot be "steadier" than GPTQ from that floor (it read
-    # "wrong" from 0 - 0 pts before the floor reached this row)
-    assert pd.read_csv(run / "grid.csv")["pass_all"].iloc[0] == 0
-    table = pd.read_csv(run / "claims.csv").set_index("claim")
-    steadier = table.loc[table.index.str.startswith("AWQ is steadier than GPTQ")].iloc[0]
-    assert steadier["verdict"] == "not checkable here" and "passes none of the sensitive items" in steadier["note"]
-    ledger = tmp_path / "ledger"
-    assert main(["claims", "--runs", str(runs), "--out", str(ledger)]) == 0
-    yours = pd.read_csv(ledger / "CLAIMS.csv", dtype=str).fillna("").set_index("id")
-    committed = pd.read_csv(REPO / "results" / "CLAIMS.csv", dtype=str).fillna("").set_index("id")
-    rows = committed.index[(committed["scope"] == "weight-accuracy")
-                           & (committed["notebook"] == "02_quantization_accuracy")]
-    assert len(rows) >= 3  # 003-15, 003-18, 003-19
-    # the embedded model's weights are 4-bit already: the committed rows stay undecided by weight precision...
-    assert set(committed.loc[rows, "verdict"]) == {"not checkable here"}
-    assert committed.loc[rows, "undecided by"].str.startswith("weight precision").all()
-    # ... and the 16-bit checkpoint decides them by measurement, through the same rules and scopes
-    measured = {"holds", "wrong", "wrong by rounding", "not distinguishable"}
-    assert set(yours.loc[rows, "verdict"]) <= measured, yours.loc[rows, ["verdict", "undecided by"]]
-    beside = pd.read_csv(ledger / "BESIDE.csv", dtype=str).set_index("id")
-    assert set(beside.loc[rows, "stands"]) == {"decided by your runs"}
-    site = tmp_path / "site"
-    assert main(["report", "--out", str(site), "--beside", str(ledger)]) == 0
-    html = (site / "index.html").read_text()
-    assert "Your runs beside the committed ledger" in html and all(r in html for r in rows)
 
 
 # The notebooks whose code takes a family's own paths: the engine (00), quantization's walks over the linears (02),
@@ -123,10 +63,10 @@ def test_the_switch_reaches_another_family_in_process(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def no_tokenizer(llama, tmp_path_factory):
+def no_tokenizer(llama16, tmp_path_factory):
     """The same weights without a tokenizer: a weights-only checkpoint."""
     bare = tmp_path_factory.mktemp("bare") / "weights_only"
-    shutil.copytree(llama, bare)
+    shutil.copytree(llama16, bare)
     for f in (*TOKENIZER_FILES, "chat_template.jinja"):
         (bare / f).unlink(missing_ok=True)
     return bare

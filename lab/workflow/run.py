@@ -50,6 +50,17 @@ PRESETS = ("quick", "reference", "smoke", "gpu")  # gpu: what a CPU cannot study
 EXPLICIT_ENV = "LAB_EXPLICIT_PARAMS"  # set by `lab run`: the names it injected (JSON list)
 
 
+def foreign_loads(run_dir: Path, model: Path) -> list[dict]:
+    """The loads run `run_dir` recorded (its MODELS_LOADED) of anything but the checkpoint directory `model` and the
+    checkpoints the run wrote from it (notebook 02's quantized copies, under the cache's checkpoints/<run id>/):
+    what a notebook that ignores its MODEL looks like (issue 51)."""
+    from lab.models.loader import cache_dir
+
+    own = str((cache_dir() / "checkpoints" / Path(run_dir).name).resolve())
+    lines = [json.loads(x) for x in (Path(run_dir) / MODELS_LOADED).read_text().splitlines()]
+    return [x for x in lines if x["dir"] != str(Path(model).resolve()) and not x["dir"].startswith(own + "/")]
+
+
 def _same(a, b) -> bool:
     """Parameter equality with papermill's lists and the dataclasses' tuples taken as equal."""
     norm = lambda v: tuple(v) if isinstance(v, list) else v  # noqa: E731
