@@ -15,7 +15,6 @@ import random
 import re
 from dataclasses import dataclass
 
-import jsonschema
 import numpy as np
 import pandas as pd
 
@@ -116,7 +115,7 @@ def score(item: Item, text: str) -> dict:
     value, whole = parse(text)
     obj = value if isinstance(value, dict) else {}
     row = {"whole_output_is_json": whole, "json_object_found": isinstance(value, dict),
-           "schema_valid": isinstance(value, dict) and jsonschema.Draft202012Validator(SCHEMA).is_valid(value)}
+           "schema_valid": isinstance(value, dict) and _validator().is_valid(value)}
     for f in FIELDS:
         got = obj.get(f)
         if f == "age":
@@ -170,3 +169,11 @@ def accuracy_comparison(df: pd.DataFrame) -> pd.DataFrame:
                          "accuracy on - off": d["difference"], "95% low": d["low"], "95% high": d["high"],
                          "distinguishable": d["distinguishable"]})
     return pd.DataFrame(rows)
+
+
+def _validator():
+    """The schema's validator, imported on first use: `import jsonschema` takes ~1.8 s here (its URI format checker
+    builds a grammar at import), which every `lab claims`, `lab docs` and `lab report` paid through this module."""
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(SCHEMA)
