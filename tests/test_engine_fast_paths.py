@@ -178,7 +178,7 @@ def test_engine_bench_at_toy_sizes_reports_bounds_fractions_and_targets(tmp_path
     workloads = [Workload("decode-1", 1, 6, metric="step_ms"), Workload("offline-32x128", 3, 4),
                  Workload("prefill-2k", 1, 1, prompt_tokens=64, metric="seconds")]
     result = run_engine_bench(variants=("eager-float32", "int4-auto"), workloads=workloads,
-                              transformers_dtypes=("float32",), profile_dir=tmp_path / "profile")
+                              transformers_dtypes=("float32",), profile_dir=tmp_path / "profile", rounds=2)
     # --profile: every engine workload's per-operator breakdown, the matmuls among its operators
     for e in result["engines"]:
         for name, w in e["workloads"].items():
