@@ -41,12 +41,12 @@ setup: $(STAMP)
 # The main job: every study notebook at its quick preset (each answers its question on fewer points, on the
 # real model, in minutes) into results/, then the engine benchmark in the serving dtype (its three workloads),
 # without what costs minutes and answers nothing new here (the compiled variant's compile, the float32 variant
-# and peer: `make bench` runs them all), then the HTML report with each notebook's quick run beside its reference,
+# and peer: `make bench` runs them all), over 2 interleaved rounds (the fewest that give a span; `make bench` 3), then the HTML report with each notebook's quick run beside its reference,
 # marked as such, into results/report_quick/ (git-ignored): the committed report, results/report/, shows the
 # reference runs only and a test keeps it equal to what `lab report` builds, so `make test` passes after `make run`.
 # The benchmark runs even when a notebook failed (`lab run all` goes on
 # past a failure and names it); `make run` then fails. The README states its measured time; .ci/run runs it.
-QUICK_BENCH := --variants eager-auto,int4-auto --transformers auto \
+QUICK_BENCH := --variants eager-auto,int4-auto --transformers auto --rounds 2 \
 	--json results/bench_engine_quick.json --plot results/bench_engine_quick.png
 run: setup
 	@status=0; \

@@ -49,9 +49,15 @@ FEW_THOUSAND = 4096
 
 
 def _bucket_means(v: np.ndarray, n: np.ndarray, bucket: np.ndarray, k: int) -> np.ndarray:
-    """Per bucket, the mean over positions pooled from the drawn blocks: (k, resamples)."""
+    """Per bucket, the mean over positions pooled from the drawn blocks: (k, resamples). One weighted count over
+    (resample, bucket) pairs, where a pass per bucket over the whole draw took 3x as long (it was a sixth of
+    `lab claims --check`)."""
+    resamples = v.shape[0]
+    pair = (bucket.astype(np.int64) + k * np.arange(resamples)[:, None]).ravel()
+    sums = np.bincount(pair, weights=(v * n).ravel(), minlength=resamples * k).reshape(resamples, k)
+    weights = np.bincount(pair, weights=n.ravel(), minlength=resamples * k).reshape(resamples, k)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.stack([(v * w).sum(-1) / w.sum(-1) for w in (n * (bucket == j) for j in range(k))])
+        return (sums / weights).T
 
 
 def block_interval(blocks: pd.DataFrame, metric: str, formats: list[str], reduce, bucket_end: int | None = None,
