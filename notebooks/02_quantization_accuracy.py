@@ -180,7 +180,8 @@ bad
 # with a Wilson interval) and on the sensitive set. The two sides are compared on the same prompts.
 
 # %%
-mismatch, mismatch_scores = study.run_mismatch(params, reference, tok, outputs["unquantized"])
+mismatch, mismatch_scores = study.run_mismatch(params, reference, tok, outputs["unquantized"],
+                                              cache=res.reference_log_probs)
 run.save_table("calibration_mismatch", mismatch)
 run.save_table("mismatch_sequence_scores", mismatch_scores)
 mismatch_ratio = stats.mismatch_comparison(mismatch, mismatch_scores) if len(mismatch) == 2 else None
@@ -225,7 +226,7 @@ variants.pivot(index="zero point", columns="group_size", values="weight_error_%"
 
 # %%
 rungs, rung_scores = ladder.run_ladder(reference, study.heldout(params, tok), params.LADDER_GROUPS,
-                                       params.LADDER_BITS, params.QUANT_LAYERS or None)
+                                       params.LADDER_BITS, params.QUANT_LAYERS or None, cache=res.reference_log_probs)
 rung_scores = pd.concat([res.scores[res.scores["model"] == "unquantized"], rung_scores])
 steps = ladder.ladder_table(rungs, rung_scores, params.DOMAINS)
 run.save_table("ladder", steps)

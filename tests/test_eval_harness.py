@@ -3,6 +3,7 @@
 import copy
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -66,6 +67,27 @@ def test_logit_scores_against_itself_and_rtn(smollm, heldout, rtn_w3):
     assert same.positions.sum() == sum(map(len, heldout))
     q = score_sequences(model, rtn_w3, heldout)
     assert q.kl_mean().value > 1e-3 and q.top1_agreement().value < 1.0
+
+
+def test_reference_forwards_kept_for_the_next_model_score_exactly_as_recomputed(smollm, heldout, rtn_w3):
+    """`ReferenceLogProbs` (issue 52: half of notebook 02's scoring was the reference recomputed for every model):
+    scores through it are bitwise the scores without it, whether a sequence was kept or (past the budget)
+    recomputed, and the reference runs once per sequence for two models."""
+    from dataclasses import fields
+
+    from lab.eval.scores import ReferenceLogProbs
+
+    model, _ = smollm
+    plain = [score_sequences(model, m, heldout) for m in (model, rtn_w3)]
+    for budget in (None, 0):
+        cache = ReferenceLogProbs(model, budget_bytes=budget)
+        cached = [score_sequences(model, m, heldout, cache=cache) for m in (model, rtn_w3)]
+        for a, b in zip(plain, cached):
+            assert all(np.array_equal(getattr(a, f.name), getattr(b, f.name)) for f in fields(a))
+        assert cache.missed == (len(heldout) if budget is None else 2 * len(heldout))
+        assert (cache.used > 0) == (budget is None) and cache.used <= cache.budget
+    with pytest.raises(ValueError, match="another model"):
+        score_sequences(rtn_w3, model, heldout, cache=cache)
 
 
 def _items():

@@ -37,6 +37,33 @@ def log_probs(model, ids: list[int], kv=None) -> torch.Tensor:
     return forward_logits(model, ids, cache).double().log_softmax(-1)
 
 
+class ReferenceLogProbs:
+    """The reference model's logits per sequence, computed once and kept while they fit in `budget_bytes`, so that
+    scoring N models against one reference runs the reference once per sequence rather than N times (it was half of
+    notebook 02's scoring: every quantized model, ladder rung and calibration mix recomputed it). The float32 logits
+    are kept and `log_probs`'s float64 log-softmax is taken at each use, so a kept sequence scores exactly as a
+    recomputed one; past the budget a sequence is recomputed. Default budget: a fifth of the memory available now.
+    Keys are the token ids; the reference must not change while the cache is used."""
+
+    def __init__(self, model, budget_bytes: int | None = None):
+        from lab.machine.hardware import available_memory_bytes
+
+        self.model = model
+        self.budget = budget_bytes if budget_bytes is not None else (available_memory_bytes() or 2**30) // 5
+        self.used, self.kept, self.missed = 0, {}, 0
+
+    @torch.inference_mode()
+    def __call__(self, ids: list[int]) -> torch.Tensor:
+        logits = self.kept.get(tuple(ids))
+        if logits is None:
+            self.missed += 1
+            logits = forward_logits(self.model, ids)
+            if self.used + logits.nbytes <= self.budget:
+                self.kept[tuple(ids)] = logits
+                self.used += logits.nbytes
+        return logits.double().log_softmax(-1)
+
+
 @dataclass(frozen=True)
 class SequenceScores:
     """Per-sequence sums (one entry per sequence), see the module docstring."""
@@ -99,13 +126,18 @@ def perplexity(model, token_sequences: list[list[int]], kv=None) -> float:
 
 
 @torch.inference_mode()
-def score_sequences(reference, model, token_sequences: list[list[int]], kv=None) -> SequenceScores:
+def score_sequences(reference, model, token_sequences: list[list[int]], kv=None,
+                    cache: ReferenceLogProbs | None = None) -> SequenceScores:
     """`model` scored against `reference` on each sequence (two or more tokens each); `kv` quantizes the
-    model's KV cache as in `log_probs`. `model is reference` (and no `kv`) runs one forward per sequence."""
+    model's KV cache as in `log_probs`. `model is reference` (and no `kv`) runs one forward per sequence; `cache`
+    (of `reference`'s) keeps the reference's forwards for the next model scored on the same sequences."""
     _check_sequences(token_sequences)
+    if cache is not None and cache.model is not reference:
+        raise ValueError("the cache holds another model's log-probabilities than the reference scored against")
+    reference_of = cache or (lambda ids: log_probs(reference, ids))
     cols = {f.name: [] for f in fields(SequenceScores)}
     for ids in token_sequences:
-        ref = log_probs(reference, ids)
+        ref = reference_of(ids)
         out = ref if model is reference and kv is None else log_probs(model, ids, kv)
         cols["nll"].append(_nll(out, ids))
         cols["predicted"].append(len(ids) - 1)

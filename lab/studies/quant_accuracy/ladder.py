@@ -71,9 +71,10 @@ def grid_variants(model, layers: tuple[int, ...] | None = None, bits: int = 4) -
 
 
 def run_ladder(reference, texts: dict[str, list[list[int]]], groups: tuple[int, ...], bits: tuple[int, ...],
-               layers: tuple[int, ...] | None = None, log=print) -> tuple[pd.DataFrame, pd.DataFrame]:
+               layers: tuple[int, ...] | None = None, log=print, cache=None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every rung of `lab.quant.ladder.ladder(groups, bits)` applied to a copy of `reference` (the decoder linears of
-    `layers`, None: all): (one row per rung with its weight error, per-sequence scores per domain)."""
+    `layers`, None: all): (one row per rung with its weight error, per-sequence scores per domain). `cache`: the
+    reference's forwards (`lab.eval.scores.ReferenceLogProbs`) from the grid, on the same sequences."""
     rows, score_rows, scores = [], [], {}
     model = copy.deepcopy(reference)  # one working copy: each rung rewrites its linears from the reference's
     for rung in tqdm(ladder(groups, bits), desc="ladder"):
@@ -84,7 +85,7 @@ def run_ladder(reference, texts: dict[str, list[list[int]]], groups: tuple[int, 
         # The same weights score the same: a rung equal to the reference runs one forward, one equal to the rung
         # before reuses its scores (exactly what scoring it again would give).
         if changed or not scores:
-            scores = {d: score_sequences(reference, reference if err.value == 0 else model, seqs)
+            scores = {d: score_sequences(reference, reference if err.value == 0 else model, seqs, cache=cache)
                       for d, seqs in texts.items()}
         for domain, s in scores.items():
             score_rows += s.rows(model=rung.name, domain=domain)

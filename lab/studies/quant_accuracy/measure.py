@@ -41,7 +41,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lab.eval.harness import (common_prefix, greedy_token_ids, heldout_texts, run_sensitive, sensitive_metrics)
-from lab.eval.scores import score_sequences
+from lab.eval.scores import ReferenceLogProbs, score_sequences
 from lab.stats.intervals import proportion
 from lab.eval.sensitive import CATEGORIES, load_items
 from lab.memory import ModelShape, WeightFormat, weight_bytes, weight_format
@@ -251,12 +251,13 @@ class Grid:
     kept: dict
     outputs: dict
     scores: pd.DataFrame
+    reference_log_probs: ReferenceLogProbs  # the reference's forwards, for the ladder and the mismatch to reuse
 
 
-def _score(reference, model, label: str, texts: dict, rows: list) -> dict:
+def _score(reference, model, label: str, texts: dict, rows: list, cache: ReferenceLogProbs) -> dict:
     metrics = {}
     for domain, seqs in texts.items():
-        scores = score_sequences(reference, model, seqs)
+        scores = score_sequences(reference, model, seqs, cache=cache)
         metrics.update(scores.summary(prefix=f"{domain}_"))
         rows += scores.rows(model=label, domain=domain)
     return metrics
@@ -266,13 +267,15 @@ def run_grid(p: QuantAccuracyParams, reference, tokenizer, log=print) -> Grid:
     """Every method x configuration: perplexity, KL and top-1 per held-out domain with intervals over
     sequences, the calibration's domain shares, the sensitive set with flips against the unquantized model."""
     texts = heldout(p, tokenizer)
+    cache = ReferenceLogProbs(reference)
     items_all = sensitive_items(p, long_context=True)
     ref_df = run_sensitive(reference, tokenizer, items_all, p.MAX_TOKENS)
     outputs, score_rows = {"unquantized": ref_df}, []
     rows = [{"model": "unquantized", "method": "unquantized (as loaded)", "config": "fp32", "bits": 32,
              "group_size": None, "weight_MB_fp16_rest": quantized_weight_bytes(p.MODEL, None) / 1e6, "quant_s": 0.0,
              "calib_tokens": 0, "weight_error_%": 0.0, "weight_error_%_low": 0.0, "weight_error_%_high": 0.0,
-             **_score(reference, reference, "unquantized", texts, score_rows), **sensitive_metrics(ref_df, ref_df)}]
+             **_score(reference, reference, "unquantized", texts, score_rows, cache),
+             **sensitive_metrics(ref_df, ref_df)}]
     kept, shares = {}, {}
     for config, method in tqdm(grid_models(p), desc="quantize and evaluate"):
         spec, label = parse_config(config), f"{method} {config}"
@@ -291,14 +294,14 @@ def run_grid(p: QuantAccuracyParams, reference, tokenizer, log=print) -> Grid:
                "quant_s": summary["quantization_seconds"], "calib_tokens": summary["calibration_tokens"],
                **(error.columns("weight_error_%") if error else {}),
                **{f"calib_{d}_share": v for d, v in shares.get(method, {}).items()},
-               **_score(reference, model, label, texts, score_rows), **sensitive_metrics(df, ref_df)}
+               **_score(reference, model, label, texts, score_rows, cache), **sensitive_metrics(df, ref_df)}
         rows.append(row)
         if config == p.CHECKPOINT_CONFIG and method not in GGUF_METHODS:  # no GPTQ/AWQ checkpoint holds a GGUF grid
             kept[(method, config)] = (model, codes, job)
         first = p.DOMAINS[0]
         log(f"{label:11s} quant {summary['quantization_seconds']:6.1f} s, {first} ppl {row[f'{first}_perplexity']:.2f}, "
             f"KL {row[f'{first}_kl_mean']:.3f}, sensitive {row['pass_all']:.2f} ({time.perf_counter() - t:.0f} s)")
-    return Grid(pd.DataFrame(rows), kept, outputs, pd.DataFrame(score_rows))
+    return Grid(pd.DataFrame(rows), kept, outputs, pd.DataFrame(score_rows), cache)
 
 
 # ---- calibration mismatch -------------------------------------------------------------------------------
@@ -308,7 +311,7 @@ SUMMARIZATION_DOMAIN = "chat: Spec-Bench summarization prompts held out of both 
 
 
 def run_mismatch(p: QuantAccuracyParams, reference, tokenizer, ref_sensitive: pd.DataFrame,
-                 log=print) -> tuple[pd.DataFrame, pd.DataFrame]:
+                 log=print, cache: ReferenceLogProbs | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """`MISMATCH_METHOD` at `MISMATCH_CONFIG` calibrated on each mix (natural lengths, MISMATCH_SAMPLES
     samples), evaluated on held-out summarization prompts (KL and top-1 with intervals over prompts; greedy
     summaries equal to the unquantized model's) and the sensitive set. Each row names the domain shares it
@@ -340,7 +343,7 @@ def run_mismatch(p: QuantAccuracyParams, reference, tokenizer, ref_sensitive: pd
                "quant_s": summary["quantization_seconds"],
                "evaluated_on": SUMMARIZATION_DOMAIN if prompts else "", "summarization_docs": len(prompts)}
         if prompts:
-            scores = score_sequences(reference, model, prompt_tokens)
+            scores = score_sequences(reference, model, prompt_tokens, cache=cache)
             score_rows += scores.rows(model=f"{p.MISMATCH_METHOD} {p.MISMATCH_CONFIG} calibrated on {mix}",
                                       domain="summarization")
             summaries = greedy_token_ids(model, tokenizer, prompts, p.MAX_TOKENS)
