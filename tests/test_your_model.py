@@ -1,8 +1,8 @@
 """The whole workbench on a user's model (issue 51), on small random-weight 16-bit checkpoints with a tokenizer
 (`lab.models.random_checkpoint`, built from transformers' own config classes: no download).
 
-`lab run all --model DIR` hands every study notebook MODEL=DIR (tests/test_notebooks.py). Every notebook's smoke run is made on a 16-bit
-Llama (tests/test_notebooks.py, one run per notebook serving both the notebook convention and the switch): each run
+`lab run all --model DIR` hands every study notebook MODEL=DIR, and every notebook's smoke run is made on a 16-bit
+Llama (both in tests/test_notebooks.py, one run per notebook serving the notebook convention and the switch): each run
 records the models it loaded (`models_loaded.jsonl`, its child processes' too), and every load must be of that
 checkpoint, so a notebook that ignores the switch (a hard-coded model, a parameter `MODEL` does not reach) fails
 there; notebook 02's detector reports 16-bit weights, and `lab claims --runs` then decides the weight-accuracy rows

@@ -42,24 +42,27 @@ class ReferenceLogProbs:
     scoring N models against one reference runs the reference once per sequence rather than N times (it was half of
     notebook 02's scoring: every quantized model, ladder rung and calibration mix recomputed it). The float32 logits
     are kept and `log_probs`'s float64 log-softmax is taken at each use, so a kept sequence scores exactly as a
-    recomputed one; past the budget a sequence is recomputed. Default budget: a fifth of the memory available now.
+    recomputed one; past the budget a sequence is recomputed. Default budget: a fifth of the memory free now on the
+    model's device (the engine's measure, `lab.engine.kv_store.available_memory`), where the logits are kept.
     Keys are the token ids; the reference must not change while the cache is used."""
 
     def __init__(self, model, budget_bytes: int | None = None):
-        from lab.machine.hardware import available_memory_bytes
+        from lab.engine.kv_store import available_memory
 
         self.model = model
-        self.budget = budget_bytes if budget_bytes is not None else (available_memory_bytes() or 2**30) // 5
+        self.budget = (budget_bytes if budget_bytes is not None
+                       else available_memory(model.embed_tokens.weight.device) // 5)
         self.used, self.kept, self.missed = 0, {}, 0
 
     @torch.inference_mode()
     def __call__(self, ids: list[int]) -> torch.Tensor:
-        logits = self.kept.get(tuple(ids))
+        key = tuple(ids)
+        logits = self.kept.get(key)
         if logits is None:
             self.missed += 1
             logits = forward_logits(self.model, ids)
             if self.used + logits.nbytes <= self.budget:
-                self.kept[tuple(ids)] = logits
+                self.kept[key] = logits
                 self.used += logits.nbytes
         return logits.double().log_softmax(-1)
 

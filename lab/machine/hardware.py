@@ -136,19 +136,11 @@ def _best_rate(fn: Callable[[], object], work: float, budget_s: float, sync: Cal
     return best
 
 
-def _host_memory_bytes(field: str = "MemTotal") -> int:
+def _host_memory_bytes() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith(f"{field}:"):
+        if line.startswith("MemTotal:"):
             return int(line.split()[1]) * 1024  # the kernel's "kB" is KiB
-    raise RuntimeError(f"{field} not found in /proc/meminfo")
-
-
-def available_memory_bytes() -> int | None:
-    """Memory the kernel says new allocations can have without swapping (MemAvailable); None where it does not say."""
-    try:
-        return _host_memory_bytes("MemAvailable")
-    except (OSError, RuntimeError):
-        return None
+    raise RuntimeError("MemTotal not found in /proc/meminfo")
 
 
 def probe(seconds_budget: float = 4.0, device: str | None = None) -> Hardware:
