@@ -38,8 +38,8 @@ PRESET = "quick"  # quick (minutes), reference (committed runs), smoke (tests) o
 INTERACTIVE = False  # show the widget cells
 DEVICE = "auto"  # auto (CUDA when present, else the CPU), cpu, cuda or cuda:N; gpu preset needs CUDA
 MODEL = "smollm2-135m"
-METHODS = ("rtn", "gptq", "awq", "gguf-q4_1", "gguf-q4_0", "gguf-q8_0")  # GGUF grids once each, at w4g32 / w8g32
-CONFIGS = ("w4g32", "w4g64", "w3g64", "w8")  # w<bits>g<group>, and w8 has one scale per output channel
+METHODS = ("rtn", "gptq", "awq", "gguf-q4_1")  # GGUF grids (also gguf-q4_0, gguf-q8_0) once each, at their own grid
+CONFIGS = ("w4g64",)  # w<bits>g<group> (w4g32, w3g64, ...), and w8 has one scale per output channel
 GPTQ_CALIB = (64, 512)  # calibration (blocks, tokens per block); `lab bench quant` times 128 x 512
 AWQ_CALIB = (16, 512)  # `lab bench quant` times 32 x 512
 DOMAINS = ("code", "prose")  # held-out text for perplexity and KL: stdlib code and package READMEs
@@ -48,7 +48,7 @@ HELDOUT_TOKENS = 512
 MAX_TOKENS = 64  # greedy tokens per sensitive item
 ITEMS_PER_CATEGORY = 0  # sensitive items per category (long context aside); 0: all
 LONG_CONTEXT_ITEMS = 4  # each ~25 s per model on 2 cores; 0 leaves the category out
-LONG_CONTEXT_CONFIGS = ("w4g64", "w3g64")
+LONG_CONTEXT_CONFIGS = ("w4g64",)
 MISMATCH_METHOD = "gptq"
 MISMATCH_CONFIG = "w3g64"
 MISMATCH_SAMPLES = 128
@@ -110,7 +110,7 @@ print("so re-quantizing it measures a grid mismatch, not the cost of quantizing 
 # ## 1. The grid: every method at every configuration
 # Perplexity, KL(unquantized || quantized) and top-1 agreement per token on two held-out domains that no
 # calibration set reads: **code** (standard-library files after the calibration cut) and **prose** (the READMEs of
-# the installed Python packages), each with a 95% bootstrap interval over the `HELDOUT_SEQUENCES` sequences. The
+# the Python distributions the lab requires), each with a 95% bootstrap interval over the `HELDOUT_SEQUENCES` sequences. The
 # sensitive set (`calibration_data/sensitive/`) with greedy decoding: pass rate per category with its Wilson
 # interval, items *lost* (passed unquantized, failed quantized) and the share of outputs that changed. `pass_all`
 # leaves long context out (only `LONG_CONTEXT_CONFIGS` run it). Beside each GPTQ/AWQ row, what its calibration

@@ -47,9 +47,9 @@ FIRST_BUCKET = 256  # position buckets 0-256, 256-512, 512-1K, ... up to CONTEXT
 ATTENTION_STRIDE = 8  # attention error at every 8th query position (KL at every position)
 BLOCK_TOKENS = 32  # positions per block that the intervals resample on the long text
 # Formats whose attention error and KL are measured by position; K-only / V-only variants; end-to-end formats.
-GROWTH_FORMATS = ("fp8_e4m3/per-tensor", "fp8_e4m3/per-tensor/unit-scale", "fp8_e5m2/per-tensor", "fp8_e4m3/per-token", "int8/per-tensor", "int8/per-token", "int4/per-tensor", "int4/per-token", "int4/per-channel/group16", "int2/per-token", "int2/per-channel/group16/window128")
-ROLE_FORMATS = ("int4/per-token/k-only", "int4/per-token/v-only", "int2/per-token/k-only", "int2/per-token/v-only", "int4/per-channel/group16/k-only")
-E2E_FORMATS = ("fp8_e4m3/per-tensor", "fp8_e4m3/per-tensor/unit-scale", "int8/per-token", "int4/per-token", "int4/per-channel/group16", "int2/per-channel/group16/window128")
+GROWTH_FORMATS = ("fp8_e4m3/per-tensor", "fp8_e4m3/per-tensor/unit-scale", "fp8_e4m3/per-token", "int8/per-tensor", "int8/per-token", "int4/per-tensor", "int4/per-token", "int4/per-channel/group16")  # also fp8_e5m2/..., int2/...
+ROLE_FORMATS = ("int4/per-token/k-only", "int4/per-token/v-only", "int4/per-channel/group16/k-only")
+E2E_FORMATS = ("fp8_e4m3/per-tensor", "int8/per-token", "int4/per-token")  # the safety claims' formats
 CALIB_SAMPLES = 32  # calibration sequences for static scales
 CALIB_TOKENS = 512
 CALIB_METHOD = "max"  # or "percentile"

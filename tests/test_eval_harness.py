@@ -211,6 +211,29 @@ def test_readme_source_is_prose_no_calibration_set_reads(smollm):
         heldout_texts(tok, n=1, source="wiki")
 
 
+def test_readme_documents_do_not_depend_on_what_else_is_installed(monkeypatch):
+    """A distribution installed beside the lab, which nothing the lab requires requires (here a fake one that every
+    metadata lookup sees), leaves the prose held-out documents as they were. Before, every installed
+    distribution's README was drawn from, and notebook 02's prose sequences changed between two reference runs of
+    one commit on 6 December (py-spy, a profiler, had been installed between them)."""
+    import email.message
+    import importlib.metadata as md
+
+    from lab.eval import harness
+
+    before = harness._readme_docs()
+    meta = email.message.Message()
+    meta["Name"], meta["Version"] = "zz-profiler", "1.0"
+    meta.set_payload("A sampling profiler for Python programs. " * 40)
+    fake = type("Dist", (), {"metadata": meta, "requires": None})()
+    real_all, real_one = md.distributions, md.distribution
+    monkeypatch.setattr(md, "distributions", lambda **kw: [*real_all(**kw), fake])
+    monkeypatch.setattr(md, "distribution", lambda name: fake if name == "zz-profiler" else real_one(name))
+    after = harness._readme_docs()
+    assert after == before and not any("zz-profiler" in label for label, _ in after)
+    assert len(after) >= 32  # the gpu preset draws 32 sequences a domain, one a document
+
+
 def test_sensitive_metrics_carry_wilson_intervals():
     from lab.eval.harness import sensitive_metrics
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lab.machine.procs import all_pids, proc_stat
+from lab.machine.procs import all_pids, cmdline, proc_stat
 from lab.workflow import sweep
 from lab.workflow.atomic import write_atomic
 from lab.workflow.index import write_index
@@ -88,12 +88,8 @@ def _stop(temp: Path) -> None:
 
     table = {}
     for pid in all_pids():
-        stat = proc_stat(pid)
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if stat is not None:
+        stat, cmd = proc_stat(pid), cmdline(pid)
+        if stat is not None and cmd is not None:
             table[pid] = (stat.ppid, cmd)
     ours = {pid for pid, (_, cmd) in table.items() if str(temp) in cmd}
     while grown := {pid for pid, (ppid, _) in table.items() if ppid in ours} - ours:

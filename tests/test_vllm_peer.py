@@ -46,7 +46,11 @@ class _Engine:
         return outs
 
 class LLM:
-    def __init__(self, model, dtype, max_model_len, max_num_seqs, seed):
+    def __init__(self, model, dtype, max_model_len, max_num_seqs, seed, enable_prefix_caching=True):
+        # vLLM caches prefixes by default; the worker's warm-up on the same prompts would make the timed prefill a
+        # cache hit, so the stand-in refuses to be built with it on
+        if enable_prefix_caching:
+            raise RuntimeError("built with prefix caching: the timed run would read the warm-up's cached prefill")
         if FAIL:
             raise RuntimeError("no CPU backend for this stand-in")
         print("vLLM-style log line on stdout, which must not reach the protocol")

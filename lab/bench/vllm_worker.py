@@ -21,8 +21,11 @@ def _serve(args: dict, proto) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    # No prefix caching, as the lab's engine runs the workloads: each timed run follows a warm-up on the same
+    # prompts, and vLLM caches prefixes by default, so its 2K prefill was timed as a cache hit (0.37 s against the
+    # lab's and `transformers`' 2.6 s, on 6 December).
     llm = LLM(model=args["model"], dtype=args["dtype"], max_model_len=args["max_model_len"],
-              max_num_seqs=args["max_num_seqs"], seed=0)
+              max_num_seqs=args["max_num_seqs"], seed=0, enable_prefix_caching=False)
     engine = llm.llm_engine
 
     def run(prompts, max_tokens):

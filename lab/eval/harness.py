@@ -72,17 +72,43 @@ def _heldout_docs(calibration) -> list[tuple[str, str]]:
             if (label := f"pydoc_data.topics[{key!r}]") not in used]
 
 
-def _readme_docs() -> list[tuple[str, str]]:
-    """The long descriptions (READMEs) of the installed Python distributions, this project's own left out:
-    English prose with some markup and code, read from package metadata. No calibration set reads them."""
-    from importlib.metadata import distributions
+def _required_distributions(root: str = "inference-lab") -> list:
+    """The installed distributions `root` requires, directly or through the others it requires (extras and other
+    platforms' requirements left out): what a plain install of the lab brings, whatever else the environment holds."""
+    from importlib.metadata import PackageNotFoundError, distribution
 
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    found, todo = {}, [root]
+    while todo:
+        name = todo.pop()
+        if (key := canonicalize_name(name)) in found:
+            continue
+        try:
+            found[key] = dist = distribution(name)
+        except PackageNotFoundError:
+            if name == root:
+                raise ValueError(f"{root!r} is not installed as a distribution (`make setup` installs it): the prose "
+                                 f"held-out set is read from the READMEs of what it requires") from None
+            found[key] = None  # an optional requirement this environment lacks
+            continue
+        todo += [r.name for r in map(Requirement, dist.requires or [])
+                 if r.marker is None or r.marker.evaluate({"extra": ""})]
+    del found[canonicalize_name(root)]
+    return [d for d in found.values() if d is not None]
+
+
+def _readme_docs() -> list[tuple[str, str]]:
+    """The long descriptions (READMEs) of the Python distributions the lab requires (`_required_distributions`),
+    its own left out: English prose with some markup and code, read from package metadata. No calibration set reads
+    them. Only the lab's requirements, so that a tool installed beside it (a profiler, the browser tests'
+    Playwright) does not change which documents are drawn: reading every installed distribution, the prose set of
+    notebook 02's reference run changed between two runs of one commit on 6 December."""
     docs = {}
-    for dist in distributions():
+    for dist in _required_distributions():
         meta = dist.metadata
-        name = meta["Name"]
-        if name and name.lower() != "inference-lab":
-            docs.setdefault(f"readme:{name}=={meta['Version']}", meta.get_payload() or meta.get("Description") or "")
+        docs.setdefault(f"readme:{meta['Name']}=={meta['Version']}", meta.get_payload() or meta.get("Description") or "")
     return sorted(docs.items())
 
 

@@ -34,7 +34,13 @@ def log_probs(model, ids: list[int], kv=None) -> torch.Tensor:
         from lab.kv.calibration import QuantizedContiguousKVCache
 
         cache = QuantizedContiguousKVCache(model, *kv)
-    return forward_logits(model, ids, cache).double().log_softmax(-1)
+    return _log_softmax(forward_logits(model, ids, cache))
+
+
+def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """Logits to the log-probabilities every score reads, in float64: one place, so kept logits score exactly as
+    recomputed ones (`ReferenceLogProbs`)."""
+    return logits.double().log_softmax(-1)
 
 
 class ReferenceLogProbs:
@@ -64,7 +70,7 @@ class ReferenceLogProbs:
             if self.used + logits.nbytes <= self.budget:
                 self.kept[key] = logits
                 self.used += logits.nbytes
-        return logits.double().log_softmax(-1)
+        return _log_softmax(logits)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Process state from Linux /proc: one parser of /proc/<pid>/stat for the watchdog, the server's shutdown and tests.
+"""Process state from Linux /proc: one parser of /proc/<pid>/stat and one reader of /proc/<pid>/cmdline for the
+watchdog, the server's shutdown and tests.
 
 The command name (field 2) is in parentheses and may hold spaces, so the fields after it are read from the last ")".
 See proc(5).
@@ -24,6 +25,16 @@ def proc_stat(pid: int | str) -> ProcStat | None:
         return None
     fields = stat[stat.rindex(")") + 2:].split()
     return ProcStat(fields[0], int(fields[1]))
+
+
+def cmdline(pid: int | str) -> str | None:
+    """The command line of process `pid`, its arguments joined by spaces ("" for a kernel thread), or None where it
+    (or /proc) does not exist."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
 
 
 def all_pids() -> list[int]:

@@ -26,7 +26,7 @@ import time
 import uvicorn
 
 from lab.engine import LLM
-from lab.machine.procs import all_pids, proc_stat
+from lab.machine.procs import all_pids, cmdline, proc_stat
 
 from .async_engine import AsyncLLM
 from .openai_api import create_app
@@ -180,15 +180,9 @@ def serve(llm: LLM, model_name: str, host: str, port: int, warmup: bool = False,
              engine.drain_counts["finished"], engine.drain_counts["aborted"], drain_timeout_s,
              stats["kv_blocks_used"], stats["kv_blocks_total"])
     llm.close()
-    left = [p for p in descendants() if "resource_tracker" not in _cmdline(p)]  # multiprocessing's own helper
+    left = [p for p in descendants() if "resource_tracker" not in (cmdline(p) or "")]  # multiprocessing's own helper
     if left:
         log.warning("killing %d child process(es) left after close: %s", len(left), left)
     kill_descendants()
     return 0
 
-
-def _cmdline(pid: int) -> str:
-    try:
-        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""

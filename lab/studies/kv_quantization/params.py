@@ -27,14 +27,14 @@ class KVStudyParams:
     FIRST_BUCKET: int = 256
     ATTENTION_STRIDE: int = 8  # attention error measured at every 8th query position
     BLOCK_TOKENS: int = 32  # positions per block the intervals resample on the one long text
-    GROWTH_FORMATS: tuple = ("fp8_e4m3/per-tensor", f"fp8_e4m3/per-tensor/{UNIT_SCALE}", "fp8_e5m2/per-tensor",
-                             "fp8_e4m3/per-token", "int8/per-tensor", "int8/per-token", "int4/per-tensor",
-                             "int4/per-token", "int4/per-channel/group16", "int2/per-token",
-                             "int2/per-channel/group16/window128")
-    ROLE_FORMATS: tuple = ("int4/per-token/k-only", "int4/per-token/v-only", "int2/per-token/k-only",
-                           "int2/per-token/v-only", "int4/per-channel/group16/k-only")
-    E2E_FORMATS: tuple = ("fp8_e4m3/per-tensor", f"fp8_e4m3/per-tensor/{UNIT_SCALE}", "int8/per-token",
-                          "int4/per-token", "int4/per-channel/group16", "int2/per-channel/group16/window128")
+    # The reference runs the formats the ledger's rows are judged on (docs/studies/03_kv_quantization.md, "How the
+    # reference is sized"): each claim's pair in the position study, KIVI's int4 keys, the three formats of the
+    # safety claims end to end. fp8_e5m2, int2 and KIVI's int2 with a window are a parameter away.
+    GROWTH_FORMATS: tuple = ("fp8_e4m3/per-tensor", f"fp8_e4m3/per-tensor/{UNIT_SCALE}", "fp8_e4m3/per-token",
+                             "int8/per-tensor", "int8/per-token", "int4/per-tensor", "int4/per-token",
+                             "int4/per-channel/group16")
+    ROLE_FORMATS: tuple = ("int4/per-token/k-only", "int4/per-token/v-only", "int4/per-channel/group16/k-only")
+    E2E_FORMATS: tuple = ("fp8_e4m3/per-tensor", "int8/per-token", "int4/per-token")
     CALIB_SAMPLES: int = 32  # calibration sequences for static scales (stratified mix)
     CALIB_TOKENS: int = 512
     CALIB_METHOD: str = "max"
@@ -71,7 +71,7 @@ class KVStudyParams:
         # sequences. ~34 s on one H200: 16 formats x 8K attention ~8 s, 4 sensitive runs of ~330 steps ~13 s,
         # scoring ~2 s, calibration and concurrency ~2.5 s, 8 s start.
         "gpu": {"ATTENTION_STRIDE": 1, "CALIB_SAMPLES": 64, "HELDOUT_SEQUENCES": 16, "HELDOUT_TOKENS": 2048,
-                "LONG_CONTEXT_ITEMS": 30, "E2E_FORMATS": ("fp8_e4m3/per-tensor", "int8/per-token", "int4/per-token")},
+                "LONG_CONTEXT_ITEMS": 30},
     }
 
     def __post_init__(self):
