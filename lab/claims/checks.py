@@ -147,9 +147,6 @@ def _readers(entry: Entry) -> tuple:
     return judged, measured_cell
 
 
-_MOVED: dict[tuple, dict] = {}
-
-
 def by_construction(entries: list[Entry], rebuilds: dict[str, Rebuild], root: Path | None = None) -> list[str]:
     """The measured rows whose judged figure no perturbation of their evidence moves, for every notebook with a
     `Rebuild`: a row measured here (on this CPU or a GPU) whose figure stays put, and a row of any kind whose
@@ -170,11 +167,10 @@ def by_construction(entries: list[Entry], rebuilds: dict[str, Rebuild], root: Pa
             judged, cell = _readers(e)
             readers[e.claim.link.match] = judged
             readers[e.claim.link.match + "\0cell"] = cell
-        key = (notebook, id(rebuilds[notebook]), str(run_dir), tuple(sorted(e.claim.id for e in group)))
         try:
-            # one process checks the same run's rows the same way each time (the tests call --check repeatedly)
-            moved = _MOVED[key] if key in _MOVED else _MOVED.setdefault(key, movements(rebuilds[notebook], run_dir,
-                                                                                      readers))
+            # the same evidence is followed many times in one process (the tests call --check repeatedly, on
+            # copies of the runs too): `movements` keeps the rebuilt tables by the content of their inputs
+            moved = movements(rebuilds[notebook], run_dir, readers)
         except Exception as exc:  # noqa: BLE001 - a claims table that cannot be rebuilt is itself the failure
             out.append(f"by construction: {notebook}: its claims table could not be rebuilt from {run_dir.name} "
                        f"({type(exc).__name__}: {exc})")

@@ -21,6 +21,7 @@ so the choice to hold it fixed is in sight; a figure that moves only with a sett
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from collections.abc import Callable, Iterator
@@ -153,13 +154,20 @@ def _field_change(name: str, fname: str, how: str) -> Callable[[Inputs], Inputs]
     return apply
 
 
-def row_figure(table: pd.DataFrame, match: str, figure: Callable[[dict], Any]) -> Any:
-    """The figure of the one row of `table` whose claim cell contains `match` (None when not exactly one row)."""
-    claim_col = columns(list(table.columns))[0]
-    rows = table[table[claim_col].astype(str).str.contains(match, regex=False)]
-    if len(rows) != 1:
+def row_figure(table: pd.DataFrame, match: str, figure: Callable[[dict], Any],
+               claims: list[str] | None = None) -> Any:
+    """The figure of the one row of `table` whose claim cell contains `match` (None when not exactly one row).
+    `claims`, the table's claim cells as strings, saves reading them again when many rows of one table are read."""
+    if claims is None:
+        claims = _claim_cells(table)
+    hits = [i for i, cell in enumerate(claims) if match in cell]
+    if len(hits) != 1:
         return None
-    return figure(rows.iloc[0].to_dict())
+    return figure(table.iloc[hits[0]].to_dict())
+
+
+def _claim_cells(table: pd.DataFrame) -> list[str]:
+    return table[columns(list(table.columns))[0]].astype(str).tolist()
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -188,22 +196,96 @@ def movements(rebuild: Rebuild, run_dir: Path, rows: dict[str, Callable[[dict], 
     followed by a NUL and a name, so one row can have several figures followed), the perturbations that move it;
     once a figure has moved under `stop_at` perturbations it is no longer followed (a figure that moves once is not
     fixed by construction)."""
-    inputs = rebuild.load(Path(run_dir))
-    base_table = rebuild.table(inputs)
+    tables = _perturbed_tables(rebuild, rebuild.load(Path(run_dir)))
     match = {k: k.split("\0")[0] for k in rows}
-    base = {m: row_figure(base_table, match[m], f) for m, f in rows.items()}
+    base_table, base_claims = tables.base
+    base = {m: row_figure(base_table, match[m], f, base_claims) for m, f in rows.items()}
     moved: dict[str, list[str]] = {m: [] for m in rows}
     failed: list[str] = []
-    for p in perturbations(rebuild, inputs):
+    for what, table, claims, error in tables:
         open_rows = [m for m in rows if len(moved[m]) < stop_at]
         if not open_rows:
             break
-        try:
-            table = rebuild.table(p.apply(inputs))
-        except Exception as exc:  # noqa: BLE001 - a perturbation the study's code refuses moves nothing
-            failed.append(f"{p.what}: {type(exc).__name__}: {exc}")
+        if error is not None:  # a perturbation the study's code refuses moves nothing
+            failed.append(f"{what}: {error}")
             continue
         for m in open_rows:
-            if not _same(row_figure(table, match[m], rows[m]), base[m]):
-                moved[m].append(p.what)
+            if not _same(row_figure(table, match[m], rows[m], claims), base[m]):
+                moved[m].append(what)
     return {m: Movement(m, base[m], tuple(moved[m]), tuple(failed)) for m in rows}
+
+
+class _PerturbedTables:
+    """One run's claims table rebuilt under each of its perturbations, in `perturbations` order, computed as far as
+    a reader has asked and kept: every figure followed on the same evidence reads the same rebuilt tables."""
+
+    def __init__(self, rebuild: Rebuild, inputs: Inputs):
+        self.rebuild, self.inputs = rebuild, inputs
+        base = rebuild.table(inputs)
+        self.base = (base, _claim_cells(base))
+        self.done: list[tuple[str, pd.DataFrame | None, list[str] | None, str | None]] = []
+        self._todo = perturbations(rebuild, inputs)
+
+    def __iter__(self):
+        i = 0
+        while True:
+            if i == len(self.done):
+                p = next(self._todo, None)
+                if p is None:
+                    return
+                try:
+                    table = self.rebuild.table(p.apply(self.inputs))
+                    self.done.append((p.what, table, _claim_cells(table), None))
+                except Exception as exc:  # noqa: BLE001 - recorded; `movements` reports it as failed
+                    self.done.append((p.what, None, None, f"{type(exc).__name__}: {exc}"))
+            yield self.done[i]
+            i += 1
+
+
+# Rebuilt tables by (rebuild, the content of its inputs), for this process: `lab claims --check` and the tests
+# follow the same evidence many times over (a copied run directory is the same evidence), and a claims table under
+# one perturbation is the same table whichever figure is read from it. Keyed by content, never by path, so an
+# edited copy of a run is rebuilt afresh.
+_TABLES: dict[tuple, _PerturbedTables] = {}
+
+
+def _perturbed_tables(rebuild: Rebuild, inputs: Inputs) -> _PerturbedTables:
+    key = _fingerprint(inputs)
+    if key is None:  # an input whose content cannot be read off: rebuilt every time
+        return _PerturbedTables(rebuild, inputs)
+    # by the rebuild's identity (it holds a dict, so it has no hash); the entry keeps it alive, so its id is not reused
+    if (id(rebuild), key) not in _TABLES:
+        _TABLES[(id(rebuild), key)] = _PerturbedTables(rebuild, inputs)
+    return _TABLES[(id(rebuild), key)]
+
+
+def _fingerprint(value: Any) -> str | None:
+    """A digest of `value`'s content (frames by their cells, index and dtypes; dataclasses, mappings and sequences
+    by their parts), or None where some part is of a kind it does not know."""
+    h = hashlib.sha1()
+
+    def feed(v: Any) -> bool:
+        if isinstance(v, pd.DataFrame):
+            h.update(repr((list(v.columns), [str(t) for t in v.dtypes], v.shape)).encode())
+            h.update(pd.util.hash_pandas_object(v, index=True).to_numpy().tobytes())
+        elif isinstance(v, pd.Series):
+            h.update(repr((v.name, str(v.dtype), len(v))).encode())
+            h.update(pd.util.hash_pandas_object(v, index=True).to_numpy().tobytes())
+        elif isinstance(v, np.ndarray):
+            h.update(repr((v.dtype.str, v.shape)).encode())
+            h.update(np.ascontiguousarray(v).tobytes())
+        elif v is None or isinstance(v, (str, bytes, bool, int, float, np.integer, np.floating, Path)):
+            h.update(f"{type(v).__name__}:{v!r};".encode())
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            h.update(f"{type(v).__module__}.{type(v).__qualname__}(".encode())
+            return all(feed(f.name) and feed(getattr(v, f.name)) for f in dataclasses.fields(v))
+        elif isinstance(v, dict):
+            h.update(b"{")
+            return all(feed(k) and feed(x) for k, x in sorted(v.items(), key=lambda kv: repr(kv[0])))
+        elif isinstance(v, (list, tuple)):
+            h.update(f"{type(v).__name__}[{len(v)}]".encode())
+            return all(feed(x) for x in v)
+        else:
+            return False
+        return True
+    return h.hexdigest() if feed(value) else None

@@ -20,6 +20,7 @@ The notebook calls `spec_acceptance.claims.claims_table(main, costs, params, mod
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -54,24 +55,29 @@ class _Count:
         return self.ndim
 
 
+@dataclass(frozen=True)
 class ShapeModel:
     """A stand-in for the target model in `quantized_c_bound`: the decoder's 2-D weights under "layers." (the
     linears: attention projections, MLP or experts, routers), the rest (embedding, an untied LM head, norms,
-    biases) elsewhere, and the config's vocabulary and hidden sizes; counted by `param_counts` from the shape."""
+    biases) elsewhere, and the config's vocabulary and hidden sizes; counted by `param_counts` from the shape.
+    A dataclass of its shape, so the rebuild's inputs are read by content (`lab.claims.rebuild`)."""
 
-    def __init__(self, shape: ModelShape):
+    shape: ModelShape
+
+    @property
+    def config(self) -> SimpleNamespace:
+        return SimpleNamespace(vocab_size=self.shape.vocab_size, hidden_size=self.shape.hidden_size)
+
+    def named_parameters(self):
+        shape = self.shape
         counts = param_counts(shape)
         q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
         bias = shape.num_layers * (q + 2 * kv) if shape.qkv_bias and not shape.is_mla else 0
         linear = counts["attention"] - bias + counts["dense_mlp"] + counts["experts"] + counts["router"]
-        self._params = [("layers.linears", _Count(linear, 2)), ("rest", _Count(counts["total"] - linear, 1))]
-        self.config = SimpleNamespace(vocab_size=shape.vocab_size, hidden_size=shape.hidden_size)
-
-    def named_parameters(self):
-        return iter(self._params)
+        return iter([("layers.linears", _Count(linear, 2)), ("rest", _Count(counts["total"] - linear, 1))])
 
     def parameters(self):
-        return iter(p for _, p in self._params)
+        return iter(p for _, p in self.named_parameters())
 
 
 def shape_model(p: study.SpecParams) -> ShapeModel:
