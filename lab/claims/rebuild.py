@@ -245,7 +245,8 @@ class _PerturbedTables:
 # Rebuilt tables by (rebuild, the content of its inputs), for this process: `lab claims --check` and the tests
 # follow the same evidence many times over (a copied run directory is the same evidence), and a claims table under
 # one perturbation is the same table whichever figure is read from it. Keyed by content, never by path, so an
-# edited copy of a run is rebuilt afresh.
+# edited copy of a run is rebuilt afresh; not by the study's code, which does not change within a process (a test
+# that patches a study's claims code must rebuild through a `Rebuild` of its own, as tests/test_ledger_skeptic.py's do).
 _TABLES: dict[tuple, _PerturbedTables] = {}
 
 
