@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from lab.claims.record import Assumption, Cause, Claim, Link, Part
 from lab.claims.model_class import ModelClass
-from lab.claims.rules import ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, Bound, Number, Range, run_cell
+from lab.claims.rules import ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, Bound, Number, Range, run_cell
 
 MEM, QUANT, KV, SPEC, STRUCT, PAR = ("01_memory_accounting", "02_quantization_accuracy", "03_kv_quantization",
                                      "05_speculative_acceptance", "07_structured_output", "08_parallelism")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from lab.claims.model_class import ModelClass
 from lab.claims.record import Assumption, Cause, Claim, Link, Reading
-from lab.claims.rules import (ARGUMENT, ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, NOT_YET, PHYSICS_BOUND, PROJECTED,
+from lab.claims.rules import (ARGUMENT, ARITHMETIC, BY_ARGUMENT, NOT_CHECKABLE, PHYSICS_BOUND, PROJECTED,
                               Bound, Number, Range)
 
 MEM, REPLAY, PAR = "01_memory_accounting", "04_replay_break_even", "08_parallelism"

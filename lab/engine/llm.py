@@ -25,7 +25,7 @@ from itertools import repeat
 
 import torch
 
-from lab.models import LlamaModel, prepack
+from lab.models import LlamaModel
 from lab.parallel.group import RankFailure
 
 from .block_manager import BlockManager

@@ -38,10 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 from lab.eval.sensitive import CATEGORIES, Item, build_prompt, check, load_items
-from lab.eval.scores import SequenceScores, log_probs, perplexity, score_sequences
+from lab.eval.scores import SequenceScores, perplexity, score_sequences
 from lab.stats.intervals import proportion
 
 if TYPE_CHECKING:  # pandas is imported where a table is built, not on every import of the harness

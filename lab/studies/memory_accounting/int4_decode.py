@@ -90,8 +90,6 @@ def speedups(measured: pd.DataFrame) -> pd.DataFrame:
     of each round's ratio of median step times, with the rounds' span (`lab.stats.intervals.spread`: the interval a verdict rests
     on), the first round's bootstrap interval over its steps (how tight one run looks), and the bytes-read
     prediction."""
-    from lab.machine.timing import ratio_interval
-
     rows = []
     for b, d in measured.groupby("batch"):
         per_round = {r: g.set_index("build") for r, g in d.groupby("round")}
