@@ -263,3 +263,40 @@ def test_a_tally_is_read_with_the_rows_that_could_go_either_way_as_its_interval(
         "the article's prediction: outside 10% at 2")
     with pytest.raises(ValueError):
         Link("05", "x", lab_pattern="(?P<v>1)", lab_figure=rows_outside)
+
+
+def test_rebuilt_tables_are_kept_by_the_content_of_the_evidence_not_its_path(tmp_path):
+    """`lab claims --check` and the tests follow the same evidence many times: a copy of a run reads the tables
+    already rebuilt, an edited copy is rebuilt and its figure follows the edit, and an input whose content cannot be
+    read off is rebuilt every time."""
+    import shutil
+
+    calls = []
+
+    def load(run):
+        return {"measured": pd.read_csv(Path(run) / "m.csv")}
+
+    def table(inputs):
+        calls.append(1)
+        return pd.DataFrame([{"claim": "the cache cuts", "measured here": f"{inputs['measured']['s'].sum():.3g} s"}])
+
+    rebuild = Rebuild("99_toy", load, table)
+    first = tmp_path / "run"
+    first.mkdir()
+    pd.DataFrame({"s": [1.0, 2.0]}).to_csv(first / "m.csv", index=False)
+    [a] = movements(rebuild, first, {"the cache cuts": _figure}).values()
+    built = len(calls)
+    assert a.base == "3" and not a.by_construction and built > 1
+    copy = tmp_path / "copy"
+    shutil.copytree(first, copy)
+    [b] = movements(rebuild, copy, {"the cache cuts": _figure}).values()
+    assert b == a and len(calls) == built  # the same evidence: nothing rebuilt
+    pd.DataFrame({"s": [1.0, 5.0]}).to_csv(copy / "m.csv", index=False)
+    [c] = movements(rebuild, copy, {"the cache cuts": _figure}).values()
+    assert c.base == "6" and len(calls) > built  # edited: rebuilt, and the figure follows the edit
+
+    opaque = Rebuild("99_toy", lambda run: {**load(run), "model": object()}, table)
+    for _ in range(2):
+        before = len(calls)
+        movements(opaque, first, {"the cache cuts": _figure})
+        assert len(calls) > before
