@@ -273,6 +273,8 @@ def _fingerprint(value: Any) -> str | None:
             h.update(repr((v.name, str(v.dtype), len(v))).encode())
             h.update(pd.util.hash_pandas_object(v, index=True).to_numpy().tobytes())
         elif isinstance(v, np.ndarray):
+            if v.dtype.hasobject:  # its bytes are the objects' addresses, not their content
+                return False
             h.update(repr((v.dtype.str, v.shape)).encode())
             h.update(np.ascontiguousarray(v).tobytes())
         elif v is None or isinstance(v, (str, bytes, bool, int, float, np.integer, np.floating, Path)):
