@@ -115,7 +115,8 @@ table
 # For each model, prefix M and window W: the engine's forward of the W tokens over the cached M-token prefix on
 # DEVICE in DTYPE, against reading the window's KV from host memory and from a file on disk (page cache
 # dropped), and on a GPU from its memory and over PCIe from host memory. HCache's restore (the K/V projections
-# alone, from the layer inputs the engine kept) is timed beside them.
+# alone, from the layer inputs the engine kept) is timed beside them, on a family whose keys are the K projection
+# and a full RoPE only (Qwen3's k_norm, Phi-3's partial RoPE: not timed, and `hcache_not_measured` says why).
 #
 # Three predictions of the recompute time. The article's compute-only rule (FLOPs at EFFICIENCY x the probed
 # peak); the roofline with this machine's probed ceilings (`lab.machine.hardware.model_ceilings`: a GEMV's read rate, a

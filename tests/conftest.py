@@ -139,10 +139,13 @@ def gpu_memory(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def llama16(tmp_path_factory):
-    """A small random-weight 16-bit Llama checkpoint with the embedded model's tokenizer (`lab.models.random_checkpoint`,
+def user16(tmp_path_factory):
+    """A small random-weight 16-bit checkpoint with the embedded model's tokenizer (`lab.models.random_checkpoint`,
     from transformers' own config class: no download): the user's own model of issue 51, on which the study notebooks'
-    smoke runs are made (tests/test_notebooks.py)."""
+    smoke runs are made (tests/test_notebooks.py). A Qwen3, not the embedded model's Llama family: its q/k norms and
+    explicit head_dim take the family's own paths through the engine (00), quantization's walks over the linears (02),
+    the KV formats per head (03), the drafters (05) and tensor-parallel sharding (08), which the embedded model's
+    runs never reach."""
     from lab.models.random_checkpoint import write_random_checkpoint
 
-    return write_random_checkpoint(tmp_path_factory.mktemp("ck") / "llama16", family="llama")
+    return write_random_checkpoint(tmp_path_factory.mktemp("ck") / "qwen16", family="qwen3")

@@ -5,8 +5,9 @@ from .config import EngineConfig
 from .extension import EngineExtension
 from .grammar import StructuredOutputsParams
 from .llm import LLM
+from .model_runner import KeysNotRebuildable
 from .request import RequestMetrics, RequestOutput, SamplingParams
 from .structured import StructuredOutputsConfig
 
-__all__ = ["LLM", "EngineConfig", "EngineExtension", "RequestMetrics", "RequestOutput", "SamplingParams",
-           "StructuredOutputsConfig", "StructuredOutputsParams"]
+__all__ = ["LLM", "EngineConfig", "EngineExtension", "KeysNotRebuildable", "RequestMetrics", "RequestOutput",
+           "SamplingParams", "StructuredOutputsConfig", "StructuredOutputsParams"]

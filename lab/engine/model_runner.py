@@ -30,6 +30,11 @@ def eager_step(model, input_ids: torch.Tensor, positions: torch.Tensor, context,
     return model.compute_logits(hidden[rows]) if rows else hidden.new_empty(0, 0)
 
 
+class KeysNotRebuildable(ValueError):
+    """This family's keys are more than the K projection and a full RoPE of a layer's input (a k_norm, a partial
+    RoPE): K/V cannot be rebuilt from the layer inputs (HCache replay), only recomputed from the tokens."""
+
+
 @dataclass
 class ModelOutput:
     logits: torch.Tensor  # [rows, vocab]: the rows below, in schedule order
@@ -167,7 +172,7 @@ class ModelRunner:
         family whose keys are more than the K projection and a full RoPE (what `rebuild_kv` recomputes)."""
         c = self.model.config
         if c.family.qk_norm != "none" or c.rotary_dim != c.head_dim:
-            raise ValueError(f"rebuilding K/V from layer inputs covers keys made by the K projection and RoPE over "
+            raise KeysNotRebuildable(f"rebuilding K/V from layer inputs covers keys made by the K projection and RoPE over "
                              f"the whole head; {c.architecture}'s keys also pass "
                              f"{'a k_norm' if c.family.qk_norm != 'none' else 'a partial RoPE'}: use token replay")
         return [layer.self_attn.qkv_proj.register_forward_pre_hook(lambda module, args, i=i: fn(i, args[0]))

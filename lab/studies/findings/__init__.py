@@ -69,9 +69,11 @@ class RunFiles:
 class Finding:
     """`template` is filled with `values(run)`; `figure(run, title)` draws the key figure titled `title`;
     `claim`, a substring of the key claim in the run's claims.csv, gives the verdict word ("" for a study that
-    decides no claim: its sentence stands without one)."""
+    decides no claim: its sentence stands without one). A study whose answer takes a different shape on another
+    kind of model (02: weights already on a grid, or 16-bit) gives a template for each case by name, and `values`
+    names the run's case under "case"."""
     question: str
-    template: str
+    template: str | dict[str, str]
     values: Callable[[RunFiles], dict]
     figure: Callable[[RunFiles, str], object]
     claim: str = ""
@@ -100,7 +102,10 @@ def finding_of(notebook: str) -> Finding:
 
 def sentence(notebook: str, run_dir: Path) -> str:
     """The finding's sentence filled from the run in `run_dir`; a sentence over `MAX_CHARS` raises, naming it."""
-    text = finding_of(notebook).template.format(**finding_of(notebook).values(RunFiles(run_dir)))
+    finding = finding_of(notebook)
+    values = finding.values(RunFiles(run_dir))
+    template = finding.template[values.pop("case")] if isinstance(finding.template, dict) else finding.template
+    text = template.format(**values)
     if len(text) > MAX_CHARS:
         raise ValueError(f"{notebook}: the finding is {len(text)} characters, over {MAX_CHARS}: {text!r}")
     return text

@@ -72,8 +72,8 @@ class ParallelParams:
         # 256 at 2K tokens), and the TP=8 step projected from that measured compute; the multi-process
         # measurements stay on the CPU (PROCESS_DEVICE) at one batch, one prompt and m = 1 and 8 (the CPU
         # reference has their sweeps). ~40 s on one H200 (gpu/gpu_suite.sh allots 40): the rank ~1 s and probe
-        # 3 s, but six spawned process groups (the link sweep, TP=2 decode and prefill, the memory check, PP=2 at
-        # m = 1 and 8) at ~3.5 s each, three in-process engines ~4 s and their CPU steps ~4 s, which these sections
+        # 3 s, but five spawned process groups (the link sweep, TP=2, the memory check, PP=2 at m = 1 and 8) at
+        # ~3.5 s each, two in-process engines ~3 s and their CPU steps ~4 s, which these sections
         # need at any size; 8 s start.
         "gpu": {"RANK_LAYERS": 80, "COMM_SIZES": (4, 256, 16384, 1 << 20, 1 << 24), "COMM_REPEATS": 10,
                 "BATCHES": (8,), "PREFILL_TOKENS": (128,), "STEPS": 4, "MICRO_BATCHES": (1, 8), "PP_BATCH": 8,
@@ -212,24 +212,29 @@ def _timed_step(llm, rows: list, **labels) -> None:
 def tp_steps(p: ParallelParams, tp: int, context: int = 256) -> pd.DataFrame:
     """Decode steps at each of BATCHES (sequences of `context` tokens) and prefill steps of each of
     PREFILL_TOKENS (one prompt alone), STEPS timed each, at tensor-parallel degree `tp`: each step's wall time on
-    rank 0 and the seconds, calls and bytes of its collectives."""
+    rank 0 and the seconds, calls and bytes of its collectives. One engine serves every point, sized for the
+    largest: starting a process group (a spawn, imports, a model load: ~10 s a group on 2 cores) is not the
+    question, and a step's work is its batch's, whatever room the engine has beside it."""
     from lab.engine import SamplingParams
 
     rows = []
-    for batch in tqdm(p.BATCHES, desc=f"TP={tp}: decode batches"):
-        llm = _engine(p, tp, batch, context)
-        start_decode_batch(llm, batch, context, p.STEPS)
-        for _ in range(p.STEPS):
-            _timed_step(llm, rows, tp=tp, phase="decode", tokens=batch)
-        llm.close()
-    for n in tqdm(p.PREFILL_TOKENS, desc=f"TP={tp}: prefills"):
-        llm = _engine(p, tp, 1, n)
-        for r in range(p.STEPS + 1):
-            llm.add_request([(13 * r + j) % 5000 + 10 for j in range(n)], SamplingParams(temperature=0, max_tokens=1))
-            if r == 0:
-                llm.step()  # warm-up, untimed
-            else:
-                _timed_step(llm, rows, tp=tp, phase="prefill", tokens=n)
+    llm = _engine(p, tp, max(p.BATCHES), max(context, *p.PREFILL_TOKENS))
+    try:
+        for batch in tqdm(p.BATCHES, desc=f"TP={tp}: decode batches"):
+            start_decode_batch(llm, batch, context, p.STEPS)
+            for _ in range(p.STEPS):
+                _timed_step(llm, rows, tp=tp, phase="decode", tokens=batch)
+            while llm.has_unfinished():
+                llm.step()
+        for n in tqdm(p.PREFILL_TOKENS, desc=f"TP={tp}: prefills"):
+            for r in range(p.STEPS + 1):
+                llm.add_request([(13 * r + j) % 5000 + 10 for j in range(n)],
+                                SamplingParams(temperature=0, max_tokens=1))
+                if r == 0:
+                    llm.step()  # warm-up at this length, untimed
+                else:
+                    _timed_step(llm, rows, tp=tp, phase="prefill", tokens=n)
+    finally:
         llm.close()
     return pd.DataFrame(rows)
 

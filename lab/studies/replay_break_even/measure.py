@@ -10,6 +10,8 @@ numbers recomputed.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -128,7 +130,7 @@ def measure(p: ReplayParams) -> pd.DataFrame:
     roofline with the machine's probed ceilings (`model_ceilings`, columns probe_GBps and probe_TFLOPs), and the
     engine's cost model (`lab.replay.engine_cost`: fixed + forward + gather + attention, each term's ceiling from
     its own microbenchmark in this run, `lab.replay.microbench`), term by term."""
-    from lab.engine import LLM
+    from lab.engine import LLM, KeysNotRebuildable
     from lab.models import load_model
     from lab.replay import ReplayConfig
     from lab.replay.measure import RecomputeBench, tier_loads
@@ -149,11 +151,14 @@ def measure(p: ReplayParams) -> pd.DataFrame:
         # Keeps the layer inputs of the last max(WINDOWS) positions (for the HCache timing); never replays itself.
         keep = ReplayConfig(window=max(p.WINDOWS), source="hidden", memory_headroom=0.0, bandwidth_utilization=1.0,
                             min_position=1.0)
-        llm = LLM(model, num_kv_blocks=-(-(total + 2) // 16), max_model_len=total + 16, max_num_batched_tokens=1024,
-                  replay=keep)
+        sizes = dict(num_kv_blocks=-(-(total + 2) // 16), max_model_len=total + 16, max_num_batched_tokens=1024)
+        try:
+            llm, no_hcache = LLM(model, **sizes, replay=keep), ""
+        except KeysNotRebuildable as e:  # a family whose keys pass a k_norm or a partial RoPE: recompute only
+            llm, no_hcache = LLM(model, **sizes), str(e)
         bench = RecomputeBench(llm, ids)
         loads = {w: tier_loads(bench.kv_bytes(w), max(p.REPEATS, 5), p.device) for w in p.WINDOWS}
-        hcache = {w: bench.hidden_restore_seconds(w, p.REPEATS) for w in p.WINDOWS}
+        hcache = {w: math.nan if no_hcache else bench.hidden_restore_seconds(w, p.REPEATS) for w in p.WINDOWS}
         ceilings = measure_ceilings(bench, p.WINDOWS, p.PREFIXES, p.REPEATS)
 
         def roofline(m, w):
@@ -178,7 +183,7 @@ def measure(p: ReplayParams) -> pd.DataFrame:
                    "largest_term": terms.largest(), "gather_GBps": ceilings.gather_Bps / 1e9,
                    "attention_GFLOPs": ceilings.attention_Fps[w] / 1e9, "attention_keys": ceilings.attention_keys,
                    "measured_crossover_GBps": kv / seconds / 1e9, "predicted_crossover_GBps": kv / terms.total / 1e9}
-            row["hcache_restore_s"] = hcache[w]
+            row["hcache_restore_s"], row["hcache_not_measured"] = hcache[w], no_hcache
             for t in loads[w]:
                 row[f"load {t.what} s"] = t.seconds
             rows.append(row)
@@ -220,8 +225,11 @@ def summarize(measured: pd.DataFrame) -> pd.DataFrame:
             row[f"verdict_agrees_{tier}"] = int((measured_wins == model_wins).sum())
             row[f"roofline_verdict_agrees_{tier}"] = int(((d["predicted_roofline_s"] < d[f"load {tier} s"])
                                                           == measured_wins).sum())
-            row[f"hcache_beats_{tier}"] = int((d["hcache_restore_s"] < d[f"load {tier} s"]).sum())
+            # None, not 0, where HCache could not run on this family (`hcache_not_measured` says why)
+            row[f"hcache_beats_{tier}"] = (int((d["hcache_restore_s"] < d[f"load {tier} s"]).sum())
+                                           if d["hcache_restore_s"].notna().all() else None)
         row["hcache_speedup_over_recompute_median"] = float((d["recompute_s"] / d["hcache_restore_s"]).median())
+        row["hcache_not_measured"] = d["hcache_not_measured"].iloc[0] if "hcache_not_measured" in d else ""
         rows.append(row)
     return pd.DataFrame(rows)
 
