@@ -172,9 +172,10 @@ class ModelRunner:
         family whose keys are more than the K projection and a full RoPE (what `rebuild_kv` recomputes)."""
         c = self.model.config
         if c.family.qk_norm != "none" or c.rotary_dim != c.head_dim:
-            raise KeysNotRebuildable(f"rebuilding K/V from layer inputs covers keys made by the K projection and RoPE over "
-                             f"the whole head; {c.architecture}'s keys also pass "
-                             f"{'a k_norm' if c.family.qk_norm != 'none' else 'a partial RoPE'}: use token replay")
+            raise KeysNotRebuildable(f"rebuilding K/V from layer inputs covers keys made by the K projection and RoPE "
+                                     f"over the whole head; {c.architecture}'s keys also pass "
+                                     f"{'a k_norm' if c.family.qk_norm != 'none' else 'a partial RoPE'}: "
+                                     f"use token replay")
         return [layer.self_attn.qkv_proj.register_forward_pre_hook(lambda module, args, i=i: fn(i, args[0]))
                 for i, layer in enumerate(self.model.layers)]
 
