@@ -11,7 +11,6 @@ numbers recomputed.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from typing import ClassVar
 
