@@ -213,7 +213,7 @@ def tp_steps(p: ParallelParams, tp: int, context: int = 256) -> pd.DataFrame:
     """Decode steps at each of BATCHES (sequences of `context` tokens) and prefill steps of each of
     PREFILL_TOKENS (one prompt alone), STEPS timed each, at tensor-parallel degree `tp`: each step's wall time on
     rank 0 and the seconds, calls and bytes of its collectives. One engine serves every point, sized for the
-    largest: starting a process group (a spawn, imports, a model load: ~10 s a group on 2 cores) is not the
+    largest: starting a process group (a spawn, imports, a model load: 3-10 s a group on 2 cores) is not the
     question, and a step's work is its batch's, whatever room the engine has beside it."""
     from lab.engine import SamplingParams
 
