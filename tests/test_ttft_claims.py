@@ -134,3 +134,45 @@ def test_claims_have_one_shape_and_keep_the_rows_and_figures_the_ledger_reads():
     for claim in ("a 70B model at 512 input tokens: the first token takes about 2.5x longer without the cache",
                   "on a cache hit a token's compute shrinks to the attention scores alone"):
         assert by.loc[claim, "verdict"] == "wrong" and "the lab gets" in by.loc[claim, "note"]
+
+
+FAKE_SERVE = """
+import http.server, sys, time
+t0 = time.monotonic()
+class H(http.server.BaseHTTPRequestHandler):
+    def _answer(self):
+        up = {"/health": 0.3, "/ready": 0.6}.get(self.path, 0.0)
+        self.send_response(200 if time.monotonic() - t0 >= up else 503)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+    do_GET = do_POST = _answer
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_the_probe_timeline_polls_without_building_a_tls_context_each_time(monkeypatch):
+    """`probe_timeline` against a stand-in for `lab serve` (live at 0.3 s, ready at 0.6 s): the timeline is in
+    order, and its polls and requests share one client. `httpx.get` built a TLS context a call, about 30 ms of CPU:
+    at a 10 ms poll period that kept one of the two cores busy while the timed server started, and it was counted
+    in each request's latency."""
+    import ssl
+    import subprocess
+    import sys
+
+    from lab.studies.ttft_claims import serving
+
+    built, create = [], ssl.create_default_context
+    monkeypatch.setattr(ssl, "create_default_context", lambda *a, **k: built.append(1) or create(*a, **k))
+    popen = subprocess.Popen
+
+    def fake(cmd, **kw):  # the server stand-in on the port `probe_timeline` chose
+        return popen([sys.executable, "-c", FAKE_SERVE, cmd[cmd.index("--port") + 1]], **kw)
+
+    monkeypatch.setattr(serving.subprocess, "Popen", fake)
+    t = serving.probe_timeline("stand-in", "float32", 8, warmup=True, timeout=30)
+    assert 0.3 <= t["live_s"] <= t["ready_s"] == t["routed_s"] < t["first_token_at_s"]
+    assert t["ready_s"] >= 0.6 and t["first_request_s"] > 0 and t["second_request_s"] > 0
+    assert len(built) <= 1, f"{len(built)} TLS contexts built for one timeline"

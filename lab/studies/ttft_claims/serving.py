@@ -31,12 +31,20 @@ from lab import memory as mem
 POLL_S = 0.01  # probe period: far finer than Kubernetes' (periodSeconds >= 1) to time the transitions
 
 
-def _first_200(url: str, proc: subprocess.Popen, timeout: float, t0: float) -> float:
+def _client() -> httpx.Client:
+    """One client for a timeline's polls and requests. `httpx.get` builds a client, and with it a TLS context, on
+    every call: about 30 ms of CPU, which at a 10 ms poll period kept one of two cores busy while the server it
+    timed was starting, and which `_request_s` counted in each request's latency. Keep-alive is off: each poll and
+    request opens its own connection, as a kubelet probe and a new user's request do."""
+    return httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+
+
+def _first_200(client: httpx.Client, url: str, proc: subprocess.Popen, timeout: float, t0: float) -> float:
     """Seconds from `t0` until `url` first answers 200 (the process must stay alive)."""
     end = time.monotonic() + timeout
     while True:
         try:
-            if httpx.get(url, timeout=1).status_code == 200:
+            if client.get(url, timeout=1).status_code == 200:
                 return time.perf_counter() - t0
         except httpx.HTTPError:
             pass
@@ -46,11 +54,11 @@ def _first_200(url: str, proc: subprocess.Popen, timeout: float, t0: float) -> f
         time.sleep(POLL_S)
 
 
-def _request_s(url: str, model: str, prompt_tokens: int, offset: int) -> float:
+def _request_s(client: httpx.Client, url: str, model: str, prompt_tokens: int, offset: int) -> float:
     body = {"model": model, "prompt": list(range(offset, offset + prompt_tokens)), "max_tokens": 1, "temperature": 0,
             "ignore_eos": True}
     t = time.perf_counter()
-    r = httpx.post(url + "/v1/completions", json=body, timeout=120)
+    r = client.post(url + "/v1/completions", json=body, timeout=120)
     r.raise_for_status()
     return time.perf_counter() - t
 
@@ -77,18 +85,20 @@ def probe_timeline(model: str, dtype: str, prompt_tokens: int, warmup: bool, dev
     port = free_port()
     cmd = [sys.executable, "-m", "lab.cli", "serve", "--model", model, "--port", str(port), "--dtype", dtype,
            "--max-model-len", str(prompt_tokens + 32), "--max-num-seqs", "2"] + (["--warmup"] if warmup else [])
+    client = _client()  # before the spawn: building it is not the server's time
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=device_env(device))
     try:
         url = f"http://127.0.0.1:{port}"
-        live = _first_200(url + "/health", proc, timeout, t0)
-        ready = _first_200(url + "/ready", proc, timeout, t0)
+        live = _first_200(client, url + "/health", proc, timeout, t0)
+        ready = _first_200(client, url + "/ready", proc, timeout, t0)
         routed = ready if warmup else live
-        first = _request_s(url, model, prompt_tokens, 1000)
-        second = _request_s(url, model, prompt_tokens, 5000)
+        first = _request_s(client, url, model, prompt_tokens, 1000)
+        second = _request_s(client, url, model, prompt_tokens, 5000)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        client.close()
     return {"probe": "/ready, warm-up request" if warmup else "/health, no warm-up", "live_s": live, "ready_s": ready,
             "routed_s": routed, "first_request_s": first, "first_token_at_s": routed + first, "second_request_s": second}
 
