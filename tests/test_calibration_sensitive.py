@@ -57,6 +57,52 @@ def test_spec_bench_used_when_present(tok):
     assert any("spec_bench" in s for s in manifest(ds)["sources"])
 
 
+class _Counting:
+    """A tokenizer that counts the texts it is asked to tokenize."""
+
+    def __init__(self, tok):
+        self.tok, self.calls = tok, 0
+
+    def __call__(self, text, **kw):
+        self.calls += 1
+        return self.tok(text, **kw)
+
+    def apply_chat_template(self, *args, **kw):
+        return self.tok.apply_chat_template(*args, **kw)
+
+
+def test_a_source_is_tokenized_once_per_tokenizer_and_text(tok, monkeypatch, tmp_path):
+    """Calibration sets drawn again, or at another length cap, tokenize nothing again and come out the same; a
+    question added to the Spec-Bench file is tokenized (it alone) and appears; another tokenizer starts afresh."""
+    import json
+
+    from lab.quant import calibration
+
+    # a small stand-in for the stdlib and docs texts: the test is about what is tokenized when, not what
+    monkeypatch.setattr(calibration, "_stdlib_texts", lambda: [(f"stdlib:{i}.py", f"def f{i}(x):\n    return x\n" * 60)
+                                                                for i in range(30)])
+    monkeypatch.setattr(calibration, "_docs_texts", lambda: [(f"docs:{i}", f"Lists, part {i}. " * 80)
+                                                              for i in range(30)])
+    questions = tmp_path / "question.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["Name a prime number."]}) + "\n")
+    counting = _Counting(tok)
+    first = build_calibration_set(counting, n_samples=40, max_tokens=200, spec_bench=questions)
+    tokenized = counting.calls
+    assert tokenized == 30 + 30 + len(CHAT_PROMPTS) + 1
+    again = build_calibration_set(counting, n_samples=40, max_tokens=200, spec_bench=questions)
+    fresh = build_calibration_set(tok, n_samples=40, max_tokens=200, spec_bench=questions)
+    assert manifest(first) == manifest(again) == manifest(fresh)
+    build_calibration_set(counting, n_samples=40, max_tokens=120, spec_bench=questions)
+    assert counting.calls == tokenized
+    with questions.open("a") as f:
+        f.write(json.dumps({"question_id": 2, "category": "math", "turns": ["What is 2 + 2?"]}) + "\n")
+    grown = build_calibration_set(counting, n_samples=40, max_tokens=200, spec_bench=questions)
+    assert counting.calls == tokenized + 1 and "spec_bench/math" in set(grown["task"])
+    other = _Counting(tok)
+    build_calibration_set(other, n_samples=40, max_tokens=200, spec_bench=questions)
+    assert other.calls == tokenized + 1
+
+
 @pytest.fixture(scope="module")
 def items():
     return load_items()
