@@ -12,6 +12,14 @@ from lab.workflow.sweep import SweepSpec, build_spec, choose_metric, parse_grid_
 NOTEBOOK = "00_engine_tour"
 
 
+def small(user16) -> list[str]:
+    """The sweeps that run points do so on conftest's small random 16-bit checkpoint (with the embedded model's
+    tokenizer, which the tour's text requests need): what they check is the sweep (its table, plot, runs, reruns
+    and failures). A point on the embedded model took a third longer from the command line (23 against 17.5 s),
+    its load and forward passes being checked by the notebook's own smoke test."""
+    return ["-p", "MODEL", str(user16)]
+
+
 def test_values_split_at_top_level_commas_only():
     assert split_top_level("2, 3") == ["2", "3"]
     assert split_top_level("(1,2),(3,4)") == ["(1,2)", "(3,4)"]
@@ -95,10 +103,11 @@ def test_a_rerun_retries_the_failed_points_only_and_force_reruns_all(tmp_path, m
 
 
 @pytest.fixture(scope="module")
-def ray_sweep(tmp_path_factory):
+def ray_sweep(tmp_path_factory, user16):
     """A 2-point sweep of NUM_REQUESTS at the smoke preset, on a local Ray."""
     root = tmp_path_factory.mktemp("results")
-    args = ["sweep", NOTEBOOK, "-p", "NUM_REQUESTS", "2,3", "--preset", "smoke", "--results-dir", str(root)]
+    args = ["sweep", NOTEBOOK, "-p", "NUM_REQUESTS", "2,3", *small(user16), "--preset", "smoke",
+            "--results-dir", str(root)]
     status = main(args)
     return root, args, status
 
@@ -138,8 +147,8 @@ def test_a_rerun_skips_the_points_done(ray_sweep, capsys, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_failing_point_is_recorded_and_the_others_finish(tmp_path, capsys):
-    args = ["sweep", NOTEBOOK, "-p", "NUM_REQUESTS", "0,2", "--preset", "smoke", "--local",
+def test_a_failing_point_is_recorded_and_the_others_finish(tmp_path, capsys, user16):
+    args = ["sweep", NOTEBOOK, "-p", "NUM_REQUESTS", "0,2", *small(user16), "--preset", "smoke", "--local",
             "--results-dir", str(tmp_path)]
     assert main(args) == 1
     [sweep_dir] = (tmp_path / "sweeps" / NOTEBOOK).iterdir()

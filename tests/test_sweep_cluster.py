@@ -136,7 +136,7 @@ def two_node_cluster():
 
 
 @pytest.mark.slow
-def test_points_run_on_both_nodes_and_the_index_survives_four_at_once(two_node_cluster, tmp_path):
+def test_points_run_on_both_nodes_and_the_index_survives_four_at_once(two_node_cluster, tmp_path, user16):
     """The driver runs in processes of their own, as a user's would: Ray keeps the first auth token it loads
     for the life of a process, so a driver in this test worker, after another test's local Ray, would present
     that one and be refused."""
@@ -145,8 +145,10 @@ def test_points_run_on_both_nodes_and_the_index_survives_four_at_once(two_node_c
     assert nodes.returncode == 0, nodes.stderr[-2000:]
     labels = json.loads(nodes.stdout.strip().splitlines()[-1])
     assert sorted(labels.values()) == ["head", "second"]
-    args = ["sweep", NOTEBOOK, "-p", "NUM_REQUESTS", "1,2,3,4", "-p", "MAX_TOKENS", "4", "--preset", "smoke",
-            "--results-dir", str(tmp_path), "--address", two_node_cluster, "--cpus-per-point", "0.5"]
+    # a small random checkpoint: the sweep across nodes is the question, not the model (tests/test_sweep.py's small)
+    args = ["sweep", NOTEBOOK, "-p", "NUM_REQUESTS", "1,2,3,4", "-p", "MAX_TOKENS", "4", "-p", "MODEL", str(user16),
+            "--preset", "smoke", "--results-dir", str(tmp_path), "--address", two_node_cluster,
+            "--cpus-per-point", "0.5"]
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "lab.cli", *args], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
