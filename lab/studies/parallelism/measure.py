@@ -65,9 +65,10 @@ class ParallelParams:
     PRESETS: ClassVar[dict] = {
         "quick": {"COMM_REPEATS": 10, "BATCHES": (1,), "PREFILL_TOKENS": (256,), "STEPS": 4,
                   "MICRO_BATCHES": (1, 2, 4, 8), "PP_BATCH": 8},
+        # smoke: the rank's decode at batches 1 and 8 only (64 and 256 at 2K tokens of KV were 10 of its 38 s)
         "smoke": {"MODEL": "random:tiny", "COMM_SIZES": (16, 4096), "COMM_REPEATS": 2, "BATCHES": (1, 2),
                   "PREFILL_TOKENS": (32,), "STEPS": 2, "MICRO_BATCHES": (1, 2), "PP_BATCH": 2, "PP_PROMPT": 8,
-                  "ALPHAS_US": (5, 20)},
+                  "ALPHAS_US": (5, 20), "PROJECT_BATCHES": (1, 8)},
         # gpu: every layer of one Llama-3-70B TP=8 rank timed on the GPU in bf16 (17 GB of weights, KV to batch
         # 256 at 2K tokens), and the TP=8 step projected from that measured compute; the multi-process
         # measurements stay on the CPU (PROCESS_DEVICE) at one batch, one prompt and m = 1 and 8 (the CPU
