@@ -32,7 +32,6 @@ with 95% bootstrap intervals over sequences, and the sensitive pass rate with it
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,14 +49,10 @@ if TYPE_CHECKING:  # pandas is imported where a table is built, not on every imp
 
 def heldout_stdlib_files() -> list[tuple[str, str]]:
     """Standard-library files the calibration builder never reads: those ranked at or after STDLIB_FILES in
-    its path-hash order (same exclusions as `lab.quant.calibration._stdlib_texts`)."""
-    from lab.quant.calibration import STDLIB_FILES, _path_key
+    its path-hash order (`lab.quant.calibration.stdlib_files`)."""
+    from lab.quant.calibration import STDLIB_FILES, stdlib_files, stdlib_root
 
-    root = Path(os.path.dirname(os.__file__))
-    paths = [p for p in root.rglob("*.py")
-             if not ({"test", "tests", "idle_test", "site-packages"} & set(p.relative_to(root).parts))]
-    rels = sorted((p.relative_to(root).as_posix() for p in paths), key=_path_key)[STDLIB_FILES:]
-    return [(f"stdlib:{rel}", str(root / rel)) for rel in rels]
+    return [(f"stdlib:{rel}", str(stdlib_root() / rel)) for rel in stdlib_files()[STDLIB_FILES:]]
 
 
 def _heldout_docs(calibration) -> list[tuple[str, str]]:

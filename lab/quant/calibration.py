@@ -124,16 +124,32 @@ def _docs_texts() -> list[tuple[str, str]]:
     return [(f"pydoc_data.topics[{key!r}]", topics[key]) for key in sorted(topics)]
 
 
+STDLIB_SKIPPED = frozenset({"test", "tests", "idle_test", "site-packages"})  # folders of fixtures, or not the stdlib
+
+
+def stdlib_root() -> Path:
+    return Path(os.path.dirname(os.__file__))
+
+
+@cache
+def stdlib_files() -> tuple[str, ...]:
+    """Every `.py` file of the standard library outside `STDLIB_SKIPPED` folders, relative to `stdlib_root()`, in
+    order of a hash of the path: deterministic, but spread over packages. The calibration pool reads the first
+    `STDLIB_FILES` (`_stdlib_texts`); the held-out code domain (`lab.eval.harness.heldout_stdlib_files`) the rest.
+    Listed once a process, skipped folders pruned from the walk."""
+    root, rels = stdlib_root(), []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in STDLIB_SKIPPED]
+        rels += [Path(folder, f).relative_to(root).as_posix() for f in files if f.endswith(".py")]
+    return tuple(sorted(rels, key=_path_key))
+
+
 @cache
 def _stdlib_texts() -> list[tuple[str, str]]:
-    """Top-level and package `.py` files of the standard library, tests excluded (they are mostly fixtures),
-    the first `STDLIB_FILES` in order of a hash of the relative path: deterministic, but spread over packages.
-    Read once a process (the interpreter's own files; the walk alone takes most of a second)."""
-    root = Path(os.path.dirname(os.__file__))
-    paths = [p for p in root.rglob("*.py")
-             if not ({"test", "tests", "idle_test", "site-packages"} & set(p.relative_to(root).parts))]
-    rels = sorted((p.relative_to(root).as_posix() for p in paths), key=_path_key)[:STDLIB_FILES]
-    return [(f"stdlib:{rel}", (root / rel).read_text(encoding="utf-8", errors="replace")) for rel in rels]
+    """The first `STDLIB_FILES` of `stdlib_files()` with their text, read once a process."""
+    root = stdlib_root()
+    return [(f"stdlib:{rel}", (root / rel).read_text(encoding="utf-8", errors="replace"))
+            for rel in stdlib_files()[:STDLIB_FILES]]
 
 
 def _spec_bench_records(path: Path) -> list[dict]:
