@@ -38,6 +38,33 @@ def test_the_batched_filters_equal_each_rows_own_distribution():
         assert torch.equal(batched[i], probabilities(logits[i:i + 1], p)[0])
 
 
+def test_top_k_and_top_p_keep_what_their_definitions_keep_ties_included():
+    """Each row's kept tokens against the definitions written out one row at a time: top-k keeps every logit at or
+    above the k-th largest (a tie at the k-th stays in; k <= 0 or >= the vocabulary keeps all), then top-p keeps
+    the most likely tokens until the ones before reach p (the first always stays). Integer logits make ties in
+    the top-k-only rows; the top-p rows have none (which of two tied tokens a sort puts first is its own)."""
+    from lab.engine.sampler import _filter_top_k_top_p
+
+    torch.manual_seed(3)
+    vocab, ks = 40, [0, -1, 1, 2, 3, 7, 39, 40, 45]
+    logits = torch.cat([torch.randint(-4, 5, (len(ks), vocab)).float(), 2 * torch.randn(2 * len(ks), vocab)])
+    top_k = torch.tensor(ks * 3)
+    top_p = torch.tensor([1.0] * len(ks) + [0.6] * len(ks) + [0.95] * len(ks))
+    got = _filter_top_k_top_p(logits, top_k, top_p)
+    for row, k, p, kept in zip(logits.tolist(), top_k.tolist(), top_p.tolist(), got.isfinite().tolist()):
+        want = [True] * vocab if k <= 0 or k >= vocab else [x >= sorted(row, reverse=True)[k - 1] for x in row]
+        if p < 1:
+            alive = [(x, i) for i, x in enumerate(row) if want[i]]
+            weights = torch.tensor([x for x, _ in alive]).softmax(-1).tolist()
+            order = sorted(range(len(alive)), key=lambda j: -alive[j][0])
+            before, want = 0.0, [False] * vocab
+            for j in order:
+                if before >= p:
+                    break
+                want[alive[j][1]], before = True, before + weights[j]
+        assert kept == want, (k, p)
+
+
 def test_unseeded_rows_are_drawn_from_their_own_distribution():
     """Top-k 2 at temperature 1 over two rows with different favourites: each row only ever draws its own two."""
     logits = torch.full((2, 8), -5.0)
