@@ -92,11 +92,13 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.
         logits = logits.masked_fill(cut_k[:, None] & (logits < kth), float("-inf"))
     cut_p = top_p < 1.0
     if bool(cut_p.any()):
-        ranked, order = logits.sort(-1, descending=True)
+        rows = cut_p.nonzero()[:, 0]  # top-p needs the whole order: sorted are only the rows that ask for it
+        ranked, order = logits[rows].sort(-1, descending=True)
         probs = ranked.softmax(-1)
         # Drop a token when the tokens before it already reach top_p; the first always stays.
-        drop = ((probs.cumsum(-1) - probs) >= top_p[:, None]) & cut_p[:, None]
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+        drop = (probs.cumsum(-1) - probs) >= top_p[rows, None]
+        logits = logits.index_put((rows,), logits[rows].masked_fill(
+            torch.zeros_like(drop).scatter(-1, order, drop), float("-inf")))
     return logits
 
 
