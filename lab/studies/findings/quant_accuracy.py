@@ -21,13 +21,13 @@ def _values(run: RunFiles) -> dict:
         return {"case": "grid", "bits": m["baseline_bits"], "ppl": f"{m['gguf-q4_1_w4g32_code_ppl_change_%']:+.1f}%"}
     # 16-bit weights: the key claim's own numbers (`stats.claims_table`): the best method at the checkpoint config,
     # on the first domain
-    from lab.studies.quant_accuracy.stats import best_at
+    from lab.studies.quant_accuracy.stats import best_at, rise
 
     sens, domain = run.csv("sensitive_vs_perplexity"), _domains(run)[0]
     model = best_at(sens, run.parameters["CHECKPOINT_CONFIG"], domain)
-    rise = sens.set_index("model").loc[model]
-    return {"case": "weights16", "best": model, "domain": domain, "rise": f"{rise[f'{domain}_ppl_rise_%']:+.1f}%",
-            "low": f"{rise[f'{domain}_ppl_rise_%_low']:+.1f}", "high": f"{rise[f'{domain}_ppl_rise_%_high']:+.1f}%"}
+    change = rise(sens, model, domain)
+    return {"case": "weights16", "best": model, "domain": domain, "rise": f"{change.value:+.1f}%",
+            "low": f"{change.low:+.1f}", "high": f"{change.high:+.1f}%"}
 
 
 def _tenths(run: RunFiles) -> float:

@@ -151,6 +151,13 @@ def best_at(sens: pd.DataFrame, config: str, domain: str) -> str:
     return min(at.index, key=lambda m: at.loc[m, f"{domain}_ppl_rise_%"])
 
 
+def rise(sens: pd.DataFrame, model: str, domain: str) -> Interval:
+    """`model`'s `domain` perplexity rise over the unquantized model, in %, with its 95% interval, from
+    `sensitive_vs_perplexity`'s table."""
+    cols = [f"{domain}_ppl_rise_%", f"{domain}_ppl_rise_%_low", f"{domain}_ppl_rise_%_high"]
+    return Interval(*sens.set_index("model").loc[model, cols])
+
+
 def claims_table(sens: pd.DataFrame, recovery: pd.DataFrame, grid: pd.DataFrame, scores: pd.DataFrame, outputs: dict,
                  config: str, mismatch_ratio: Interval | None = None, baseline: QuantizedBaseline | None = None,
                  on_gpu: bool = False) -> pd.DataFrame:
@@ -161,8 +168,7 @@ def claims_table(sens: pd.DataFrame, recovery: pd.DataFrame, grid: pd.DataFrame,
     doms, rows = domains(scores), []
     at = sens[sens["model"].str.endswith(f" {config}")].set_index("model")
     best = best_at(sens, config, doms[0])
-    rises = {d: Interval(*at.loc[best, [f"{d}_ppl_rise_%", f"{d}_ppl_rise_%_low", f"{d}_ppl_rise_%_high"]])
-             for d in doms}
+    rises = {d: rise(sens, best, d) for d in doms}
     rows.append(claim_row(
         f"perplexity barely moves under 4-bit weight quantization ({config}, best method: {best})", "+0.x% (under 1%)",
         "; ".join(f"{d} {_pct(i)}" for d, i in rises.items()),
