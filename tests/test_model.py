@@ -168,3 +168,18 @@ def test_checkpoints_as_people_have_them_sharded_with_generation_eos(tmp_path):
         theirs = hf(torch.tensor([ids])).logits[0]
     assert (forward_logits(model, ids) - theirs).abs().max().item() <= 1e-4
     assert model.config.eos_token_ids == [2, 7, 9]
+
+
+def test_loading_a_checkpoint_builds_no_compiler(user16):
+    """A fresh process that loads a checkpoint (the model built on the meta device, then filled) does not import
+    torch._dynamo (torch.compile's front end): nn.Embedding's initialisation on meta did, 1.7 s of each rank,
+    server and notebook process that never compiles. What the loads give is checked elsewhere
+    (test_local_hf_directory_matches_transformers, the engine's tests)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\nfrom lab.models import load_model\n"
+            f"net, _ = load_model({str(user16)!r}, dtype='float32')\n"
+            "print('torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False"], out.stdout + out.stderr

@@ -233,13 +233,26 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.config = config
         self.rope = RotaryEmbedding(config, max_positions or config.max_position_embeddings)
-        self.embed_tokens = (ScaledEmbedding if config.family.embed_scale else nn.Embedding)(config.vocab_size,
-                                                                                             config.hidden_size)
+        self.embed_tokens = (ScaledEmbedding if config.family.embed_scale else Embedding)(config.vocab_size,
+                                                                                          config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, first_layer + i, kv_layer=i)
                                     for i in range(config.num_hidden_layers))
         self.norm = rms_norm(config, config.hidden_size)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
+
+    @classmethod
+    def empty(cls, config: ModelConfig, device: torch.device | str, max_positions: int | None = None,
+              first_layer: int = 0) -> "LlamaModel":
+        """A model whose parameters are uninitialised storage on `device`, to be filled by `load_state_dict(...,
+        assign=True)` or `load_hf_state_dict`; the rotary tables are computed. Built on the meta device, so no
+        initialisation runs, and materialised with `torch.empty` by shape: `Module.to_empty`'s `empty_like` of a
+        meta tensor runs a Python reference that imports torch.fx's symbolic shapes (0.6 s of a fresh process)."""
+        with torch.device("meta"):
+            net = cls(config, max_positions, first_layer)
+        net = net._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+        net.rope.reset_tables()
+        return net
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
@@ -302,7 +315,17 @@ class LlamaModel(nn.Module):
             raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
 
-class ScaledEmbedding(nn.Embedding):
+class Embedding(nn.Embedding):
+    """`nn.Embedding` that leaves a weight on the meta device uninitialised (it has no values to set): on meta,
+    `nn.Embedding`'s `normal_` runs a Python reference that imports torch._dynamo, 1.7 s of every fresh process
+    that builds a model there (`LlamaModel.empty`) and never compiles."""
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
+class ScaledEmbedding(Embedding):
     """Embeddings times sqrt(hidden_size) (Gemma), the factor rounded to the weights' dtype first, as transformers'
     Gemma2TextScaledWordEmbedding does (sqrt(3072) = 55.43 becomes 55.5 in bfloat16)."""
 

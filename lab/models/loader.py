@@ -266,13 +266,10 @@ def _load(model, dtype: torch.dtype, device: torch.device, max_positions: int | 
     _record_load("weights", model, model_dir)
     config = ModelConfig.from_json(model_dir / "config.json")
     files = checkpoint_files(model_dir)
-    with torch.device("meta"):
-        net = LlamaModel(config, max_positions)
     state = {}
     for f in files:
         state.update(load_file(f, device=str(device)))
-    net = net.to_empty(device=device)
-    net.rope.reset_tables()
+    net = LlamaModel.empty(config, device, max_positions)
     net.load_hf_state_dict({k: v.to(dtype) for k, v in state.items()})
     return net.eval(), load_tokenizer(model_dir)
 

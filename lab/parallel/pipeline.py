@@ -40,11 +40,8 @@ def stage_model(model: LlamaModel, rank: int, world: int) -> LlamaModel:
         raise ValueError(f"pipeline_parallel_size {world} exceeds the model's {config.num_hidden_layers} layers")
     a, b = split(config.num_hidden_layers, world)[rank]
     first, last, tied = rank == 0, rank == world - 1, config.tie_word_embeddings
-    with torch.device("meta"):
-        net = LlamaModel(dataclasses.replace(config, num_hidden_layers=b - a), model.rope.max_positions,
-                         first_layer=a)  # which of the stage's layers are sparse is the whole model's count
-    net = net.to_empty(device=model.embed_tokens.weight.device)
-    net.rope.reset_tables()
+    net = LlamaModel.empty(dataclasses.replace(config, num_hidden_layers=b - a), model.embed_tokens.weight.device,
+                           model.rope.max_positions, first_layer=a)  # which layers are sparse: the whole model's count
     state = {f"layers.{i - a}.{k}": w for i in range(a, b) for k, w in model.layers[i].state_dict().items()}
     if first or (last and tied):
         state["embed_tokens.weight"] = model.embed_tokens.weight

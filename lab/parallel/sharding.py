@@ -162,16 +162,12 @@ def shard_model(model: LlamaModel, shard: RankShard, comm) -> LlamaModel:
     row-parallel projections, embedding and LM head communicating through `comm` (`lab.parallel.collectives`)."""
     config, (v0, v1) = model.config, shard.vocab
     local = local_config(config, shard)
-    with torch.device("meta"):
-        net = LlamaModel(local, model.rope.max_positions)
     state = {"norm.weight": model.norm.weight, "embed_tokens.weight": model.embed_tokens.weight[v0:v1]}
     if not config.tie_word_embeddings:
         state["lm_head.weight"] = model.lm_head.weight[v0:v1]
     for i, layer in enumerate(model.layers):
         state.update({f"layers.{i}.{k}": w for k, w in _layer_tensors(layer, config, shard).items()})
-    device = model.embed_tokens.weight.device
-    net = net.to_empty(device=device)
-    net.rope.reset_tables()
+    net = LlamaModel.empty(local, model.embed_tokens.weight.device, model.rope.max_positions)
     missing, unexpected = net.load_state_dict({k: w.contiguous().clone() for k, w in state.items()}, strict=False,
                                               assign=True)
     if unexpected or any(k.startswith("layers.") for k in missing):  # an unsliced tensor would stay garbage

@@ -294,9 +294,6 @@ def load_quantized(path, dtype: torch.dtype | None = None, device: torch.device 
     device = torch.device(device) if device is not None else default_device()
     dtype = dtype or default_dtype(device)
     config = ModelConfig.from_hf_dict(raw)
-    with torch.device("meta"):
-        net = LlamaModel(config, max_positions)
-    net = net.to_empty(device=device)
-    net.rope.reset_tables()
+    net = LlamaModel.empty(config, device, max_positions)
     net.load_hf_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()})
     return net.eval(), load_tokenizer(path)
