@@ -226,6 +226,8 @@ def test_engine_bench_times_the_triton_backend_beside_the_torch_one(tmp_path, ca
     assert [(e["variant"], e["attention_backend"]) for e in engines] == [
         ("eager-float32", "torch"), ("eager-float32+triton", "triton")]
     assert all(w["value"] > 0 and w["bound_s"] > 0 for e in engines for w in e["workloads"].values())
+    # the verification's 256 cached tokens shrink with --scale, to 16 at the least (the interpreter's step)
+    assert [e["verify_context"] for e in engines] == [16, 16]
     assert {c["variant"] for c in read_cases(out.with_suffix(".jsonl"))} == {"eager-float32", "eager-float32+triton"}
     capsys.readouterr()
     assert main(["bench", "engine", "--model", "random:tiny", "--variants", "eager-float32", "--backend",

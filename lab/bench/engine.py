@@ -136,7 +136,9 @@ class EngineContender:
         self.size = ModelBytes.of(self.llm.model, kv_bytes_per_token=self.llm.kv_bytes_per_token)
         self.prompts = {w.name: prompt_ids(w, self.llm.tokenizer, self.llm.model.config.vocab_size, scale)
                         for w in workloads}
-        self.verify_context = min(256, int(self.max_len) - 8)  # the ratio and its profile over the same tokens
+        # the ratio and its profile over the same tokens: 256 cached, shrunk with the long prompt in smoke runs (the
+        # Triton interpreter's verification at 256 was 8 of a dry-run step's 22 s)
+        self.verify_context = min(max(16, int(256 * scale)), int(self.max_len) - 8)
 
     def measure(self, workload: Workload) -> dict:
         return run_workload(self.llm, workload, self.prompts[workload.name])
@@ -171,6 +173,7 @@ class EngineContender:
                                                                      Path(profile_dir), f"{self.label}__{name}")
         v = summarize(verify)
         out["verify_5_rows_over_1"], out["verify_span"] = v["value"], v["span"]
+        out["verify_context"] = self.verify_context
         if profile_dir is not None:
             from lab.bench.profile import profile_verification
 
@@ -216,8 +219,8 @@ def run_engine_bench(model: str = "smollm2-135m", variants=tuple(VARIANTS), work
     built, timed and released in turn (`interleaved` false). `log` (a `lab.bench.caselog.CaseLog`) gets each
     engine workload and each peer's round as it finishes; `backends`: each variant runs on each attention backend
     named; `vllm_dtypes`: vLLM's CPU build as a peer in each dtype (`lab.bench.vllm_peer`, its own environment).
-    `workloads`: names of `WORKLOADS` or `Workload`s; `scale` shrinks the long prompt and `max_tokens` caps the
-    tokens out (smoke runs); `profile_dir`: write each engine workload's per-operator profile there."""
+    `workloads`: names of `WORKLOADS` or `Workload`s; `scale` shrinks the long prompt and the verification's
+    256-token context (at least 16), `max_tokens` caps the tokens out (smoke runs); `profile_dir`: write each engine workload's per-operator profile there."""
     from lab.bench.peers import TransformersPeer, UrlPeer
     from lab.bench.rounds import combine, run_rounds
     from lab.bench.vllm_peer import VllmPeer
