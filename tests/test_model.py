@@ -170,16 +170,19 @@ def test_checkpoints_as_people_have_them_sharded_with_generation_eos(tmp_path):
     assert model.config.eos_token_ids == [2, 7, 9]
 
 
-def test_loading_a_checkpoint_builds_no_compiler(user16):
+def test_loading_a_checkpoint_builds_no_compiler_and_a_rank_loads_no_tokenizer(user16):
     """A fresh process that loads a checkpoint (the model built on the meta device, then filled) does not import
     torch._dynamo (torch.compile's front end): nn.Embedding's initialisation on meta did, 1.7 s of each rank,
-    server and notebook process that never compiles. What the loads give is checked elsewhere
+    server and notebook process that never compiles. A load without the tokenizer, as a parallel rank's, does not
+    import transformers either (about 1 s). What the loads give is checked elsewhere
     (test_local_hf_directory_matches_transformers, the engine's tests)."""
     import subprocess
     import sys
 
     code = ("import sys, torch\nfrom lab.models import load_model\n"
-            f"net, _ = load_model({str(user16)!r}, dtype='float32')\n"
-            "print('torch._dynamo' in sys.modules)")
+            f"net, tok = load_model({str(user16)!r}, dtype='float32', tokenizer=False)\n"
+            "print(tok is None, 'transformers' in sys.modules)\n"
+            f"net, tok = load_model({str(user16)!r}, dtype='float32')\n"
+            "print(tok is not None, 'torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False"], out.stdout + out.stderr
+    assert out.stdout.split() == ["True", "False", "True", "False"], out.stdout + out.stderr

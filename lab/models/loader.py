@@ -210,8 +210,10 @@ def describe_model(model: str | os.PathLike) -> ModelInfo:
 
 def load_model(model: str | os.PathLike = "smollm2-135m", dtype: torch.dtype | str | None = None,
                device: torch.device | str | None = None, max_positions: int | None = None, seed: int = 0,
-               prepack_weights: bool = False):
-    """Return `(model, tokenizer)`; the tokenizer is None for `random:<preset>` and tokenizer-less directories.
+               prepack_weights: bool = False, tokenizer: bool = True):
+    """Return `(model, tokenizer)`; the tokenizer is None for `random:<preset>` and tokenizer-less directories, and
+    when `tokenizer` is false (a process that only computes, such as a parallel rank: loading one imports most of
+    transformers, about 1 s of a fresh process).
 
     `dtype`: a torch dtype or vLLM's strings ("float32", "bfloat16", "auto" = the serving dtype, the default).
     `prepack_weights`: reorder the linears' weights once for oneDNN where that pays (`prepack.wanted`: 16-bit
@@ -219,10 +221,10 @@ def load_model(model: str | os.PathLike = "smollm2-135m", dtype: torch.dtype | s
     engines load it so."""
     device = torch.device(device) if device is not None else default_device()
     dtype = parse_dtype(dtype) or default_dtype(device)
-    net, tokenizer = _load(model, dtype, device, max_positions, seed)
+    net, tok = _load(model, dtype, device, max_positions, seed, tokenizer)
     if prepack_weights:
         prepack.where_it_pays(net)
-    return net, tokenizer
+    return net, tok
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -243,7 +245,8 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def _load(model, dtype: torch.dtype, device: torch.device, max_positions: int | None, seed: int):
+def _load(model, dtype: torch.dtype, device: torch.device, max_positions: int | None, seed: int,
+          tokenizer: bool = True):
     from safetensors.torch import load_file
 
     if str(model).startswith("random:"):
@@ -271,5 +274,5 @@ def _load(model, dtype: torch.dtype, device: torch.device, max_positions: int | 
         state.update(load_file(f, device=str(device)))
     net = LlamaModel.empty(config, device, max_positions)
     net.load_hf_state_dict({k: v.to(dtype) for k, v in state.items()})
-    return net.eval(), load_tokenizer(model_dir)
+    return net.eval(), load_tokenizer(model_dir) if tokenizer else None
 

@@ -72,7 +72,7 @@ def run_worker(rank: int, spec: WorkerSpec, events) -> None:
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL binds a rank to the current device
         model, _ = load_model(spec.source, dtype=spec.dtype, device=device, max_positions=spec.max_positions,
-                              seed=spec.seed)
+                              seed=spec.seed, tokenizer=False)  # rank 0 tokenizes: a rank computes only
         comm = Collectives(rank, spec.world, device, spec.timeout)
         part = spec.build(model, rank, spec.world, comm)
         del model
