@@ -136,8 +136,8 @@ class EngineContender:
         self.size = ModelBytes.of(self.llm.model, kv_bytes_per_token=self.llm.kv_bytes_per_token)
         self.prompts = {w.name: prompt_ids(w, self.llm.tokenizer, self.llm.model.config.vocab_size, scale)
                         for w in workloads}
-        # the ratio and its profile over the same tokens: 256 cached, shrunk with the long prompt in smoke runs (the
-        # Triton interpreter's verification at 256 was 8 of a dry-run step's 22 s)
+        # the ratio and its profile over the same tokens: 256 cached, shrunk with the long prompt in smoke runs (in
+        # the GPU dry run, the Triton interpreter's verification took 5.0 s over 92 tokens and 1.7 s over 16)
         self.verify_context = min(max(16, int(256 * scale)), int(self.max_len) - 8)
 
     def measure(self, workload: Workload) -> dict:
@@ -220,7 +220,8 @@ def run_engine_bench(model: str = "smollm2-135m", variants=tuple(VARIANTS), work
     engine workload and each peer's round as it finishes; `backends`: each variant runs on each attention backend
     named; `vllm_dtypes`: vLLM's CPU build as a peer in each dtype (`lab.bench.vllm_peer`, its own environment).
     `workloads`: names of `WORKLOADS` or `Workload`s; `scale` shrinks the long prompt and the verification's
-    256-token context (at least 16), `max_tokens` caps the tokens out (smoke runs); `profile_dir`: write each engine workload's per-operator profile there."""
+    256-token context (at least 16), `max_tokens` caps the tokens out (smoke runs); `profile_dir`: write each engine
+    workload's per-operator profile there."""
     from lab.bench.peers import TransformersPeer, UrlPeer
     from lab.bench.rounds import combine, run_rounds
     from lab.bench.vllm_peer import VllmPeer
