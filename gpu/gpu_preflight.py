@@ -97,8 +97,12 @@ GPU_CHECK_DTYPES = ("bfloat16", "float16")  # the serving dtypes; a dry run chec
 def kernel_checks(dry_run: bool) -> dict:
     """Decode and prefill against their float32 references for each layout and each 16-bit dtype (float32 in a
     dry run), decode with the split-KV merge running (a 600-token context: on CUDA the default split count is
-    1 up to 256 tokens); the quantized cache formats on the tiny layout. Only the lab's kernels can fail it:
-    SDPA, the prefill's peer, is reported when it misses the tolerance, as a fact about the peer."""
+    1 up to 256 tokens); the quantized cache formats on the tiny layout, judged by `judge_kernel_checks`."""
+    return judge_kernel_checks(run_kernel_checks(dry_run))
+
+
+def run_kernel_checks(dry_run: bool) -> list[dict]:
+    """Each check's record (`kernel_checks`), unjudged."""
     from kernels_gpu_decode import check_decode
     from kernels_gpu_prefill import check_prefill
 
@@ -110,6 +114,12 @@ def kernel_checks(dry_run: bool) -> dict:
             formats = ("plain", "fp8_e4m3", "int8") if heads == base.heads else ("plain",)
             checks += [dict(check_decode(bench, heads, fmt), dtype=dtype) for fmt in formats]
             checks += [dict(c, dtype=dtype) for c in check_prefill(bench)]
+    return checks
+
+
+def judge_kernel_checks(checks: list[dict]) -> dict:
+    """Only the lab's kernels can fail the pre-flight: SDPA, the prefill's peer, is reported when it misses the
+    tolerance, as a fact about the peer; a check set in which no decode ran the split-KV merge is refused."""
     merged = [c for c in checks if c["kernel"] == "paged_decode_attention" and c["shape"]["num_splits"] > 1]
     if not merged:
         raise RuntimeError("no decode check ran the split-KV merge (every check took one split)")

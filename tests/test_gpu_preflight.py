@@ -25,9 +25,21 @@ def _on_cpu(preflight, monkeypatch, **changes):
                                                                           **changes))
 
 
-def test_every_layout_and_the_split_kv_merge_are_checked(preflight, monkeypatch):
-    _on_cpu(preflight, monkeypatch, decode_num_splits=3)  # the interpreter's own default is one split
-    result = preflight.kernel_checks(dry_run=False)
+@pytest.fixture(scope="module")
+def split_checks():
+    """The pre-flight's check records with three splits (the interpreter's own default is one), run once for the
+    tests that judge them (each run takes 9 s in the interpreter)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.syspath_prepend(str(BENCH))
+        import gpu_preflight
+
+        monkeypatch.setattr(gpu_preflight, "GPU_CHECK_DTYPES", ("float16",))
+        _on_cpu(gpu_preflight, monkeypatch, decode_num_splits=3)
+        return gpu_preflight.run_kernel_checks(dry_run=False)
+
+
+def test_every_layout_and_the_split_kv_merge_are_checked(preflight, split_checks):
+    result = preflight.judge_kernel_checks(split_checks)
     decode = [c for c in result["checks"] if c["kernel"] == "paged_decode_attention"]
     assert {(c["heads"], c["kv_format"]) for c in decode} == {
         ("tiny", "plain"), ("tiny", "fp8_e4m3"), ("tiny", "int8"), ("smollm2-like", "plain"), ("hd128", "plain")}
@@ -43,26 +55,13 @@ def test_a_check_set_that_never_splits_is_refused(preflight, monkeypatch):
         preflight.kernel_checks(dry_run=False)
 
 
-def test_sdpa_missing_its_tolerance_is_reported_not_fatal(preflight, monkeypatch):
-    import kernels_gpu_prefill
-
-    _on_cpu(preflight, monkeypatch, decode_num_splits=3)
-    real = kernels_gpu_prefill.check_prefill
-
-    def sdpa_misses(bench):
-        return [dict(c, ok=False) if c["kernel"] == "scaled_dot_product_attention" else c for c in real(bench)]
-
-    monkeypatch.setattr(kernels_gpu_prefill, "check_prefill", sdpa_misses)
-    result = preflight.kernel_checks(dry_run=False)
+def test_sdpa_missing_its_tolerance_is_reported_not_fatal(preflight, split_checks):
+    missed = lambda kernel: [dict(c, ok=False) if c["kernel"] == kernel else c for c in split_checks]  # noqa: E731
+    result = preflight.judge_kernel_checks(missed("scaled_dot_product_attention"))
     assert len(result["peer_misses"]) == 3 and all(c["kernel"] == "scaled_dot_product_attention"
                                                    for c in result["peer_misses"])
-
-    def prefill_misses(bench):
-        return [dict(c, ok=False) if c["kernel"] == "paged_prefill_attention" else c for c in real(bench)]
-
-    monkeypatch.setattr(kernels_gpu_prefill, "check_prefill", prefill_misses)
     with pytest.raises(RuntimeError, match="3 kernel check"):  # the lab's own kernel still fails the pre-flight
-        preflight.kernel_checks(dry_run=False)
+        preflight.judge_kernel_checks(missed("paged_prefill_attention"))
 
 
 def test_versions_say_what_differs_from_the_tested_ones_and_refuse_a_triton_too_old(preflight, monkeypatch):
