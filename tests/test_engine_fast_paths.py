@@ -202,7 +202,7 @@ def test_engine_bench_at_toy_sizes_reports_bounds_fractions_and_targets(tmp_path
             assert table["operator"].str.contains("mm|linear|matmul|int4").any()
             assert (tmp_path / "profile" / f"{e['variant']}__verify__{rows}.txt").stat().st_size > 0
     for e in result["engines"]:
-        assert e["ceilings"]["read_GBps"] > 0 and e["ceilings"]["gemm_GFLOPs"] > 0
+        assert e["ceilings"]["read_GBps"] > 0 and e["ceilings"]["gemm_GFLOPs"] > 0 and e["ceilings"]["probe_s"] == 3
         for w in e["workloads"].values():
             assert w["bound_s"] > 0 and 0 < w["fraction_of_roofline"]
     assert result["engines"][1]["weight_MB"] < 0.5 * result["engines"][0]["weight_MB"]  # packed 4-bit weights
@@ -230,6 +230,7 @@ def test_engine_bench_times_the_triton_backend_beside_the_torch_one(tmp_path, ca
     assert all(w["value"] > 0 and w["bound_s"] > 0 for e in engines for w in e["workloads"].values())
     # the verification's 256 cached tokens shrink with --scale, to 16 at the least (the interpreter's step)
     assert [e["verify_context"] for e in engines] == [16, 16]
+    assert [e["ceilings"]["probe_s"] for e in engines] == [0.5, 0.5]  # the ceilings probe shrinks too
     assert {c["variant"] for c in read_cases(out.with_suffix(".jsonl"))} == {"eager-float32", "eager-float32+triton"}
     capsys.readouterr()
     assert main(["bench", "engine", "--model", "random:tiny", "--variants", "eager-float32", "--backend",

@@ -120,6 +120,12 @@ def verify_ratio(llm, context: int = 256, k: int = 4, repeats: int = 5) -> float
     return probe_seconds(llm.forward_probe(context, k + 1), repeats) / one
 
 
+def probe_budget(scale: float) -> float:
+    """Seconds of the ceilings probe (`lab.machine.hardware.model_ceilings`): 3 s, shrunk with `scale` in smoke runs
+    (0.5 s at the least), where each engine's probe was a sixth of a GPU dry run's engine step (3 of 22 s)."""
+    return 3.0 * min(1.0, max(scale, 1 / 6))
+
+
 class EngineContender:
     """One engine variant built and held for the whole benchmark (`lab.bench.rounds.Contender`): its prompts, its
     ceilings (measured in its dtype when it is built) and the bytes it moves, so each workload's bound is ready."""
@@ -132,7 +138,9 @@ class EngineContender:
         longest = [max(2, int(w.prompt_tokens * scale)) if w.prompt_tokens else 96 for w in workloads]  # chat: < 96
         self.max_len = max(n + w.max_tokens for n, w in zip(longest, workloads))
         self.llm = build_engine(variant, model, int(self.max_len) + 16, max(w.num_requests for w in workloads))
-        self.ceilings = model_ceilings(self.llm.model)  # shaped like the model: an 8B model's GEMV leaves a GPU's L2
+        self.probe_s = probe_budget(scale)
+        # shaped like the model: an 8B model's GEMV leaves a GPU's L2
+        self.ceilings = model_ceilings(self.llm.model, self.probe_s)
         self.size = ModelBytes.of(self.llm.model, kv_bytes_per_token=self.llm.kv_bytes_per_token)
         self.prompts = {w.name: prompt_ids(w, self.llm.tokenizer, self.llm.model.config.vocab_size, scale)
                         for w in workloads}
@@ -155,7 +163,8 @@ class EngineContender:
         out = {"variant": self.label, "dtype": str(llm.model.embed_tokens.weight.dtype).removeprefix("torch."),
                "device": str(llm.device), "attention_backend": llm.config.attention_backend, "ceilings": {
             "read_GBps": self.ceilings.mem_bandwidth / 1e9, "gemm_GFLOPs": self.ceilings.peak_flops / 1e9,
-            "source": self.ceilings.source}, "weight_MB": self.size.weight_bytes / 1e6, "workloads": {}}
+            "source": self.ceilings.source, "probe_s": self.probe_s}, "weight_MB": self.size.weight_bytes / 1e6,
+            "workloads": {}}
         for name, measured in runs.items():
             w = self._workloads[name]
             m = combine(measured)
@@ -219,8 +228,9 @@ def run_engine_bench(model: str = "smollm2-135m", variants=tuple(VARIANTS), work
     built, timed and released in turn (`interleaved` false). `log` (a `lab.bench.caselog.CaseLog`) gets each
     engine workload and each peer's round as it finishes; `backends`: each variant runs on each attention backend
     named; `vllm_dtypes`: vLLM's CPU build as a peer in each dtype (`lab.bench.vllm_peer`, its own environment).
-    `workloads`: names of `WORKLOADS` or `Workload`s; `scale` shrinks the long prompt and the verification's
-    256-token context (at least 16), `max_tokens` caps the tokens out (smoke runs); `profile_dir`: write each engine
+    `workloads`: names of `WORKLOADS` or `Workload`s; `scale` shrinks the long prompt, the verification's
+    256-token context (at least 16) and the ceilings probe (`probe_budget`), `max_tokens` caps the tokens out
+    (smoke runs); `profile_dir`: write each engine
     workload's per-operator profile there."""
     from lab.bench.peers import TransformersPeer, UrlPeer
     from lab.bench.rounds import combine, run_rounds

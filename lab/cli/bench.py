@@ -130,8 +130,8 @@ def add_bench(sub) -> None:
     eng.add_argument("--rounds", type=int, default=3, help="every contender is timed once a round, interleaved; "
                                                             "each ratio is the median over rounds, with its span")
     eng.add_argument("--peer-model", default=None, help="the model name that server serves (default --model)")
-    eng.add_argument("--scale", type=float, default=1.0, help="shrink the long prompt and the verification's "
-                     "256-token context (smoke runs)")
+    eng.add_argument("--scale", type=float, default=1.0, help="shrink the long prompt, the verification's "
+                     "256-token context and the 3-s ceilings probe (smoke runs)")
     eng.add_argument("--max-tokens", type=int, default=None, help="cap every workload's tokens out (smoke runs)")
     eng.add_argument("--backend", default="torch", help="attention backend(s), of torch,triton (comma-separated: "
                                                         "each variant on each; triton times the lab's kernels)")
