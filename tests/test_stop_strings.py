@@ -84,13 +84,16 @@ def test_stop_strings_decode_a_tail_each_step_not_the_whole_output(llm, monkeypa
     """A defect: every step decoded the whole output to look for the stop strings, so a request's checks grew
     with the square of its length. Now each step decodes a tail as long as the stop strings need; the same
     output comes back."""
-    params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True, stop=["never appears"])
-    [plain] = llm.chat([{"role": "user", "content": PROMPT}], SamplingParams(temperature=0, max_tokens=120,
+    # a short stop string, so 40 tokens tell a tail from the whole output: n(n + 1) / 2 = 820 decoded tokens
+    # against at most 14 a step (it took 120 tokens with "never appears": 18 s against 3.5 s)
+    stop, n_out = "§§", 40
+    params = SamplingParams(temperature=0, max_tokens=n_out, ignore_eos=True, stop=[stop])
+    [plain] = llm.chat([{"role": "user", "content": PROMPT}], SamplingParams(temperature=0, max_tokens=n_out,
                                                                            ignore_eos=True))
     decoded, decode = [], llm.tokenizer.decode
     monkeypatch.setattr(llm.tokenizer, "decode", lambda ids, **kw: decoded.append(len(ids)) or decode(ids, **kw))
     [out] = llm.chat([{"role": "user", "content": PROMPT}], params)
     assert out.token_ids == plain.token_ids and out.text == plain.text and out.finish_reason == "length"
     n = len(out.token_ids)
-    assert max(decoded[:-1]) <= 4 * len("never appears") + 4  # the tails; the last decode is the output's text
-    assert sum(decoded) < n * (4 * len("never appears") + 4) + 2 * n < n * (n + 1) / 2  # was n(n + 1) / 2
+    assert max(decoded[:-1]) <= 4 * len(stop) + 4  # the tails; the last decode is the output's text
+    assert sum(decoded) < n * (4 * len(stop) + 4) + 2 * n < n * (n + 1) / 2  # was n(n + 1) / 2
