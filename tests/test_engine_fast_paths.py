@@ -205,7 +205,8 @@ def test_engine_bench_at_toy_sizes_reports_bounds_fractions_and_targets(tmp_path
         assert e["ceilings"]["read_GBps"] > 0 and e["ceilings"]["gemm_GFLOPs"] > 0 and e["ceilings"]["probe_s"] == 3
         for w in e["workloads"].values():
             assert w["bound_s"] > 0 and 0 < w["fraction_of_roofline"]
-    assert result["engines"][1]["weight_MB"] < 0.5 * result["engines"][0]["weight_MB"]  # packed 4-bit weights
+    # packed 4-bit weights: 0.22x the float32 model's bytes at this shape; unpacked bfloat16 would be 0.5x
+    assert result["engines"][1]["weight_MB"] < 0.3 * result["engines"][0]["weight_MB"]
     assert set(result["peers"][0]["workloads"]) == {w.name for w in workloads}
     # the peer on the engine's device (on a GPU the ratio compared a GPU engine with a CPU peer)
     assert {e["device"] for e in result["engines"]} == {p["device"] for p in result["peers"]} == {"cpu"}
