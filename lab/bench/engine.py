@@ -230,8 +230,7 @@ def run_engine_bench(model: str = "smollm2-135m", variants=tuple(VARIANTS), work
     named; `vllm_dtypes`: vLLM's CPU build as a peer in each dtype (`lab.bench.vllm_peer`, its own environment).
     `workloads`: names of `WORKLOADS` or `Workload`s; `scale` shrinks the long prompt, the verification's
     256-token context (at least 16) and the ceilings probe (`probe_budget`), `max_tokens` caps the tokens out
-    (smoke runs); `profile_dir`: write each engine
-    workload's per-operator profile there."""
+    (smoke runs); `profile_dir`: write each engine workload's per-operator profile there."""
     from lab.bench.peers import TransformersPeer, UrlPeer
     from lab.bench.rounds import combine, run_rounds
     from lab.bench.vllm_peer import VllmPeer
