@@ -11,13 +11,18 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "gpu"
 
 
-@pytest.fixture
-def preflight(monkeypatch):
+def _preflight(monkeypatch):
+    """gpu/gpu_preflight.py, importable from gpu/, checking float16 only (module docstring)."""
     monkeypatch.syspath_prepend(str(BENCH))
     import gpu_preflight
 
     monkeypatch.setattr(gpu_preflight, "GPU_CHECK_DTYPES", ("float16",))
     return gpu_preflight
+
+
+@pytest.fixture
+def preflight(monkeypatch):
+    return _preflight(monkeypatch)
 
 
 def _on_cpu(preflight, monkeypatch, **changes):
@@ -30,12 +35,9 @@ def split_checks():
     """The pre-flight's check records with three splits (the interpreter's own default is one), run once for the
     tests that judge them (each run takes 9 s in the interpreter)."""
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.syspath_prepend(str(BENCH))
-        import gpu_preflight
-
-        monkeypatch.setattr(gpu_preflight, "GPU_CHECK_DTYPES", ("float16",))
-        _on_cpu(gpu_preflight, monkeypatch, decode_num_splits=3)
-        return gpu_preflight.run_kernel_checks(dry_run=False)
+        preflight = _preflight(monkeypatch)
+        _on_cpu(preflight, monkeypatch, decode_num_splits=3)
+        return preflight.run_kernel_checks(dry_run=False)
 
 
 def test_every_layout_and_the_split_kv_merge_are_checked(preflight, split_checks):
