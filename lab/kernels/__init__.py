@@ -10,7 +10,8 @@ Each kernel has its PyTorch reference beside it and its memory traffic as a form
 
 Without a GPU the kernels run on CPU tensors in Triton's interpreter: importing `lab` sets TRITON_INTERPRET=1
 when CUDA is absent and the variable is unset (Triton reads it when it is first imported). The interpreter is
-slow (numpy, one program at a time) and has no bf16 arithmetic: tests use small shapes in float32.
+slow (numpy, one program at a time) and has no bf16 arithmetic: tests use small shapes in float32. `interpreter`
+removes the part of its slowness that is repetition (a patch of `triton.language` on every device-function call).
 """
 
 import os
@@ -22,6 +23,10 @@ from triton.runtime.interpreter import InterpretedFunction
 if os.environ.get("TRITON_INTERPRET") == "1" and not isinstance(tl.zeros, InterpretedFunction):
     raise ImportError("TRITON_INTERPRET=1 was set after Triton was first imported, so its interpreter is off: set "
                       "it in the environment, or import lab before anything that imports triton")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from .interpreter import install
+
+    install()  # one patch of triton.language per launch, not per device-function call (see its docstring)
 
 from .kv_codec import PagedKVCache, check_supported  # noqa: E402
 from .paged_attention import (paged_decode_attention, paged_decode_attention_ref, paged_prefill_attention,  # noqa: E402
