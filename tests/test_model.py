@@ -67,6 +67,30 @@ def test_tokenizer_round_trip_and_chat_template(smollm):
     assert chat.startswith("<|im_start|>system") and chat.endswith("<|im_start|>assistant\n")
 
 
+def test_the_converted_tokenizer_is_autotokenizers_read_back_by_class(smollm):
+    """A GGUF conversion's tokenizer loads by the class its SOURCE.json names, without the model's transformers
+    config (whose import pulls torch.distributed.tensor and sympy): the same class, chat text and ids as
+    AutoTokenizer gives on the directory."""
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    _, tok = smollm
+    model_dir = resolve_model_dir("smollm2-135m")
+    auto = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+    assert json.loads((model_dir / "SOURCE.json").read_text())["tokenizer_class"] == type(auto).__name__
+    assert type(tok) is type(auto) and tok.all_special_ids == auto.all_special_ids
+    chat = [{"role": "user", "content": "Größe of 3 <b>blocks</b>?"}, {"role": "assistant", "content": "Twelve."}]
+    assert tok.apply_chat_template(chat, tokenize=False) == auto.apply_chat_template(chat, tokenize=False)
+    text = auto.apply_chat_template(chat, tokenize=False)
+    assert tok.encode(text) == auto.encode(text) and tok.decode(auto.encode(text)) == text
+    code = ("import sys\nfrom lab.models.loader import load_tokenizer, resolve_model_dir\n"
+            "load_tokenizer(resolve_model_dir('smollm2-135m'))\nprint('sympy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False"], out.stdout + out.stderr
+
+
 def test_second_load_reads_the_converted_cache(monkeypatch):
     """The GGUF is converted once; later loads read the cached safetensors (no timing asserted: the point is
     that the conversion does not run again)."""

@@ -119,7 +119,9 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
     # transformers builds a fast tokenizer (vocabulary, merges, chat template) from GGUF metadata.
     tok = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     tok.save_pretrained(tmp)
-    (tmp / "SOURCE.json").write_text(json.dumps({"gguf": str(gguf_path), "size": gguf_path.stat().st_size}))
+    # the class transformers built, so that a load reads it back by class (`loader.load_tokenizer`)
+    (tmp / "SOURCE.json").write_text(json.dumps({"gguf": str(gguf_path), "size": gguf_path.stat().st_size,
+                                                 "tokenizer_class": type(tok).__name__}))
     try:
         tmp.rename(out_dir)  # atomic: a half-written cache is never mistaken for a finished one
     except OSError:

