@@ -231,6 +231,7 @@ def test_engine_bench_times_the_triton_backend_beside_the_torch_one(tmp_path, ca
     assert all(w["value"] > 0 and w["bound_s"] > 0 for e in engines for w in e["workloads"].values())
     # the verification's 256 cached tokens shrink with --scale, to 16 at the least (the interpreter's step)
     assert [e["verify_context"] for e in engines] == [16, 16]
+    assert [e["verify_repeats"] for e in engines] == [1, 1]  # and its repeats, 5 at full size
     assert [e["ceilings"]["probe_s"] for e in engines] == [0.5, 0.5]  # the ceilings probe shrinks too
     assert {c["variant"] for c in read_cases(out.with_suffix(".jsonl"))} == {"eager-float32", "eager-float32+triton"}
     capsys.readouterr()

@@ -147,12 +147,14 @@ class EngineContender:
         # the ratio and its profile over the same tokens: 256 cached, shrunk with the long prompt in smoke runs (in
         # the GPU dry run, the Triton interpreter's verification took 5.0 s over 92 tokens and 1.7 s over 16)
         self.verify_context = min(max(16, int(256 * scale)), int(self.max_len) - 8)
+        # and over fewer repeats (5 at full size): at toy sizes the ratio is a check that it runs, not a figure
+        self.verify_repeats = max(1, round(5 * min(1.0, scale)))
 
     def measure(self, workload: Workload) -> dict:
         return run_workload(self.llm, workload, self.prompts[workload.name])
 
     def verify(self) -> float:
-        return verify_ratio(self.llm, context=self.verify_context)
+        return verify_ratio(self.llm, context=self.verify_context, repeats=self.verify_repeats)
 
     def record(self, runs: dict[str, list[dict]], verify: list[float], profile_dir=None) -> dict:
         """The variant's result: each workload's rounds combined (`lab.bench.rounds.combine`) beside its bound;
@@ -182,7 +184,7 @@ class EngineContender:
                                                                      Path(profile_dir), f"{self.label}__{name}")
         v = summarize(verify)
         out["verify_5_rows_over_1"], out["verify_span"] = v["value"], v["span"]
-        out["verify_context"] = self.verify_context
+        out["verify_context"], out["verify_repeats"] = self.verify_context, self.verify_repeats
         if profile_dir is not None:
             from lab.bench.profile import profile_verification
 

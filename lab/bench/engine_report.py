@@ -128,7 +128,8 @@ def format_result(result: dict) -> str:
         lines.append(f"{e['variant']} ({e['dtype']}, {e['weight_MB']:.0f} MB of weights; ceilings: read "
                      f"{c['read_GBps']:.1f} GB/s, matmul {c['gemm_GFLOPs']:.0f} GFLOP/s; compile "
                      f"{e['compile_seconds']:.0f} s; verify 5 rows / 1 row {e['verify_5_rows_over_1']:.2f}"
-                     + (f" over {e['verify_context']} cached tokens" if "verify_context" in e else "") + ")")
+                     + (f" over {e['verify_context']} cached tokens" if "verify_context" in e else "")
+                     + (f", median of {e['verify_repeats']}" if "verify_repeats" in e else "") + ")")
     for p in result["peers"]:
         if p.get("vllm"):
             lines.append(f"{p['peer']}: vLLM {p['vllm']} in its own environment, same prompts, same rounds")
