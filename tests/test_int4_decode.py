@@ -75,13 +75,29 @@ def test_the_speedup_interval_is_the_spread_of_runs_not_of_one_runs_steps():
 
 
 def test_measure_interleaves_the_builds_across_rounds(monkeypatch):
-    calls = []
-    monkeypatch.setattr(int4_decode, "decode_engine", lambda model, *a: model)
+    calls, built = [], []
+    monkeypatch.setattr(int4_decode, "decode_engine", lambda model, *a: built.append(model) or model)
     monkeypatch.setattr(int4_decode, "decode_step_seconds", lambda llm, *a: calls.append(llm) or [1e-3])
     monkeypatch.setattr(int4_decode, "step_bytes", lambda *a: 1.0)
     out = int4_decode.measure({"float32": "f", "bfloat16": "b", "int4": "i"}, None, batches=(1,), rounds=3)
     assert calls == ["f", "b", "i", "b", "i", "f", "i", "f", "b"]  # the order rotates each round
+    assert built == ["f", "b", "i"]  # one engine a build and batch, kept for every round
     assert sorted(out["round"].unique()) == [0, 1, 2]
+
+
+def test_a_kept_engines_next_round_prefills_from_its_prefix_cache(smollm):
+    """The second round on one engine: the same prompts, their full blocks read from the cache (all but the
+    last block, whose last token is computed), the pool `decode_engine` sized still enough (nothing preempted)."""
+    from lab.bench.decode import decode_engine
+
+    model, tok = smollm
+    llm = decode_engine(model, tok, 2, 32, 3)
+    first = decode_step_seconds(llm, 2, 32, 3)
+    assert llm.stats()["prefix_cache_hit_tokens"] == 0
+    second = decode_step_seconds(llm, 2, 32, 3)
+    stats = llm.stats()
+    assert len(first) == len(second) == 3 and stats["prefix_cache_hit_tokens"] == 2 * 16
+    assert stats["preemptions"] == 0 and not llm.has_unfinished()
 
 
 def test_bytes_read_shrink_with_the_weights_and_grow_with_the_kv(smollm):
