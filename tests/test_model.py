@@ -91,6 +91,20 @@ def test_the_converted_tokenizer_is_autotokenizers_read_back_by_class(smollm):
     assert out.stdout.split() == ["False"], out.stdout + out.stderr
 
 
+def test_a_recorded_class_this_transformers_lacks_falls_back_to_autotokenizer(tmp_path):
+    import shutil
+
+    from lab.models.loader import load_tokenizer
+
+    model_dir = resolve_model_dir("smollm2-135m")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json"):
+        shutil.copy(model_dir / name, tmp_path / name)
+    (tmp_path / "SOURCE.json").write_text(json.dumps({"tokenizer_class": "NoSuchTokenizerClass"}))
+    tok = load_tokenizer(tmp_path)
+    assert type(tok).__name__ == json.loads((model_dir / "SOURCE.json").read_text())["tokenizer_class"]
+    assert tok.encode("paged attention") == load_tokenizer(model_dir).encode("paged attention")
+
+
 def test_second_load_reads_the_converted_cache(monkeypatch):
     """The GGUF is converted once; later loads read the cached safetensors (no timing asserted: the point is
     that the conversion does not run again)."""

@@ -183,7 +183,9 @@ def load_tokenizer(model_dir: Path):
     if built_as:
         import transformers
 
-        return getattr(transformers, built_as).from_pretrained(model_dir, local_files_only=True)
+        cls = getattr(transformers, built_as, None)  # None: a transformers release without that class
+        if cls is not None:
+            return cls.from_pretrained(model_dir, local_files_only=True)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
