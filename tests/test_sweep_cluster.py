@@ -100,7 +100,9 @@ def _stop(temp: Path) -> None:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        time.sleep(3)
+        deadline = time.monotonic() + 3  # until they are gone (or zombies), 3 s at most
+        while time.monotonic() < deadline and any((st := proc_stat(p)) and st.state != "Z" for p in ours):
+            time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
