@@ -112,7 +112,10 @@ def run_workload(llm, workload: Workload, prompts: list[list[int]]) -> dict:
             "value": metric_of(workload, seconds, new_tokens, step_s)}
 
 
-def verify_ratio(llm, context: int = 256, k: int = 4, repeats: int = 5) -> float:
+VERIFY_REPEATS = 5  # timed repeats of each side of the verification ratio, at full size
+
+
+def verify_ratio(llm, context: int = 256, k: int = 4, repeats: int = VERIFY_REPEATS) -> float:
     """A (k + 1)-row verification forward over `context` cached tokens against a one-row step."""
     from lab.machine.timing import probe_seconds
 
@@ -121,9 +124,11 @@ def verify_ratio(llm, context: int = 256, k: int = 4, repeats: int = 5) -> float
 
 
 def probe_budget(scale: float) -> float:
-    """Seconds of the ceilings probe (`lab.machine.hardware.model_ceilings`): 3 s, shrunk with `scale` in smoke runs
-    (0.5 s at the least), where each engine's probe was a sixth of a GPU dry run's engine step (3 of 22 s)."""
-    return 3.0 * min(1.0, max(scale, 1 / 6))
+    """Seconds of the ceilings probe (`lab.machine.hardware.model_ceilings`): its 3 s, shrunk with `scale` in smoke
+    runs (0.5 s at the least), where each engine's probe was a sixth of a GPU dry run's engine step (3 of 22 s)."""
+    from lab.machine.hardware import PROBE_SECONDS
+
+    return PROBE_SECONDS * min(1.0, max(scale, 1 / 6))
 
 
 class EngineContender:
@@ -147,8 +152,8 @@ class EngineContender:
         # the ratio and its profile over the same tokens: 256 cached, shrunk with the long prompt in smoke runs (in
         # the GPU dry run, the Triton interpreter's verification took 5.0 s over 92 tokens and 1.7 s over 16)
         self.verify_context = min(max(16, int(256 * scale)), int(self.max_len) - 8)
-        # and over fewer repeats (5 at full size): at toy sizes the ratio is a check that it runs, not a figure
-        self.verify_repeats = max(1, round(5 * min(1.0, scale)))
+        # and over fewer repeats: at toy sizes the ratio is a check that it runs, not a figure
+        self.verify_repeats = max(1, round(VERIFY_REPEATS * min(1.0, scale)))
 
     def measure(self, workload: Workload) -> dict:
         return run_workload(self.llm, workload, self.prompts[workload.name])

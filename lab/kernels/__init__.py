@@ -20,10 +20,10 @@ import torch
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-if os.environ.get("TRITON_INTERPRET") == "1" and not isinstance(tl.zeros, InterpretedFunction):
-    raise ImportError("TRITON_INTERPRET=1 was set after Triton was first imported, so its interpreter is off: set "
-                      "it in the environment, or import lab before anything that imports triton")
 if os.environ.get("TRITON_INTERPRET") == "1":
+    if not isinstance(tl.zeros, InterpretedFunction):
+        raise ImportError("TRITON_INTERPRET=1 was set after Triton was first imported, so its interpreter is off: "
+                          "set it in the environment, or import lab before anything that imports triton")
     from .interpreter import install
 
     install()  # one patch of triton.language per launch, not per device-function call (see its docstring)

@@ -188,8 +188,11 @@ def probe(seconds_budget: float = 4.0, device: str | None = None) -> Hardware:
                     f"measured by lab.machine.hardware.probe on {today} ({device}, {precision} matmul)")
 
 
+PROBE_SECONDS = 3.0  # the inference probe's default budget, half to the GEMV and half to the matmul
+
+
 def probe_inference(dtype: torch.dtype, device: str | None = None, gemv_shape: tuple[int, int] = (49152, 576),
-                    gemm_n: int = 1024, seconds_budget: float = 3.0) -> Hardware:
+                    gemm_n: int = 1024, seconds_budget: float = PROBE_SECONDS) -> Hardware:
     """This machine's ceilings for a model served in `dtype`, measured the way inference uses it.
 
     Bandwidth: a weight-shaped GEMV, x [1, K] times a [N, K] matrix stored as the model stores its weights
@@ -216,7 +219,7 @@ def probe_inference(dtype: torch.dtype, device: str | None = None, gemv_shape: t
                     f"read, {gemm_n}^3 matmul, {torch.get_num_threads()} threads)")
 
 
-def model_ceilings(model, seconds: float = 3.0) -> Hardware:
+def model_ceilings(model, seconds: float = PROBE_SECONDS) -> Hardware:
     """This machine's ceilings in the dtype and on the device `model` runs in (`probe_inference`), shaped like
     the model: the GEMV like its LM head, the largest matrix a decode step reads (past a CPU's last-level cache
     for SmolLM2, past a GPU's L2 for an 8B model), the square matmul as wide as its hidden size (an 8B model's
