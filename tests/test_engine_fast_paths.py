@@ -1,7 +1,8 @@
 """The engine's optimised paths against its reference path (issue 18), on the real model's weights:
 
 - `dtype="auto"` is the serving dtype: bfloat16 where the CPU has bfloat16 matrix instructions, else float32;
-- weights prepacked for oneDNN (a bfloat16 model the engine loads) give the plain model's greedy tokens;
+- weights prepacked for oneDNN (a bfloat16 model the engine loads) give the plain model's greedy tokens, up to
+  bfloat16's near ties;
 - compiled steps (`enforce_eager=False`), with plain or prepacked linears, give eager's greedy tokens in float32,
   and report their compile time;
 - the batched decode attention (two matmuls) equals SDPA's;
@@ -20,6 +21,8 @@ import torch.nn.functional as F
 from lab.engine import LLM, EngineConfig, SamplingParams
 from lab.models import loader, prepack
 from lab.speculative.drafters import layer_skip_model
+
+from greedy_helpers import BF16_NEAR_TIE_NATS, parted_only_at_near_ties
 
 
 def test_auto_dtype_is_the_serving_dtype(monkeypatch):
@@ -86,18 +89,23 @@ def test_a_quantized_drafter_runs_packed_from_a_prepacked_target(bf16_model):
 
 
 @pytest.mark.skipif(not prepack.available("cpu"), reason="this torch has no oneDNN")
-def test_prepacked_weights_give_the_plain_models_greedy_tokens(bf16_model, chat_prompt_ids):
-
+def test_prepacked_weights_give_the_plain_models_greedy_tokens(smollm, bf16_model, chat_prompt_ids):
+    """The same greedy tokens up to bfloat16's near ties. Token for token held while oneDNN ran one kernel for
+    both; on a CPU with AMX the blocked and the plain weight take different kernels from 64 rows on (a prefill),
+    whose outputs differ in the last bit, and the bf16 model ties (its logits 0.125 apart at 25) where the
+    float32 model ranks two tokens 0.08 nats apart. So where the runs part, the float32 model must rank the two
+    within BF16_NEAR_TIE_NATS; a misplaced or stale blocked weight parts them by whole nats."""
     model, tok = bf16_model
     packed = prepack.prepack(copy.deepcopy(model))
     x = torch.randn(5, model.config.hidden_size, dtype=torch.bfloat16)
     lin = packed.layers[3].mlp.gate_up_proj
-    ref = F.linear(x, lin.weight)
-    assert (lin(x).float() - ref.float()).abs().max() <= 0.02 * ref.float().abs().max()  # bf16 outputs: 2^-8
+    with torch.inference_mode():  # with autograd on, the layer serves F.linear (the blocked copy has no backward)
+        out, ref = lin(x), F.linear(x, lin.weight)
+    assert (out.float() - ref.float()).abs().max() <= 0.02 * ref.float().abs().max()  # bf16 outputs: 2^-8
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     runs = [[o.token_ids for o in LLM(m, tokenizer=tok, num_kv_blocks=64, max_model_len=256).generate(
         chat_prompt_ids, params)] for m in (model, packed)]
-    assert runs[0] == runs[1]
+    assert parted_only_at_near_ties(smollm[0], chat_prompt_ids, *runs, BF16_NEAR_TIE_NATS) == []
 
 
 @pytest.mark.parametrize("weights", ["plain", pytest.param("prepacked", marks=pytest.mark.skipif(

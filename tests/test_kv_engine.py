@@ -10,17 +10,9 @@ from lab.memory import ModelShape, kv_bytes_per_token
 from lab.kv.format import KV_CACHE_DTYPES, KVCacheFormat
 from lab.kv.calibration import KVScales, QuantizedContiguousKVCache, calibrate_kv_absmax
 
+from greedy_helpers import divergence_gap
+
 MAX_NEW = 12
-
-
-def divergence_gap(model, ids, want, got, cache) -> tuple[int, float]:
-    """Where `got` first leaves `want`: (index i, log p(want[i]) - log p(got[i])) with `cache` (an empty
-    one-sequence context) run over ids + want[:i]."""
-    i = next(j for j, (a, b) in enumerate(zip(want, got)) if a != b)
-    seq = ids + want[:i]
-    with torch.inference_mode():
-        logp = model.compute_logits(model(torch.tensor(seq), torch.arange(len(seq)), cache))[-1].log_softmax(-1)
-    return i, float(logp[want[i]] - logp[got[i]])
 
 
 @pytest.fixture(scope="module")

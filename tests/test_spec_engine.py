@@ -262,7 +262,7 @@ def test_speculation_on_a_quantized_pool_equals_plain_decoding_on_it(smollm, pro
     stale code from a rolled-back draft would corrupt the context, not tip a tie."""
     from lab.kv.format import KVCacheFormat
     from lab.kv.calibration import QuantizedContiguousKVCache
-    from test_kv_engine import divergence_gap  # tests/ is on sys.path (pytest prepends it)
+    from greedy_helpers import divergence_gap  # tests/ is on sys.path (pytest prepends it)
 
     model, tok = smollm
     params = SamplingParams(max_tokens=MAX_NEW, temperature=0)

@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 
+from greedy_helpers import BF16_NEAR_TIE_NATS, parted_only_at_near_ties
 from parallel_helpers import gone, tokens
 
 from lab.engine import LLM, SamplingParams
@@ -178,11 +179,12 @@ def test_ngram_speculation_then_a_worker_that_raises(chat_prompt_ids, reference,
     llm.close()
 
 
-def test_every_rank_prepacks_its_part_as_tp1_does(chat_prompt_ids, one_thread):
+def test_every_rank_prepacks_its_part_as_tp1_does(smollm, chat_prompt_ids, one_thread):
     """A defect: a single-process bf16 engine prepacks its linears for oneDNN (1.5-2.7x faster decode matmuls
     here), but the shards were cut from plain weights and left so, which biased every TP-against-TP=1 timing
     (notebook 08). Now each rank prepacks its part's linears, the row-parallel ones inside their all-reduce
-    too, with the same greedy tokens as unprepacked shards."""
+    too, with the same greedy tokens as unprepacked shards up to bfloat16's near ties (where the runs part, the
+    float32 model ranks the two tokens within `greedy_helpers.BF16_NEAR_TIE_NATS`)."""
     from lab.models import prepack
 
     if not prepack.available(torch.device("cpu")):
@@ -195,7 +197,8 @@ def test_every_rank_prepacks_its_part_as_tp1_does(chat_prompt_ids, one_thread):
         llm.close()
     layers = 30  # qkv, o, gate_up and down in each
     assert runs[True][1] == [4 * layers, 4 * layers] and runs[False][1] == [0, 0]
-    assert runs[True][0] == runs[False][0]
+    assert parted_only_at_near_ties(smollm[0], chat_prompt_ids[:2], runs[True][0], runs[False][0],
+                                    BF16_NEAR_TIE_NATS) == []
 
 
 def test_close_leaves_no_worker(tp):
