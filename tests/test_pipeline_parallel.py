@@ -1,6 +1,6 @@
 """Pipeline parallelism (lab.parallel.pipeline, `LLM(pipeline_parallel_size=N)`) on the real model (SmolLM2-135M,
 float32): PP=2 greedy output equals TP=1 with several micro-batches a step, through chunked prefill, preemption and
-prefix-cache hits; each stage holds its 15 layers' weights and KV; micro-batches are cut at sequence boundaries;
+prefix-cache hits, and at another count set on the running group; each stage holds its 15 layers' weights and KV; micro-batches are cut at sequence boundaries;
 a killed stage is an error naming its rank; close() leaves no worker behind.
 """
 
@@ -64,7 +64,16 @@ def test_batch_and_prefix_hits_equal_tp1_and_stages_hold_their_layers(chat_promp
     embedding = 49152 * 576 * 4
     assert s["pp_rank_weight_bytes"] == [embedding + 15 * layer, embedding + 15 * layer + 576 * 4]
     assert s["pp_rank_kv_bytes"] == [2 * 15 * 256 * 16 * 3 * 64 * 4] * 2
-    pids = llm.extensions["pipeline_parallel"].group.pids
+    # The same ranks at another count (notebook 08 measures every count on one group): rank 0 alone reads it
+    group = llm.extensions["pipeline_parallel"].group
+    group.set_micro_batches(1)
+    assert tokens(llm.generate(chat_prompt_ids, GREEDY)) == reference
+    after = llm.stats()
+    assert after["pp_micro_batches"] == 1
+    assert after["pp_recv_calls"] - s["pp_recv_calls"] == after["pp_steps"] - s["pp_steps"]  # one a step now
+    with pytest.raises(ValueError, match="micro_batches must be a positive integer, got 0"):
+        group.set_micro_batches(0)
+    pids = group.pids
     llm.close()
     assert gone(pids)
 

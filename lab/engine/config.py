@@ -61,8 +61,9 @@ class EngineConfig:
     extensions: list = field(default_factory=list)  # any further ExtensionConfigs, built in this order
     # N > 1: the model split over N ranks, this process and N - 1 workers (lab.parallel): tensor parallelism
     # splits every layer (Megatron-style), pipeline parallelism the layers into stages, a step's batch flowing
-    # through them in micro-batches (None: one per stage). The timeout bounds every collective of a step (and,
-    # x5, the workers' start-up).
+    # through them in micro-batches (None: one per stage; the count the engine starts with, which
+    # `PipelineGroup.set_micro_batches` may change between steps). The timeout bounds every collective of a step
+    # (and, x5, the workers' start-up).
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     pipeline_micro_batches: int | None = None

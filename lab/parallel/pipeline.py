@@ -117,8 +117,16 @@ class PipelineGroup(WorkerGroup):
     def __init__(self, model, source: str, world: int, micro_batches: int, timeout: float = 60.0, seed: int = 0,
                  prepack_weights: bool = False):
         super().__init__(model, source, world, timeout, seed, prepack_weights)
-        self.micro_batches = micro_batches
+        self.set_micro_batches(micro_batches)
         self.stage = stage_model(model, 0, world)
+
+    def set_micro_batches(self, m: int) -> None:
+        """Cut each later step into up to `m` micro-batches. Only rank 0 reads the count (the cuts travel with
+        each step's batch), so one running group can be measured at several counts without restarting its
+        ranks (notebook 08's bubble against m)."""
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"micro_batches must be a positive integer, got {m!r}")
+        self.micro_batches = m
 
     def start(self, make_attention, kv_bytes: int) -> None:
         super().start(self.stage, make_attention, kv_bytes, stage_for_rank, serve_stage)

@@ -73,7 +73,7 @@ class ParallelParams:
         # 256 at 2K tokens), and the TP=8 step projected from that measured compute; the multi-process
         # measurements stay on the CPU (PROCESS_DEVICE) at one batch, one prompt and m = 1 and 8 (the CPU
         # reference has their sweeps). ~40 s on one H200 (gpu/gpu_suite.sh allots 40): the rank ~1 s and probe
-        # 3 s, but five spawned process groups (the link sweep, TP=2, the memory check, PP=2 at m = 1 and 8) at
+        # 3 s, but four spawned process groups (the link sweep, TP=2, the memory check, PP=2 at m = 1 then 8) at
         # ~3.5 s each, two in-process engines ~3 s and their CPU steps ~4 s, which these sections
         # need at any size; 8 s start.
         "gpu": {"RANK_LAYERS": 80, "COMM_SIZES": (4, 256, 16384, 1 << 20, 1 << 24), "COMM_REPEATS": 10,
@@ -299,34 +299,52 @@ def engine_memory(p: ParallelParams, tp: int = 2, num_kv_blocks: int = 64) -> pd
 def pp_steps(p: ParallelParams, context: int = 256) -> pd.DataFrame:
     """At PP=2 for each of MICRO_BATCHES (and at PP=1): STEPS decode steps of PP_BATCH sequences of `context`
     tokens and STEPS prefill steps of PP_BATCH prompts of PP_PROMPT tokens, each step's wall time on rank 0 and
-    its wait for the last stage (`pp_recv_seconds`: rank 0 runs the first stage, then waits for the logits)."""
-    from lab.engine import LLM, SamplingParams
+    its wait for the last stage (`pp_recv_seconds`: rank 0 runs the first stage, then waits for the logits).
+    One PP=2 engine serves every count (`PipelineGroup.set_micro_batches` between them: only rank 0 reads it),
+    so its ranks start once, not once a count."""
+    from lab.engine import LLM
 
-    rows = []
-    for m in tqdm((None, *p.MICRO_BATCHES), desc="PP=2: micro-batch counts"):
-        opts = {} if m is None else {"pipeline_parallel_size": 2, "pipeline_micro_batches": m}
-        max_len = context + p.STEPS * (p.PP_PROMPT + 1) + 8
+    max_len = context + p.STEPS * (p.PP_PROMPT + 1) + 8
+    rows, bar = [], tqdm(total=1 + len(p.MICRO_BATCHES), desc="PP=1, then PP=2 at each micro-batch count")
+    for pp, counts in ((1, (None,)), (2, p.MICRO_BATCHES)):
+        opts = {} if pp == 1 else {"pipeline_parallel_size": 2}
         llm = LLM(p.MODEL, dtype=p.DTYPE, device=PROCESS_DEVICE, max_num_seqs=p.PP_BATCH, max_model_len=max_len,
                   enable_prefix_caching=False, num_kv_blocks=2 * p.PP_BATCH * -(-max_len // 16),
                   max_num_batched_tokens=p.PP_BATCH * context, **opts)
-        start_decode_batch(llm, p.PP_BATCH, context, p.STEPS)
-        for phase in ("decode", "prefill"):
-            for r in range(p.STEPS):
-                if phase == "prefill":
-                    for i in range(p.PP_BATCH):
-                        llm.add_request([(31 * r + 7 * i + j) % 5000 + 10 for j in range(p.PP_PROMPT)],
-                                        SamplingParams(temperature=0, max_tokens=1))
-                before = llm.stats()
-                start = time.perf_counter()
-                llm.step()
-                seconds = time.perf_counter() - start
-                wait = llm.stats().get("pp_recv_seconds", 0) - before.get("pp_recv_seconds", 0)
-                rows.append({"micro_batches": m or 0, "pp": 1 if m is None else 2, "phase": phase, "step_s": seconds,
-                             "rank0_wait_s": wait})
-            while phase == "decode" and llm.has_unfinished():
-                llm.step()
+        for m in counts:
+            if m is not None:
+                llm.extensions["pipeline_parallel"].group.set_micro_batches(m)
+            rows += _pp_phases(llm, p, context, m)
+            bar.update()
         llm.close()
+    bar.close()
     return pd.DataFrame(rows)
+
+
+def _pp_phases(llm, p: ParallelParams, context: int, m: int | None) -> list[dict]:
+    """`pp_steps`' decode and prefill steps on `llm` with `m` micro-batches (None: PP=1), the engine left idle."""
+    from lab.engine import SamplingParams
+
+    rows = []
+    start_decode_batch(llm, p.PP_BATCH, context, p.STEPS)
+    for phase in ("decode", "prefill"):
+        for r in range(p.STEPS):
+            if phase == "prefill":
+                for i in range(p.PP_BATCH):
+                    llm.add_request([(31 * r + 7 * i + j) % 5000 + 10 for j in range(p.PP_PROMPT)],
+                                    SamplingParams(temperature=0, max_tokens=1))
+            before = llm.stats()
+            start = time.perf_counter()
+            llm.step()
+            seconds = time.perf_counter() - start
+            wait = llm.stats().get("pp_recv_seconds", 0) - before.get("pp_recv_seconds", 0)
+            rows.append({"micro_batches": m or 0, "pp": 1 if m is None else 2, "phase": phase, "step_s": seconds,
+                         "rank0_wait_s": wait})
+        while phase == "decode" and llm.has_unfinished():
+            llm.step()
+    while llm.has_unfinished():  # the prefill requests' one token each, before the next count's batch
+        llm.step()
+    return rows
 
 
 def bubble_summary(steps: pd.DataFrame) -> pd.DataFrame:
