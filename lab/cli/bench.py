@@ -95,16 +95,15 @@ def _bench_machine(args) -> int:
     to be read beside, since this machine's speed moves 2x between hours."""
     import torch
 
-    from lab.machine.hardware import probe_inference
-    from lab.models.loader import parse_dtype
-
-    from lab.models.loader import default_dtype
+    from lab.machine.hardware import cpu_model, cpu_signature, describe_cpu, probe_inference
+    from lab.models.loader import default_dtype, parse_dtype
 
     for name in args.dtypes.split(","):
         dtype = parse_dtype(name) or default_dtype("cpu")  # "auto": the serving dtype
         h = probe_inference(dtype, seconds_budget=args.seconds)
         print(f"machine probe ({str(dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads): matmul "
               f"{h.peak_flops / 1e9:.0f} GFLOP/s, weight-shaped GEMV read {h.mem_bandwidth / 1e9:.1f} GB/s")
+    print(f"  on {describe_cpu(cpu_model(), cpu_signature())}")  # the name alone hides AMX
     return 0
 
 

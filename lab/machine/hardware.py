@@ -47,6 +47,40 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# The CPU flags (Linux /proc/cpuinfo) that decide how fast this CPU multiplies bfloat16, float16 and int8
+# matrices: Intel AMX; AVX512-BF16 and -FP16 (Intel Cooper Lake / Sapphire Rapids, AMD Zen 4 and later); VNNI.
+MATRIX_FLAGS = ("amx_bf16", "amx_fp16", "amx_int8", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni")
+
+
+def cpu_signature() -> dict | None:
+    """This CPU's family and model numbers and which of MATRIX_FLAGS it has, from /proc/cpuinfo (None where there is
+    none). The model name does not tell machines apart under a hypervisor: two Xeons this project ran on both read
+    "Intel(R) Xeon(R) Processor", one with AMX (bf16 matmul 1,331-1,592 GFLOP/s on 2 cores) and one without
+    (84-169)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    first = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor's block: every core reports the same
+        key, _, value = line.partition(":")
+        first[key.strip()] = value.strip()
+    flags = set(first.get("flags", "").split())
+    return {"family": first.get("cpu family"), "model": first.get("model"),
+            "matrix_flags": [f for f in MATRIX_FLAGS if f in flags]}
+
+
+def describe_cpu(name: str, signature: dict | None) -> str:
+    """One line naming a CPU: its model name, family and model, and its matrix flags ("none of" them, where it
+    has none: that too sets its speed)."""
+    if not signature:
+        return name
+    flags = " ".join(signature["matrix_flags"]) or f"none of {', '.join(MATRIX_FLAGS)}"
+    return f"{name} (family {signature['family']} model {signature['model']}; {flags})"
+
+
 GiB = 1024**3
 TERA = 1e12
 

@@ -57,18 +57,18 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-# CPU flags (Linux /proc/cpuinfo) of bfloat16 matrix instructions: Intel AMX, and AVX512-BF16 (Intel Cooper Lake
-# and later, AMD Zen 4 and later). Without them bfloat16 matmuls are emulated and slower than float32.
+# CPU flags of bfloat16 matrix instructions: Intel AMX, and AVX512-BF16 (Intel Cooper Lake and later, AMD Zen 4 and
+# later). Without them bfloat16 matmuls are emulated and slower than float32.
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
 def cpu_has_bf16_matmul() -> bool:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    from lab.machine.hardware import cpu_signature
+
+    signature = cpu_signature()
+    if signature is None:
         return "AMX" in torch.backends.cpu.get_cpu_capability()
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return any(f in flags for f in BF16_CPU_FLAGS)
+    return any(f in signature["matrix_flags"] for f in BF16_CPU_FLAGS)
 
 
 # vLLM's dtype spellings (and torch's names); "auto" is `default_dtype`.

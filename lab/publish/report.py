@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from lab.machine.hardware import describe_cpu
 from lab.publish.headlines import STUDIES, TITLES, Headline, headline, question, verdict_counts
 
 LEDGER_COLUMNS = ("id", "seed", "section", "claim", "article", "lab", "verdict", "evidence")
@@ -88,8 +89,8 @@ def _drop_superseded_notebooks(out: Path, shown: list[Path]) -> None:
 
 def _provenance(run_dir: Path, h: Headline) -> str:
     params = json.loads((run_dir / "params.json").read_text())
-    machine = f"{params.get('cpu', '?')} ({params.get('cpu_cores', '?')} cores)" + (
-        f", {params['gpu']}" if params.get("gpu") else "")
+    cpu = describe_cpu(params.get("cpu", "?"), params.get("cpu_signature"))  # older runs: the name alone
+    machine = f"{cpu}, {params.get('cpu_cores', '?')} cores" + (f", {params['gpu']}" if params.get("gpu") else "")
     state = "dirty tree" if h.dirty else "clean tree"
     stale = ' <span class="stale">stale: the code changed since this run</span>' if h.stale else ""
     return (f'<p class="prov">{_e(h.preset)} run <code>{_e(h.run_id)}</code>, commit <code>{_e(h.commit[:10])}'

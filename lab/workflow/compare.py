@@ -79,9 +79,27 @@ def against_reference(run_dir: Path, reference_root: Path) -> str:
     agreement = compare_verdicts(run_dir, reference)
     if not agreement:
         return "verdicts: this notebook writes no claims table"
+    return agreement.summary() + "".join(f"\n    {note}: a verdict may differ for that reason alone"
+                                         for note in setting_differences(run_dir, reference))
+
+
+def setting_differences(run_dir: Path, reference_dir: Path) -> list[str]:
+    """Where two runs' settings differ besides their sizes: the model, and the CPU (its name, and where both runs
+    record it, `lab.machine.hardware.cpu_signature`: the name alone hides whether a Xeon has AMX)."""
     import json
 
-    models = [json.loads((d / "params.json").read_text())["parameters"].get("MODEL") for d in (run_dir, reference)]
-    other = (f"on another model than the reference run's ({models[0]}, not {models[1]}): a verdict may differ "
-             f"for that reason alone\n") if models[0] != models[1] else ""
-    return other + agreement.summary()
+    from lab.machine.hardware import describe_cpu
+
+    here, ref = (json.loads((d / "params.json").read_text()) for d in (run_dir, reference_dir))
+    notes = []
+    models = [p["parameters"].get("MODEL") for p in (here, ref)]
+    if models[1] is None and models[0] is not None:
+        notes.append(f"the reference run records no MODEL (it predates the parameter; this run's is {models[0]})")
+    elif models[0] != models[1]:
+        notes.append(f"on another model than the reference run's ({models[0]}, not {models[1]})")
+    signatures = [p.get("cpu_signature") for p in (here, ref)]
+    known = all(signatures)
+    cpus = [describe_cpu(p.get("cpu", "?"), p.get("cpu_signature") if known else None) for p in (here, ref)]
+    if cpus[0] != cpus[1]:
+        notes.append(f"on another CPU than the reference run's ({cpus[0]}, not {cpus[1]})")
+    return notes

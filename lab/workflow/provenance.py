@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 import lab
-from lab.machine.hardware import cpu_model
+from lab.machine.hardware import cpu_model, cpu_signature
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,6 +63,7 @@ def provenance(parameters: dict | None = None) -> dict:
         "python": platform.python_version(),
         "packages": {p: _version(p) for p in ("torch", "transformers", "triton", "numpy")},
         "cpu": cpu_model(),
+        "cpu_signature": cpu_signature(),  # family, model and matrix flags: the name alone hides AMX (hardware.py)
         "cpu_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "gpu": gpu_info(),
