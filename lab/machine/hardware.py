@@ -48,7 +48,8 @@ def cpu_model() -> str:
 
 
 # The CPU flags (Linux /proc/cpuinfo) that decide how fast this CPU multiplies bfloat16, float16 and int8
-# matrices: Intel AMX; AVX512-BF16 and -FP16 (Intel Cooper Lake / Sapphire Rapids, AMD Zen 4 and later); VNNI.
+# matrices: Intel AMX (Sapphire Rapids and later); AVX512-BF16 (Intel Cooper Lake and later, AMD Zen 4 and later);
+# AVX512-FP16 (Intel Sapphire Rapids and later); VNNI (int8 dot products).
 MATRIX_FLAGS = ("amx_bf16", "amx_fp16", "amx_int8", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni")
 
 

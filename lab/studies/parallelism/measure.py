@@ -311,12 +311,14 @@ def pp_steps(p: ParallelParams, context: int = 256) -> pd.DataFrame:
         llm = LLM(p.MODEL, dtype=p.DTYPE, device=PROCESS_DEVICE, max_num_seqs=p.PP_BATCH, max_model_len=max_len,
                   enable_prefix_caching=False, num_kv_blocks=2 * p.PP_BATCH * -(-max_len // 16),
                   max_num_batched_tokens=p.PP_BATCH * context, **opts)
-        for m in counts:
-            if m is not None:
-                llm.extensions["pipeline_parallel"].group.set_micro_batches(m)
-            rows += _pp_phases(llm, p, context, m)
-            bar.update()
-        llm.close()
+        try:
+            for m in counts:
+                if m is not None:
+                    llm.extensions["pipeline_parallel"].group.set_micro_batches(m)
+                rows += _pp_phases(llm, p, context, m)
+                bar.update()
+        finally:
+            llm.close()
     bar.close()
     return pd.DataFrame(rows)
 
