@@ -1,5 +1,6 @@
-"""`lab.workflow.provenance.code_dirty`: a change to the code marks a run dirty; what runs write under results/ does not
-(a `lab run` of several reference notebooks marked every run after the first dirty, through the results index)."""
+"""`lab.workflow.provenance`: a change to the code marks a run dirty, what runs write under results/ does not (a `lab
+run` of several reference notebooks marked every run after the first dirty, through the results index); the CPU is
+recorded with its matrix flags."""
 
 import subprocess
 
@@ -38,3 +39,14 @@ def test_a_changed_code_file_is_dirty(repo):
     (repo / "lab" / "study.py").write_text("x = 2\n")
     assert provenance.code_dirty() is True
     assert provenance.provenance()["git_dirty"] is True
+
+
+def test_provenance_records_the_cpus_matrix_flags():
+    from lab.machine.hardware import MATRIX_FLAGS, cpu_signature
+
+    p = provenance.provenance()
+    assert p["cpu_signature"] == cpu_signature()
+    if p["cpu_signature"] is not None:  # Linux
+        assert p["cpu_signature"]["family"] and set(p["cpu_signature"]["matrix_flags"]) <= set(MATRIX_FLAGS)
+        flags = open("/proc/cpuinfo").read().split("flags", 1)[1].split("\n", 1)[0]
+        assert [f for f in MATRIX_FLAGS if f" {f} " in f"{flags} "] == p["cpu_signature"]["matrix_flags"]

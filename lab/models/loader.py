@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from lab.machine.hardware import cpu_signature
+
 from . import prepack
 from .config import ModelConfig
 from .gguf import convert_gguf
@@ -63,8 +65,6 @@ BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
 def cpu_has_bf16_matmul() -> bool:
-    from lab.machine.hardware import cpu_signature
-
     signature = cpu_signature()
     if signature is None:
         return "AMX" in torch.backends.cpu.get_cpu_capability()

@@ -98,8 +98,9 @@ def setting_differences(run_dir: Path, reference_dir: Path) -> list[str]:
     elif models[0] != models[1]:
         notes.append(f"on another model than the reference run's ({models[0]}, not {models[1]})")
     signatures = [p.get("cpu_signature") for p in (here, ref)]
-    known = all(signatures)
-    cpus = [describe_cpu(p.get("cpu", "?"), p.get("cpu_signature") if known else None) for p in (here, ref)]
+    if not all(signatures):  # a run older than the signature: compare the names alone
+        signatures = [None, None]
+    cpus = [describe_cpu(p.get("cpu", "?"), sig) for p, sig in zip((here, ref), signatures)]
     if cpus[0] != cpus[1]:
         notes.append(f"on another CPU than the reference run's ({cpus[0]}, not {cpus[1]})")
     return notes
