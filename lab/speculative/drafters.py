@@ -4,7 +4,8 @@
   tokens that followed the latest earlier occurrence of the sequence's last n tokens (n from max_n down to
   min_n). No model forward (c ~ 0), deterministic (q one-hot), nothing proposed without a match.
 - `ModelDrafter`: any small model sharing the target's vocabulary, run autoregressively k times on its own paged
-  KV pool (its own `BlockManager` and `ModelRunner`, prefix caching included). It samples each draft from its
+  KV pool (its own `BlockManager` and `ModelRunner`, prefix caching included: the round that catches up on a
+  prompt names its full blocks, so a later request with the same prefix skips them). It samples each draft from its
   own distribution q under the request's sampling parameters and hands q to verification. Built by
   `layer_skip_model` (self-speculation: the target's first N layers with its final norm and LM head, as in
   LayerSkip, Elhoushi et al., 2024, arXiv:2404.16710, and Draft & Verify, Zhang et al., 2023,
@@ -140,6 +141,8 @@ class ModelDrafter:
             logits = self.runner.execute(batch).logits  # every shadow's step ends at its last token: one row each
             for (seq, shadow, _, tokens, probs), row in zip(step, logits):
                 self.block_manager.update(shadow, len(shadow))
+                if j == 0:  # the caught-up tokens are the target's, no draft among them yet: name their blocks
+                    self.block_manager.cache_full_blocks(shadow)  # (a one-round request never syncs again)
                 if seq.params.greedy:  # deterministic: verification needs no q
                     token = int(row.argmax())
                 else:
