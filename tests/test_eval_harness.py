@@ -162,6 +162,24 @@ def test_evaluate_is_json(smollm, heldout, rtn_w3):
         evaluate(model, tok, suite="nope")
 
 
+def test_evaluate_runs_the_reference_once_a_sequence(smollm, heldout, rtn_w3):
+    """Its KL and top-1 and its own perplexity read one forward of the reference per held-out sequence (it ran
+    twice before: `lab eval --kv-cache-dtype` took three forwards a sequence where two do)."""
+    model, tok = smollm
+    for candidate, kv in ((rtn_w3, None), (model, "int4/per-token")):
+        forwards = []
+        hook = model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+        try:
+            if kv is not None:
+                from lab.kv.format import parse_format
+
+                kv = (parse_format(kv)[0], None)
+            evaluate(candidate, tok, suite="ppl", reference=model, heldout=heldout[:2], kv=kv)
+        finally:
+            hook.remove()
+        assert len(forwards) == 2 * (2 if candidate is model else 1), (kv, len(forwards))
+
+
 def test_evaluate_with_a_quantized_kv_cache(smollm, heldout):
     from lab.kv.format import parse_format
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lab.eval.sensitive import CATEGORIES, Item, build_prompt, check, load_items
-from lab.eval.scores import SequenceScores, perplexity, score_sequences
+from lab.eval.scores import ReferenceLogProbs, SequenceScores, perplexity, score_sequences
 from lab.stats.intervals import proportion
 
 if TYPE_CHECKING:  # pandas is imported where a table is built, not on every import of the harness
@@ -304,9 +304,12 @@ def evaluate(model, tokenizer, suite: str = "all", reference=None, *, heldout: l
         ppl = {"n_tokens": sum(len(s) for s in heldout), "sources": sources}
         if reference is None:
             ppl.update(perplexity=perplexity(model, heldout, kv), n_sequences=len(heldout))
-        else:  # intervals over the held-out sequences, as evaluate_model reports them
-            ppl.update(score_sequences(reference, model, heldout, kv).summary())
-            ppl.update(score_sequences(reference, reference, heldout).perplexity().columns("reference_perplexity"))
+        else:  # intervals over the held-out sequences, as evaluate_model reports them; the reference's own
+            # perplexity reads the forwards its KL and top-1 took (it ran twice a sequence before)
+            kept = ReferenceLogProbs(reference)
+            ppl.update(score_sequences(reference, model, heldout, kv, cache=kept).summary())
+            ppl.update(score_sequences(reference, reference, heldout, cache=kept).perplexity()
+                       .columns("reference_perplexity"))
         result["ppl"] = ppl
     if suite in ("sensitive", "all"):
         items = load_items(categories) if items is None else items
