@@ -180,6 +180,31 @@ def test_evaluate_runs_the_reference_once_a_sequence(smollm, heldout, rtn_w3):
         assert len(forwards) == 2 * (2 if candidate is model else 1), (kv, len(forwards))
 
 
+def test_models_judged_by_one_reference_share_its_forwards(smollm, heldout, monkeypatch):
+    """`evaluate_model` with a `ReferenceLogProbs`: the exact cache and a quantized one, as notebook 03 judges its
+    formats, run the reference once a sequence (each call ran it again before) and score as without the cache."""
+    from lab.eval import scores
+    from lab.eval.harness import evaluate_model
+    from lab.eval.scores import ReferenceLogProbs
+    from lab.kv.format import parse_format
+
+    model, tok = smollm
+    kv = (parse_format("int4/per-token")[0], None)
+    items = _items()[:1]
+    outputs = run_sensitive(model, tok, items, 4)  # the sensitive half is not the question: given, not run again
+    plain = [evaluate_model(model, tok, model, heldout[:2], items, outputs, 4, df=outputs, kv=k)[2]
+             for k in (None, kv)]
+    exact_forwards, real = [], scores.forward_logits
+    monkeypatch.setattr(scores, "forward_logits",
+                        lambda m, ids, cache=None: (exact_forwards.append(cache is None), real(m, ids, cache))[1])
+    kept = ReferenceLogProbs(model)
+    shared = [evaluate_model(model, tok, model, heldout[:2], items, outputs, 4, df=outputs, kv=k, cache=kept)[2]
+              for k in (None, kv)]
+    assert exact_forwards.count(True) == 2 and exact_forwards.count(False) == 2
+    for a, b in zip(plain, shared):
+        assert np.array_equal(a.nll, b.nll) and np.array_equal(a.kl, b.kl) and np.array_equal(a.top1, b.top1)
+
+
 def test_evaluate_with_a_quantized_kv_cache(smollm, heldout):
     from lab.kv.format import parse_format
 

@@ -85,6 +85,23 @@ def test_without_gptqmodel_the_reason_is_reported(monkeypatch, subject):
     assert "Q4_1" in gptqmodel_compare.subject_note("smollm2-135m")
 
 
+def test_held_out_perplexity_runs_the_reference_once_a_sequence(subject, monkeypatch):
+    """The reference, GPTQModel's model and the lab's are each scored against the reference: its forwards are
+    kept for the three (it ran three times a sequence before), and the scores are those without the cache."""
+    from lab.bench.quant import heldout_perplexity
+    from lab.eval import scores
+
+    reference, tok, _ = subject
+    models = {"lab": copy.deepcopy(reference), "gptqmodel": copy.deepcopy(reference)}
+    before = heldout_perplexity(reference, models, tok, 2, 32)
+    ran, real = [], scores.forward_logits
+    monkeypatch.setattr(scores, "forward_logits", lambda m, ids, cache=None: (ran.append(m), real(m, ids, cache))[1])
+    after = heldout_perplexity(reference, models, tok, 2, 32)
+    assert sum(m is reference for m in ran) == 2 * 2  # two domains of two sequences
+    assert sum(m is models["lab"] for m in ran) == sum(m is models["gptqmodel"] for m in ran) == 4
+    assert after == before
+
+
 def test_the_bench_uses_the_quantization_studys_held_out_domains():
     from lab.bench.quant import HELDOUT_DOMAINS
     from lab.studies.quant_accuracy.measure import DOMAIN_SOURCES

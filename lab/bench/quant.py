@@ -115,12 +115,14 @@ def heldout_perplexity(reference, models: dict, tokenizer, sequences: int, token
     standard-library files, prose: READMEs), with intervals over sequences, and GPTQModel's over the lab's on the
     same sequences (a paired ratio, null 1)."""
     from lab.eval.harness import heldout_texts
-    from lab.eval.scores import paired, score_sequences
+    from lab.eval.scores import ReferenceLogProbs, paired, score_sequences
 
     out = {}
     for domain, source in HELDOUT_DOMAINS.items():
         seqs = heldout_texts(tokenizer, sequences, tokens, 0, source=source)
-        scores = {label: score_sequences(reference, m, seqs) for label, m in {"reference": reference, **models}.items()}
+        kept = ReferenceLogProbs(reference)  # the reference runs once a sequence, not once per model scored
+        scores = {label: score_sequences(reference, m, seqs, cache=kept)
+                  for label, m in {"reference": reference, **models}.items()}
         row = {label: s.perplexity().columns("value") for label, s in scores.items()}
         row["gptqmodel_over_lab"] = paired(scores["gptqmodel"], scores["lab"], "perplexity").columns("value")
         out[domain] = {**row, "sequences": len(seqs)}

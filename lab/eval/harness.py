@@ -350,13 +350,15 @@ def sensitive_metrics(df, ref_sensitive) -> dict:
 
 
 def evaluate_model(model, tokenizer, reference, heldout, items, ref_sensitive, max_tokens: int,
-                   df: pd.DataFrame | None = None, kv=None) -> tuple[dict, pd.DataFrame, SequenceScores]:
+                   df: pd.DataFrame | None = None, kv=None,
+                   cache: ReferenceLogProbs | None = None) -> tuple[dict, pd.DataFrame, SequenceScores]:
     """Perplexity, KL and top-1 against `reference` with their intervals over the `heldout` sequences, and
     `sensitive_metrics` of the items against the reference's outputs `ref_sensitive`. `df`: the model's
     sensitive outputs, when already run. `kv`: (KVCacheFormat, KVScales or None) stores `model`'s KV cache
     through that format (as in `evaluate`). Returns (metrics, per-item rows, per-sequence scores), the scores
-    for paired comparisons between models (`lab.eval.scores.paired`)."""
-    scores = score_sequences(reference, model, heldout, kv)
+    for paired comparisons between models (`lab.eval.scores.paired`). `cache`: the reference's forwards kept
+    across calls on the same sequences (`ReferenceLogProbs`), as when one reference judges several models."""
+    scores = score_sequences(reference, model, heldout, kv, cache=cache)
     metrics = scores.summary()
     engine = None if kv is None else {"kv_cache_dtype": kv[0], "kv_scales": kv[1]}
     df = run_sensitive(model, tokenizer, items, max_tokens, engine) if df is None else df

@@ -130,6 +130,7 @@ def end_to_end(p: KVStudyParams, model, tokenizer, calibrated: KVScales, log=pri
     carries its interval (over held-out sequences, or Wilson over items), and the changes against the exact
     cache are paired over the same sequences and items (`claims`)."""
     from lab.eval.harness import evaluate_model, heldout_texts, run_sensitive
+    from lab.eval.scores import ReferenceLogProbs
     from lab.eval.sensitive import CATEGORIES, load_items
     from lab.studies.kv_quantization.claims import item_intervals, perplexity_change
 
@@ -138,7 +139,9 @@ def end_to_end(p: KVStudyParams, model, tokenizer, calibrated: KVScales, log=pri
         :p.LONG_CONTEXT_ITEMS if c == "long_context" else (p.ITEMS_PER_CATEGORY or None)]]
     ref_df = run_sensitive(model, tokenizer, items, p.MAX_TOKENS)
     rows, outputs = [], {"exact": ref_df}
-    metrics, _, exact = evaluate_model(model, tokenizer, model, heldout, items, ref_df, p.MAX_TOKENS, df=ref_df)
+    kept = ReferenceLogProbs(model)  # the exact cache's forwards, read by every format (computed once a sequence)
+    metrics, _, exact = evaluate_model(model, tokenizer, model, heldout, items, ref_df, p.MAX_TOKENS, df=ref_df,
+                                       cache=kept)
 
     def changes(scores, df):
         return {**perplexity_change(scores, exact), **item_intervals(df, ref_df, CATEGORIES)}
@@ -147,7 +150,8 @@ def end_to_end(p: KVStudyParams, model, tokenizer, calibrated: KVScales, log=pri
     for name in tqdm(p.E2E_FORMATS, desc="KV formats, end to end"):
         fmt, _, _ = study_format(name)
         kv = (fmt, scales_for(name, model, calibrated))
-        metrics, df, scores = evaluate_model(model, tokenizer, model, heldout, items, ref_df, p.MAX_TOKENS, kv=kv)
+        metrics, df, scores = evaluate_model(model, tokenizer, model, heldout, items, ref_df, p.MAX_TOKENS, kv=kv,
+                                             cache=kept)
         rows.append({"format": name, **metrics, **changes(scores, df)})
         outputs[name] = df
         log(f"{name:40s} perplexity {metrics['perplexity']:.3f}, KL {metrics['kl_mean']:.5f}, "
