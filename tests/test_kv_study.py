@@ -76,6 +76,27 @@ def test_errors_by_position(tiny):
     assert k_only.mean() > 0 and v_only.mean() > 0
 
 
+def test_formats_measured_together_read_the_exact_logits_once(tiny, monkeypatch):
+    """`kl_by_position_of` (what `error_growth` calls): the LM head runs once a chunk on the exact hidden states for
+    every format together (once per format before: 2 F chunks' heads where F + 1 do), with each format's KL as
+    measured alone, bit for bit."""
+    from lab.eval.kv_error import kl_by_position_of
+
+    model, ids = tiny
+    rec = record(model, ids)
+    names = ("int4/per-token", "int8/per-token", "int4/per-token/k-only")
+    formats = {n: (*parse_format(n), None) for n in names}
+    alone = {n: kl_by_position(model, ids, rec.hidden, *formats[n], chunk=40) for n in names}
+    heads, real = [], model.compute_logits
+    monkeypatch.setattr(model, "compute_logits", lambda h: (heads.append(len(h)), real(h))[1])
+    together = kl_by_position_of(model, ids, rec.hidden, formats, chunk=40)
+    assert len(heads) == (len(names) + 1) * 3  # 96 positions: chunks of 40, 40 and 16
+    assert all(torch.equal(together[n], alone[n]) for n in names)
+    heads.clear()
+    error_growth(model, ids, list(names), None, first_bucket=16, log=lambda *_: None)
+    assert len(heads) == len(names) + 1  # one chunk of 512 rows holds the 96 positions
+
+
 def test_error_growth_table(tiny):
     model, ids = tiny
     scales = calibrate_kv_absmax(model, [ids[:40]])

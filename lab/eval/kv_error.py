@@ -7,7 +7,7 @@ Two measures for any format of `lab.kv` (K and V together, or keys only, or valu
   layers), as a relative error per query position;
 - `kl_by_position`: the end-to-end effect, next-token KL(exact || quantized cache) per position, the model
   run once over the whole text with every layer's K/V stored through the format (errors compound through
-  the layers here);
+  the layers here; `kl_by_position_of` measures several formats on one pass of the exact logits);
 - in both, a full-precision window and a per-channel key group still filling are read exactly per query,
   as when that token is decoded (`lab.kv.format.exact_mask`), the same rule as the paged engine's.
 
@@ -88,11 +88,21 @@ def attention_error_by_position(model, rec: _Recorder, fmt: KVCacheFormat, roles
 def kl_by_position(model, ids: list[int], exact_hidden: torch.Tensor, fmt: KVCacheFormat, roles: str = "kv",
                    scales: KVScales | None = None, chunk: int = 512) -> torch.Tensor:
     """Next-token KL(exact || quantized cache) per position; the LM head runs `chunk` rows at a time."""
-    cache = QuantizedContiguousKVCache(model, fmt, scales, roles, blocked=True)
-    hidden = model(*_inputs(model, ids), cache)
-    kls = []
+    return kl_by_position_of(model, ids, exact_hidden, {None: (fmt, roles, scales)}, chunk)[None]
+
+
+@torch.inference_mode()
+def kl_by_position_of(model, ids: list[int], exact_hidden: torch.Tensor, formats: dict, chunk: int = 512) -> dict:
+    """`kl_by_position` for each of `formats` (a key -> (format, roles, scales)): one forward per format, and the
+    exact model's log-probabilities computed once per chunk for all of them (they were recomputed per format, as
+    costly as the quantized side's: the LM head over every position)."""
+    hidden = {key: model(*_inputs(model, ids), QuantizedContiguousKVCache(model, fmt, scales, roles, blocked=True))
+              for key, (fmt, roles, scales) in formats.items()}
+    kls = {key: [] for key in formats}
     for a in range(0, len(ids), chunk):
         p = model.compute_logits(exact_hidden[a:a + chunk]).double().log_softmax(-1)
-        q = model.compute_logits(hidden[a:a + chunk]).double().log_softmax(-1)
-        kls.append((p.exp() * (p - q)).sum(-1).clamp_min(0))
-    return torch.cat(kls).float()
+        weights = p.exp()
+        for key, h in hidden.items():
+            q = model.compute_logits(h[a:a + chunk]).double().log_softmax(-1)
+            kls[key].append((weights * (p - q)).sum(-1).clamp_min(0))
+    return {key: torch.cat(parts).float() for key, parts in kls.items()}

@@ -26,7 +26,8 @@ import torch
 from tqdm.auto import tqdm
 
 from lab.eval.harness import long_text  # noqa: F401  (notebook 03 calls study.long_text)
-from lab.eval.kv_error import attention_error_by_position, kl_by_position, record
+from lab.eval.kv_error import kl_by_position  # noqa: F401  (the package's name for it)
+from lab.eval.kv_error import attention_error_by_position, kl_by_position_of, record
 from lab.kv import bytes_per_block
 from lab.kv.calibration import KVScales
 from lab.studies.kv_quantization.params import ENGINE_BLOCK_SIZE, KVStudyParams, scales_for, study_format
@@ -58,19 +59,21 @@ def error_growth(model, ids: list[int], names: list[str], calibrated: KVScales |
                  stride: int = 1, block: int = 32, log=print) -> pd.DataFrame:
     """Attention-output relative error and next-token KL for every format name (which may end in
     "/unit-scale"), on one recording of the text, per block of `block` positions within each position bucket
-    (`claims.bucket_table` pools them by bucket); static formats use `calibrated` scales."""
+    (`claims.bucket_table` pools them by bucket); static formats use `calibrated` scales. The KL of every
+    format reads one pass of the exact model's log-probabilities (`kl_by_position_of`)."""
     rec = record(model, ids)
-    exact = rec.hidden
     buckets = position_buckets(len(ids), first_bucket)
-    rows = []
-    for name in tqdm(names, desc="KV formats, by position"):
+    formats, errors = {}, {}
+    for name in tqdm(names, desc="KV formats, attention error by position"):
         fmt, roles, _ = study_format(name)
-        scales = scales_for(name, model, calibrated)
-        att = attention_error_by_position(model, rec, fmt, roles, scales, stride)
-        kl = kl_by_position(model, ids, exact, fmt, roles, scales)
-        rows += _blocked(att, buckets, block, format=name, metric="attention_rel_error")
-        rows += _blocked(kl, buckets, block, format=name, metric="next_token_kl")
-        log(f"{name:40s} attention error {float(att.nanmean()):.4f}, KL {float(kl.mean()):.5f}")
+        formats[name] = (fmt, roles, scales_for(name, model, calibrated))
+        errors[name] = attention_error_by_position(model, rec, *formats[name], stride)
+    kls = kl_by_position_of(model, ids, rec.hidden, formats)
+    rows = []
+    for name in names:
+        rows += _blocked(errors[name], buckets, block, format=name, metric="attention_rel_error")
+        rows += _blocked(kls[name], buckets, block, format=name, metric="next_token_kl")
+        log(f"{name:40s} attention error {float(errors[name].nanmean()):.4f}, KL {float(kls[name].mean()):.5f}")
     return pd.DataFrame(rows)
 
 
