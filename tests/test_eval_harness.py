@@ -164,7 +164,8 @@ def test_evaluate_is_json(smollm, heldout, rtn_w3):
 
 def test_evaluate_runs_the_reference_once_a_sequence(smollm, heldout, rtn_w3):
     """Its KL and top-1 and its own perplexity read one forward of the reference per held-out sequence (it ran
-    twice before: `lab eval --kv-cache-dtype` took three forwards a sequence where two do)."""
+    twice before: `lab eval --kv-cache-dtype` took three forwards a sequence where two do). One sequence: the
+    count is the question."""
     model, tok = smollm
     for candidate, kv in ((rtn_w3, None), (model, "int4/per-token")):
         forwards = []
@@ -174,10 +175,10 @@ def test_evaluate_runs_the_reference_once_a_sequence(smollm, heldout, rtn_w3):
                 from lab.kv.format import parse_format
 
                 kv = (parse_format(kv)[0], None)
-            evaluate(candidate, tok, suite="ppl", reference=model, heldout=heldout[:2], kv=kv)
+            evaluate(candidate, tok, suite="ppl", reference=model, heldout=heldout[:1], kv=kv)
         finally:
             hook.remove()
-        assert len(forwards) == 2 * (2 if candidate is model else 1), (kv, len(forwards))
+        assert len(forwards) == (2 if candidate is model else 1), (kv, len(forwards))  # one sequence
 
 
 def test_models_judged_by_one_reference_share_its_forwards(smollm, heldout, monkeypatch):
@@ -192,15 +193,15 @@ def test_models_judged_by_one_reference_share_its_forwards(smollm, heldout, monk
     kv = (parse_format("int4/per-token")[0], None)
     items = _items()[:1]
     outputs = run_sensitive(model, tok, items, 4)  # the sensitive half is not the question: given, not run again
-    plain = [evaluate_model(model, tok, model, heldout[:2], items, outputs, 4, df=outputs, kv=k)[2]
+    plain = [evaluate_model(model, tok, model, heldout[:1], items, outputs, 4, df=outputs, kv=k)[2]
              for k in (None, kv)]
     exact_forwards, real = [], scores.forward_logits
     monkeypatch.setattr(scores, "forward_logits",
                         lambda m, ids, cache=None: (exact_forwards.append(cache is None), real(m, ids, cache))[1])
     kept = ReferenceLogProbs(model)
-    shared = [evaluate_model(model, tok, model, heldout[:2], items, outputs, 4, df=outputs, kv=k, cache=kept)[2]
+    shared = [evaluate_model(model, tok, model, heldout[:1], items, outputs, 4, df=outputs, kv=k, cache=kept)[2]
               for k in (None, kv)]
-    assert exact_forwards.count(True) == 2 and exact_forwards.count(False) == 2
+    assert exact_forwards.count(True) == 1 and exact_forwards.count(False) == 1  # one sequence
     for a, b in zip(plain, shared):
         assert np.array_equal(a.nll, b.nll) and np.array_equal(a.kl, b.kl) and np.array_equal(a.top1, b.top1)
 
