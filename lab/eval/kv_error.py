@@ -92,12 +92,14 @@ def kl_by_position(model, ids: list[int], exact_hidden: torch.Tensor, fmt: KVCac
 
 
 @torch.inference_mode()
-def kl_by_position_of(model, ids: list[int], exact_hidden: torch.Tensor, formats: dict, chunk: int = 512) -> dict:
+def kl_by_position_of(model, ids: list[int], exact_hidden: torch.Tensor, formats: dict, chunk: int = 512,
+                      progress=iter) -> dict:
     """`kl_by_position` for each of `formats` (a key -> (format, roles, scales)): one forward per format, and the
     exact model's log-probabilities computed once per chunk for all of them (they were recomputed per format, as
-    costly as the quantized side's: the LM head over every position)."""
+    costly as the quantized side's: the LM head over every position). Every format's final hidden states are held
+    at once (positions x hidden size each). `progress` wraps the forwards' (key, format) pairs, e.g. a tqdm."""
     hidden = {key: model(*_inputs(model, ids), QuantizedContiguousKVCache(model, fmt, scales, roles, blocked=True))
-              for key, (fmt, roles, scales) in formats.items()}
+              for key, (fmt, roles, scales) in progress(formats.items())}
     kls = {key: [] for key in formats}
     for a in range(0, len(ids), chunk):
         p = model.compute_logits(exact_hidden[a:a + chunk]).double().log_softmax(-1)

@@ -68,7 +68,8 @@ def error_growth(model, ids: list[int], names: list[str], calibrated: KVScales |
         fmt, roles, _ = study_format(name)
         formats[name] = (fmt, roles, scales_for(name, model, calibrated))
         errors[name] = attention_error_by_position(model, rec, *formats[name], stride)
-    kls = kl_by_position_of(model, ids, rec.hidden, formats)
+    kls = kl_by_position_of(model, ids, rec.hidden, formats,
+                            progress=lambda pairs: tqdm(pairs, total=len(formats), desc="KV formats, KL by position"))
     rows = []
     for name in names:
         rows += _blocked(errors[name], buckets, block, format=name, metric="attention_rel_error")
