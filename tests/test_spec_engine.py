@@ -227,7 +227,7 @@ def test_abort_releases_the_drafters_blocks(smollm, prompts, draft_models):
 def test_a_model_drafter_reuses_the_prompt_blocks_of_a_one_round_request(smollm, prompts, draft_models):
     """Three tokens, k=2: each request makes one speculative round. The second request with the same prompt finds
     the prompt's full blocks in the drafter's cache (they were named only when a request synced for a second round,
-    so one-round requests never left any: the chi-square test below caught up on 900 whole prompts)."""
+    so one-round requests never left any: the chi-square test above caught up on 900 whole prompts)."""
     model, tok = smollm
     llm = LLM(model, tokenizer=tok, num_kv_blocks=64, max_model_len=512,
               speculative=SpeculativeConfig(k=2, method="layerskip", draft_model=draft_models["layerskip"]))
