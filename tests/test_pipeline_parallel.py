@@ -1,7 +1,8 @@
 """Pipeline parallelism (lab.parallel.pipeline, `LLM(pipeline_parallel_size=N)`) on the real model (SmolLM2-135M,
 float32): PP=2 greedy output equals TP=1 with several micro-batches a step, through chunked prefill, preemption and
-prefix-cache hits, and at another count set on the running group; each stage holds its 15 layers' weights and KV; micro-batches are cut at sequence boundaries;
-a killed stage is an error naming its rank; close() leaves no worker behind.
+prefix-cache hits, and at another count set on the running group; each stage holds its 15 layers' weights and KV;
+micro-batches are cut at sequence boundaries; a killed stage is an error naming its rank; close() leaves no worker
+behind.
 """
 
 import os

@@ -37,14 +37,24 @@ import torch
 
 
 
-def cpu_model() -> str:
+def _first_cpu() -> dict[str, str] | None:
+    """The first processor's fields in Linux's /proc/cpuinfo (every core reports the same); None where there is
+    none."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return None
+    fields = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    return fields
+
+
+def cpu_model() -> str:
+    return (_first_cpu() or {}).get("model name") or platform.processor() or platform.machine()
 
 
 # The CPU flags (Linux /proc/cpuinfo) that decide how fast this CPU multiplies bfloat16, float16 and int8
@@ -58,16 +68,9 @@ def cpu_signature() -> dict | None:
     none). The model name does not tell machines apart under a hypervisor: two Xeons this project ran on both read
     "Intel(R) Xeon(R) Processor", one with AMX (bf16 matmul 1,331-1,592 GFLOP/s on 2 cores) and one without
     (84-169)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    first = _first_cpu()
+    if first is None:
         return None
-    first = {}
-    for line in text.splitlines():
-        if not line.strip():
-            break  # the first processor's block: every core reports the same
-        key, _, value = line.partition(":")
-        first[key.strip()] = value.strip()
     flags = set(first.get("flags", "").split())
     return {"family": first.get("cpu family"), "model": first.get("model"),
             "matrix_flags": [f for f in MATRIX_FLAGS if f in flags]}
