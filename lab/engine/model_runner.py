@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from lab.models import LlamaModel, default_device, default_dtype, load_model
-from lab.models.attention import AttentionLayout, PagedAttentionMetadata, TorchPagedAttention
+from lab.models.attention import AttentionLayout, PagedAttentionMetadata, TorchPagedAttention, length_groups
 
 from .kv_store import build_kv_store, default_num_blocks
 from .parallel import start_group
@@ -130,6 +130,7 @@ class ModelRunner:
             prefills=[(r, n, t, end) for (r, n, _, end), t in zip(prefills, prefill_tables)],
             staging=self.kv.staging_metadata(scheduled, row),
             max_decode_len=max(decode_lens, default=0),
+            decode_groups=length_groups(decode_lens),
         )
         return ids, positions, meta
 

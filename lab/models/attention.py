@@ -16,7 +16,8 @@ lives in block `block_table[j // block_size]` at offset `j % block_size`. Each s
 1. write: this step's k, v go to their slots (`slot_mapping`, one flat index per token);
 2. read: decodes (one query each) are batched, gathering whole blocks through the padded block
    tables and masking positions past each sequence's length; a prefill chunk gathers its own blocks
-   and runs causal attention with the chunk's queries at the end of its context.
+   and runs causal attention with the chunk's queries at the end of its context. Decodes of very different
+   lengths are batched in groups (`length_groups`), so a short one is not padded to the longest.
 
 Quantized formats with a full-precision window or per-channel keys also read exact K/V from the store's
 staging area (`lab.kv.staging.StagingMetadata`): a decode overwrites the gathered K/V at the positions it
@@ -164,6 +165,33 @@ def partly_exact_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Te
     return out
 
 
+# A new group of decodes starts only where it saves at least this many padded (sequence, position) reads a layer.
+# A group costs a gather, two copies and two matmuls more a layer: at SmolLM2's 3 KV heads of 64, one thread on
+# the Xeon of 7 December, a one-block decode's attention took 37-40 us and each padded position 0.9 (bf16) to
+# 1.6 us (float32), so a group costs what 25-50 positions do. Twenty times that keeps a split from costing more
+# than it saves, and more or wider KV heads make a position dearer, not a group.
+MIN_PADDING_SAVED = 1024
+
+
+def length_groups(lens: list[int]) -> tuple[tuple[tuple[int, ...], int], ...] | None:
+    """Decodes of context lengths `lens` in groups batched apart: ((indices into `lens`, the group's longest
+    length), ...), longest first, or None for one batch of all. Batched together, every decode is padded to the
+    longest; one 2K-token context among a hundred of 100 tokens makes each read 2K positions a layer. Going from
+    the longest down, a group ends before the first length at most half its longest, when the decodes left
+    (each padded to the group's longest otherwise) would save at least MIN_PADDING_SAVED positions. So no decode
+    is padded to more than twice its length plus what that minimum allows, and a batch of like lengths stays one."""
+    order = sorted(range(len(lens)), key=lambda i: -lens[i])
+    groups, start = [], 0
+    for k in range(1, len(order)):
+        span, n = lens[order[start]], lens[order[k]]
+        if 2 * n <= span and (len(order) - k) * (span - n) >= MIN_PADDING_SAVED:
+            groups.append((tuple(sorted(order[start:k])), span))
+            start = k
+    if not groups:
+        return None
+    return tuple(groups) + ((tuple(sorted(order[start:])), lens[order[start]]),)
+
+
 @dataclass
 class PagedAttentionMetadata:
     """Everything attention needs about a step's batch, built once per step by the model runner."""
@@ -177,6 +205,7 @@ class PagedAttentionMetadata:
     prefills: list[tuple[int, int, torch.Tensor, int]]  # (first token row, query length, block ids, context length)
     staging: object | None = None  # lab.kv.staging.StagingMetadata of a staging store
     max_decode_len: int = 0  # decode_lens.max(), kept on the host: reading it from a device stalls the step
+    decode_groups: tuple | None = None  # `length_groups(decode lengths)`, on the host: None batches all decodes
 
 
 class TorchPagedAttention:
@@ -188,6 +217,7 @@ class TorchPagedAttention:
             raise ValueError(f"kv_cache_dtype {store.fmt.dtype} keeps exact copies or pre-RoPE keys, which the lab's "
                              f"sliding windows and soft-capped attention do not read; use a format without them")
         self._window_bias: dict[int, torch.Tensor] = {}  # window -> decode bias, built once a step
+        self._groups: list | None = None  # the decode groups' rows as tensors, built once a step
 
     def decode_bias(self, window: int | None) -> torch.Tensor:
         """The decodes' bias, -inf also before the window: the query at position len - 1 sees keys >= len - W."""
@@ -211,21 +241,19 @@ class TorchPagedAttention:
         self.store.write(layer, m.slot_mapping, k, v, m.positions, st, None if exact is None else exact[0])
         bd = m.decode_rows.numel()
         if bd:
-            keys, values = self.store.gather(layer, m.decode_blocks, m.decode_blocks.numel() // bd)
-            if st is not None:
-                q_pos = m.positions[m.decode_rows][:, None]
-                for x, src, role in ((keys, exact[0], "k"), (values, exact[1], "v")):
-                    mask = self.store.exact_mask(role, q_pos, st.decode_positions)
-                    _overwrite_exact(x.view(bd, -1, n_kv, d), src, st, mask)
-            # [Bd, n_kv, L, d], copied while rows of d stay whole: a strided view would make matmul copy K^T
-            # element by element (3 ms of a 31 ms bf16 step at batch 32 went to that copy). Same values in bf16;
-            # float32 sums in another order (~1e-6).
-            keys = keys.view(bd, -1, n_kv, d).transpose(1, 2).contiguous()
-            values = values.view(bd, -1, n_kv, d).transpose(1, 2).contiguous()
             # The n_heads / n_kv query heads that share a KV head become the query rows of that head:
             # one small matmul per (sequence, KV head) and no copy of K/V per query head.
             qd = (q if not m.prefills else q[m.decode_rows]).view(bd, n_kv, -1, d)
-            o = _decode_attention(qd, keys, values, self.decode_bias(window), softcap).view(bd, -1, d)
+            if st is None and m.decode_groups:  # the staging path's exact reads are per decode: one batch
+                o, tables, bias = torch.empty_like(qd), m.decode_blocks.view(bd, -1), self.decode_bias(window)
+                for rows, span in self._group_rows():
+                    n = -(-span // self.store.block_size)
+                    o[rows] = self._decode(layer, qd[rows], tables[rows, :n].reshape(-1), n,
+                                           bias[rows, ..., :n * self.store.block_size], softcap)
+            else:
+                o = self._decode(layer, qd, m.decode_blocks, m.decode_blocks.numel() // bd, self.decode_bias(window),
+                                 softcap, exact)
+            o = o.view(bd, -1, d)
             if not m.prefills:
                 return o
         out = torch.empty_like(q)
@@ -254,6 +282,30 @@ class TorchPagedAttention:
                 masks.append(None if mask is None else mask & (k_pos >= first))  # staged copies start at `first`
             out[start:start + qlen] = partly_exact_attention(qc, keys, values, *exact_kv, *masks)
         return out
+
+    def _group_rows(self) -> list[tuple[torch.Tensor, int]]:
+        """The metadata's decode groups with their rows as index tensors, made once a step."""
+        if self._groups is None:
+            device = self.meta.decode_rows.device
+            self._groups = [(torch.tensor(rows, device=device), span) for rows, span in self.meta.decode_groups]
+        return self._groups
+
+    def _decode(self, layer, qd, blocks, per_sequence: int, bias, softcap, exact=None) -> torch.Tensor:
+        """Attention of the decodes qd [n, n_kv, group, d] over their `per_sequence` blocks each."""
+        m, st = self.meta, self.meta.staging
+        n, n_kv, _, d = qd.shape
+        keys, values = self.store.gather(layer, blocks, per_sequence)
+        if st is not None:
+            q_pos = m.positions[m.decode_rows][:, None]
+            for x, src, role in ((keys, exact[0], "k"), (values, exact[1], "v")):
+                mask = self.store.exact_mask(role, q_pos, st.decode_positions)
+                _overwrite_exact(x.view(n, -1, n_kv, d), src, st, mask)
+        # [n, n_kv, L, d], copied while rows of d stay whole: a strided view would make matmul copy K^T
+        # element by element (3 ms of a 31 ms bf16 step at batch 32 went to that copy). Same values in bf16;
+        # float32 sums in another order (~1e-6).
+        keys = keys.view(n, -1, n_kv, d).transpose(1, 2).contiguous()
+        values = values.view(n, -1, n_kv, d).transpose(1, 2).contiguous()
+        return _decode_attention(qd, keys, values, bias, softcap)
 
 
 def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,

@@ -21,6 +21,7 @@ import dataclasses
 import torch
 from torch import nn
 
+from lab.models.attention import length_groups
 from lab.models.llama import LlamaModel
 
 from .collectives import Collectives
@@ -104,6 +105,7 @@ def split_meta(meta, r0: int, r1: int):
     return dataclasses.replace(meta, slot_mapping=meta.slot_mapping[r0:r1], positions=meta.positions[r0:r1],
                                decode_rows=rows[keep] - r0, decode_blocks=blocks, decode_bias=meta.decode_bias[keep],
                                decode_lens=meta.decode_lens[keep],
+                               decode_groups=length_groups(meta.decode_lens[keep].tolist()),
                                prefills=[(s - r0, q, b, c) for s, q, b, c in meta.prefills if r0 <= s < r1])
 
 
