@@ -90,7 +90,9 @@ class QuantAccuracyParams:
     HELDOUT_TOKENS: int = 512
     MAX_TOKENS: int = 64  # greedy tokens per sensitive item
     ITEMS_PER_CATEGORY: int = 0  # sensitive items per category (long context aside); 0: all of them
-    LONG_CONTEXT_ITEMS: int = 4  # ~25 s each on 2 CPU cores; 0 leaves the category out (and says so)
+    # Each adds ~3.5 s to a sensitive run (31 s for the other 170 items; 2 cores, the Xeon of 7 December), ~12.5 s
+    # before decodes were grouped by length; 0 leaves the category out (and says so)
+    LONG_CONTEXT_ITEMS: int = 4
     LONG_CONTEXT_CONFIGS: tuple = ("w4g64",)  # configurations whose models also run long context
     MISMATCH_METHOD: str = "gptq"
     MISMATCH_CONFIG: str = "w3g64"
