@@ -108,3 +108,16 @@ def test_a_long_decode_among_short_ones_gives_the_greedy_tokens_of_one_padded_ba
     assert any(g is not None and len(g) == 2 for g in calls)  # the long decode was batched apart
     monkeypatch.setattr("lab.engine.model_runner.length_groups", lambda lens: None)
     assert [o.token_ids for o in LLM(model, **engine).generate(prompts, greedy)] == grouped
+
+
+def test_a_pipeline_micro_batch_groups_its_own_decodes():
+    """`split_meta` re-indexes the decodes of a micro-batch from 0, so it groups them again: the step's groups
+    index the whole batch's decodes, not the micro-batch's."""
+    from lab.parallel.pipeline import split_meta
+
+    lens = [30] * 20 + [1000] + [25] * 20
+    meta = _decode_meta(lens, True, torch.float32)
+    assert [rows for rows, _ in meta.decode_groups] == [(20,), tuple(range(20)) + tuple(range(21, 41))]
+    part = split_meta(meta, 15, 41)  # decodes 15-40, the long one at 5 of them
+    assert part.decode_groups == (((5,), 1000), (tuple(range(5)) + tuple(range(6, 26)), 30))
+    assert split_meta(meta, 0, 20).decode_groups is None  # like lengths only
