@@ -178,8 +178,9 @@ def length_groups(lens: list[int]) -> tuple[tuple[tuple[int, ...], int], ...] | 
     length), ...), longest first, or None for one batch of all. Batched together, every decode is padded to the
     longest; one 2K-token context among a hundred of 100 tokens makes each read 2K positions a layer. Going from
     the longest down, a group ends before the first length at most half its longest, when the decodes left
-    (each padded to the group's longest otherwise) would save at least MIN_PADDING_SAVED positions. So no decode
-    is padded to more than twice its length plus what that minimum allows, and a batch of like lengths stays one."""
+    (each padded to the group's longest otherwise) would save at least MIN_PADDING_SAVED positions. So a decode is
+    padded to more than twice its length only where splitting it off would save less than that, and a batch of
+    like lengths stays one."""
     order = sorted(range(len(lens)), key=lambda i: -lens[i])
     groups, start = [], 0
     for k in range(1, len(order)):
@@ -291,7 +292,9 @@ class TorchPagedAttention:
         return self._groups
 
     def _decode(self, layer, qd, blocks, per_sequence: int, bias, softcap, exact=None) -> torch.Tensor:
-        """Attention of the decodes qd [n, n_kv, group, d] over their `per_sequence` blocks each."""
+        """Attention of the decodes qd [n, n_kv, group, d] over their `per_sequence` blocks each. With a staging
+        store, qd is every decode of the step and `exact` its exact copies, whose reads are laid out per decode of
+        the step (`StagingMetadata`)."""
         m, st = self.meta, self.meta.staging
         n, n_kv, _, d = qd.shape
         keys, values = self.store.gather(layer, blocks, per_sequence)
