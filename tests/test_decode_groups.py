@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lab.engine import LLM, SamplingParams
-from lab.kv import build_store
+from lab.kv import KVCacheFormat, build_store
 from lab.models import load_model
 from lab.models.attention import MIN_PADDING_SAVED, PagedAttentionMetadata, TorchPagedAttention, length_groups
 
@@ -90,17 +90,21 @@ def test_grouped_decodes_read_fewer_blocks_and_equal_one_padded_batch():
 
 
 @pytest.mark.slow
-def test_a_long_decode_among_short_ones_gives_the_greedy_tokens_of_one_padded_batch(smollm, monkeypatch,
-                                                                                     one_thread):
+@pytest.mark.parametrize("kv", [None, KVCacheFormat("int8", window=5),
+                                KVCacheFormat("int4", "per-channel", token_group=4)], ids=["exact", "int8-window",
+                                                                                          "int4-per-channel"])
+def test_a_long_decode_among_short_ones_gives_the_greedy_tokens_of_one_padded_batch(smollm, monkeypatch, one_thread,
+                                                                                     kv):
     """The real model, float32: a 240-token prompt decoding beside twelve short ones (two groups a step: the
     split saves 12 x ~220 padded positions a layer) gives the tokens it gives when every decode is padded to the
-    longest."""
+    longest; also through a quantized cache whose decodes read their last positions exactly from its staging
+    lanes (a window, per-channel keys' open group), where each group takes its own decodes' exact reads."""
     model, tok = smollm
     long = tok.encode("\n".join(f"Line {i}: the river bends east past mill number {i}." for i in range(20)))
     short = [tok.encode(f"Count from {i} to {i + 9}:") for i in range(12)]
     prompts = [long[:240]] + short
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    engine = dict(tokenizer=tok, num_kv_blocks=64, max_model_len=256)
+    engine = dict(tokenizer=tok, num_kv_blocks=64, max_model_len=256, kv_cache_dtype=kv)
     calls = []
     monkeypatch.setattr("lab.engine.model_runner.length_groups", lambda lens: calls.append(g := length_groups(lens))
                         or g)

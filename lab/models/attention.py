@@ -245,12 +245,12 @@ class TorchPagedAttention:
             # The n_heads / n_kv query heads that share a KV head become the query rows of that head:
             # one small matmul per (sequence, KV head) and no copy of K/V per query head.
             qd = (q if not m.prefills else q[m.decode_rows]).view(bd, n_kv, -1, d)
-            if st is None and m.decode_groups:  # the staging path's exact reads are per decode: one batch
+            if m.decode_groups:
                 o, tables, bias = torch.empty_like(qd), m.decode_blocks.view(bd, -1), self.decode_bias(window)
                 for rows, span in self._group_rows():
                     n = -(-span // self.store.block_size)
                     o[rows] = self._decode(layer, qd[rows], tables[rows, :n].reshape(-1), n,
-                                           bias[rows, ..., :n * self.store.block_size], softcap)
+                                           bias[rows, ..., :n * self.store.block_size], softcap, exact, rows)
             else:
                 o = self._decode(layer, qd, m.decode_blocks, m.decode_blocks.numel() // bd, self.decode_bias(window),
                                  softcap, exact)
@@ -291,18 +291,20 @@ class TorchPagedAttention:
             self._groups = [(torch.tensor(rows, device=device), span) for rows, span in self.meta.decode_groups]
         return self._groups
 
-    def _decode(self, layer, qd, blocks, per_sequence: int, bias, softcap, exact=None) -> torch.Tensor:
-        """Attention of the decodes qd [n, n_kv, group, d] over their `per_sequence` blocks each. With a staging
-        store, qd is every decode of the step and `exact` its exact copies, whose reads are laid out per decode of
-        the step (`StagingMetadata`)."""
+    def _decode(self, layer, qd, blocks, per_sequence: int, bias, softcap, exact=None, rows=None) -> torch.Tensor:
+        """Attention of the decodes qd [n, n_kv, group, d] over their `per_sequence` blocks each: the step's
+        decodes at `rows` (None: all of them). With a staging store, `exact` holds the step's exact copies."""
         m, st = self.meta, self.meta.staging
         n, n_kv, _, d = qd.shape
         keys, values = self.store.gather(layer, blocks, per_sequence)
         if st is not None:
-            q_pos = m.positions[m.decode_rows][:, None]
+            decode_rows, src_rows, k_pos = m.decode_rows, st.decode_rows, st.decode_positions
+            if rows is not None:
+                decode_rows, src_rows, k_pos = decode_rows[rows], src_rows[rows], k_pos[rows]
+            q_pos = m.positions[decode_rows][:, None]
             for x, src, role in ((keys, exact[0], "k"), (values, exact[1], "v")):
-                mask = self.store.exact_mask(role, q_pos, st.decode_positions)
-                _overwrite_exact(x.view(n, -1, n_kv, d), src, st, mask)
+                mask = self.store.exact_mask(role, q_pos, k_pos)
+                _overwrite_exact(x.view(n, -1, n_kv, d), src, k_pos, src_rows, mask)
         # [n, n_kv, L, d], copied while rows of d stay whole: a strided view would make matmul copy K^T
         # element by element (3 ms of a 31 ms bf16 step at batch 32 went to that copy). Same values in bf16;
         # float32 sums in another order (~1e-6).
@@ -327,10 +329,12 @@ def _decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     return torch.matmul(scores.softmax(-1).to(q.dtype), values)
 
 
-def _overwrite_exact(x: torch.Tensor, src: torch.Tensor, st, mask: torch.Tensor | None) -> None:
-    """x [Bd, L, n_kv, d] gathered for the decodes: where `mask` [Bd, S] says so, the staged exact copy."""
+def _overwrite_exact(x: torch.Tensor, src: torch.Tensor, positions: torch.Tensor, src_rows: torch.Tensor,
+                     mask: torch.Tensor | None) -> None:
+    """x [n, L, n_kv, d] gathered for n decodes: where `mask` [n, S] says so, the staged exact copy of the
+    position in `positions` [n, S] (-1: unused), at row `src_rows` [n, S] of the exact source `src`."""
     if mask is None:
         return
-    mask = mask & (st.decode_positions >= 0)
+    mask = mask & (positions >= 0)
     b = torch.arange(x.shape[0], device=x.device)[:, None].expand_as(mask)
-    x[b[mask], st.decode_positions[mask]] = src.index_select(0, st.decode_rows[mask])
+    x[b[mask], positions[mask]] = src.index_select(0, src_rows[mask])
