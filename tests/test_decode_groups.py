@@ -90,20 +90,20 @@ def test_grouped_decodes_read_fewer_blocks_and_equal_one_padded_batch():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kv", [None, KVCacheFormat("int8", window=5),
-                                KVCacheFormat("int4", "per-channel", token_group=4)], ids=["exact", "int8-window",
-                                                                                          "int4-per-channel"])
+@pytest.mark.parametrize("kv", [None, KVCacheFormat("int4", "per-channel", token_group=4)],
+                         ids=["exact", "int4-per-channel"])
 def test_a_long_decode_among_short_ones_gives_the_greedy_tokens_of_one_padded_batch(smollm, monkeypatch, one_thread,
                                                                                      kv):
-    """The real model, float32: a 240-token prompt decoding beside twelve short ones (two groups a step: the
-    split saves 12 x ~220 padded positions a layer) gives the tokens it gives when every decode is padded to the
-    longest; also through a quantized cache whose decodes read their last positions exactly from its staging
-    lanes (a window, per-channel keys' open group), where each group takes its own decodes' exact reads."""
+    """The real model, float32: a 128-token prompt decoding beside twelve short ones (two groups a step: the
+    split saves 12 x ~110 padded positions a layer) gives the tokens it gives when every decode is padded to the
+    longest; also through a quantized cache whose decodes read their per-channel keys' open group exactly from
+    its staging lanes, where each group takes its own decodes' exact reads (an int8 cache with a window of 5 gave
+    the same tokens even with those reads skipped, so it is not the case tested)."""
     model, tok = smollm
-    long = tok.encode("\n".join(f"Line {i}: the river bends east past mill number {i}." for i in range(20)))
+    long = tok.encode("\n".join(f"Line {i}: the river bends east past mill number {i}." for i in range(12)))
     short = [tok.encode(f"Count from {i} to {i + 9}:") for i in range(12)]
-    prompts = [long[:240]] + short
-    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts = [long[:128]] + short
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     engine = dict(tokenizer=tok, num_kv_blocks=64, max_model_len=256, kv_cache_dtype=kv)
     calls = []
     monkeypatch.setattr("lab.engine.model_runner.length_groups", lambda lens: calls.append(g := length_groups(lens))
