@@ -178,6 +178,22 @@ def test_batched_decode_attention_equals_sdpa(dtype):
     torch.testing.assert_close(_decode_attention(q, k, v, bias).float(), want, atol=tol, rtol=tol)
 
 
+def test_the_benchmark_pool_holds_its_largest_workload_not_every_request_at_the_longest_length():
+    """The reference benchmark's engines held KV for 32 requests of 2K tokens (max_num_seqs x the longest
+    workload): 4,160 blocks, 3.1 GB in float32 for SmolLM2, so its seven contenders did not fit in 23 GB together
+    and were timed one after another. The workloads run one at a time; the largest holds 32 x 15 blocks."""
+    from lab.bench.engine import VERIFY_DRAFTS, kv_blocks_needed, workload_lengths
+    from lab.bench.workloads import WORKLOADS
+
+    lengths = workload_lengths(list(WORKLOADS.values()))
+    assert dict(zip(WORKLOADS, lengths)) == {"decode-1": (1, 96 + 256), "offline-32x128": (32, 96 + 128),
+                                             "prefill-2k": (1, 2048 + 1)}
+    assert kv_blocks_needed(lengths, 256 + VERIFY_DRAFTS + 1) == 32 * 15
+    assert kv_blocks_needed([(1, 2048 + 1)]) == 129  # one request: 2,050 tokens with its spare one
+    with pytest.raises(ValueError):
+        kv_blocks_needed([])  # nothing to size for is a caller's mistake, not a pool of 0 blocks
+
+
 def test_engine_bench_at_toy_sizes_reports_bounds_fractions_and_targets(tmp_path):
     import pandas as pd
 
@@ -213,6 +229,9 @@ def test_engine_bench_at_toy_sizes_reports_bounds_fractions_and_targets(tmp_path
         assert e["ceilings"]["read_GBps"] > 0 and e["ceilings"]["gemm_GFLOPs"] > 0 and e["ceilings"]["probe_s"] == 3
         for w in e["workloads"].values():
             assert w["bound_s"] > 0 and 0 < w["fraction_of_roofline"]
+            assert w["preemptions"] == 0  # the pool sized for one workload at a time holds each of them whole
+        # 3 requests of (a chat prompt under 96 tokens + 4 out), 7 blocks each: the largest of the three workloads
+        assert e["kv_blocks"] == 21 and e["kv_cache_MB"] > 0
     # packed 4-bit weights: 0.22x the float32 model's bytes at this shape; unpacked bfloat16 would be 0.5x
     assert result["engines"][1]["weight_MB"] < 0.3 * result["engines"][0]["weight_MB"]
     assert set(result["peers"][0]["workloads"]) == {w.name for w in workloads}

@@ -76,14 +76,38 @@ def cpu_busy_fraction(seconds: float = 1.0) -> float | None:
     return 1 - (idle1 - idle0) / max(1, total1 - total0)
 
 
-def build_engine(variant: Variant, model: str, workload_max_len: int, max_num_seqs: int):
+KV_BLOCK = 16  # tokens a KV block of the benchmark's engines holds (the engine's default)
+
+
+def kv_blocks_needed(lengths: list[tuple[int, int]], probe_tokens: int = 0) -> int:
+    """KV blocks for the benchmark's workloads one at a time: the most that any one holds at once, each of its
+    `lengths` (requests, longest prompt + tokens out) a request's blocks, and the verification probe's context
+    (`probe_tokens`). The workloads never run together, so the pool is sized for the largest of them, not for
+    max_num_seqs requests of the longest length (32 x 2K tokens: 3.1 GB of float32 KV for SmolLM2, against 0.3 GB
+    needed, which kept the reference benchmark's seven contenders from being held at once on a 23-GB machine)."""
+    if not lengths:
+        raise ValueError("kv_blocks_needed: no workload to size the KV pool for")
+    per_request = lambda n: -(-(n + 1) // KV_BLOCK)  # noqa: E731  (one spare token a request)
+    return max([requests * per_request(length) for requests, length in lengths] + [per_request(probe_tokens)])
+
+
+CHAT_PROMPT_LIMIT = 96  # tokens a chat workload's prompt stays under (checked when the prompts are built)
+
+
+def workload_lengths(workloads: list[Workload], scale: float = 1.0) -> list[tuple[int, int]]:
+    """(requests, longest prompt + tokens out) of each workload; `scale` shrinks a long prompt as `prompt_ids`."""
+    return [(w.num_requests, (max(2, int(w.prompt_tokens * scale)) if w.prompt_tokens else CHAT_PROMPT_LIMIT)
+             + w.max_tokens) for w in workloads]
+
+
+def build_engine(variant: Variant, model: str, workload_max_len: int, max_num_seqs: int, num_kv_blocks: int):
     """The engine as a user gets it for this variant: it loads the model itself (serving dtype, prepacked
-    weights), except the int4 variant, whose linears are RTN-quantized and packed first."""
+    weights), except the int4 variant, whose linears are RTN-quantized and packed first; its KV pool holds
+    `num_kv_blocks` (`kv_blocks_needed`)."""
     from lab.engine import LLM
 
-    blocks = max_num_seqs * -(-workload_max_len // 16)
     options = dict(dtype=variant.dtype, max_model_len=workload_max_len, max_num_seqs=max_num_seqs,
-                   max_num_batched_tokens=max(2048, workload_max_len), num_kv_blocks=blocks,
+                   block_size=KV_BLOCK, max_num_batched_tokens=max(2048, workload_max_len), num_kv_blocks=num_kv_blocks,
                    enforce_eager=variant.enforce_eager, attention_backend=variant.attention_backend)
     if not variant.int4:
         return LLM(model, **options)
@@ -102,20 +126,24 @@ def run_workload(llm, workload: Workload, prompts: list[list[int]]) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=workload.max_tokens, ignore_eos=True)
     llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=min(4, workload.max_tokens), ignore_eos=True))
     llm.reset_prefix_cache()  # no hits carried over from the warm-up
+    preempted = llm.stats()["preemptions"]
     t = time.perf_counter()
     outs = llm.generate(prompts, params)
     seconds = time.perf_counter() - t
     new_tokens = sum(len(o.token_ids) for o in outs)
     tpots = [o.metrics.tpot for o in outs if o.metrics.tpot is not None]
     step_s = sum(tpots) / len(tpots) if tpots else None
+    # recorded, so a pool too small for the workload (its timing then includes recomputation) shows in the result
     return {"seconds": seconds, "new_tokens": new_tokens, "step_s": step_s,
+            "preemptions": llm.stats()["preemptions"] - preempted,
             "value": metric_of(workload, seconds, new_tokens, step_s)}
 
 
 VERIFY_REPEATS = 5  # timed repeats of each side of the verification ratio, at full size
+VERIFY_DRAFTS = 4  # drafts verified in one forward (k + 1 rows)
 
 
-def verify_ratio(llm, context: int = 256, k: int = 4, repeats: int = VERIFY_REPEATS) -> float:
+def verify_ratio(llm, context: int = 256, k: int = VERIFY_DRAFTS, repeats: int = VERIFY_REPEATS) -> float:
     """A (k + 1)-row verification forward over `context` cached tokens against a one-row step."""
     from lab.machine.timing import probe_seconds
 
@@ -140,19 +168,26 @@ class EngineContender:
 
         self.variant, self.label = variant, variant.label
         self._workloads = {w.name: w for w in workloads}
-        longest = [max(2, int(w.prompt_tokens * scale)) if w.prompt_tokens else 96 for w in workloads]  # chat: < 96
-        self.max_len = max(n + w.max_tokens for n, w in zip(longest, workloads))
-        self.llm = build_engine(variant, model, int(self.max_len) + 16, max(w.num_requests for w in workloads))
+        lengths = workload_lengths(workloads, scale)
+        self.max_len = max(n for _, n in lengths)
+        # the ratio and its profile over the same tokens: 256 cached, shrunk with the long prompt in smoke runs (in
+        # the GPU dry run, the Triton interpreter's verification took 5.0 s over 92 tokens and 1.7 s over 16)
+        self.verify_context = min(max(16, int(256 * scale)), int(self.max_len) - 8)
+        self.kv_blocks = kv_blocks_needed(lengths, self.verify_context + VERIFY_DRAFTS + 1)
+        self.llm = build_engine(variant, model, int(self.max_len) + 16, max(w.num_requests for w in workloads),
+                                self.kv_blocks)
         self.probe_s = probe_budget(scale)
         # shaped like the model: an 8B model's GEMV leaves a GPU's L2
         self.ceilings = model_ceilings(self.llm.model, self.probe_s)
         self.size = ModelBytes.of(self.llm.model, kv_bytes_per_token=self.llm.kv_bytes_per_token)
         self.prompts = {w.name: prompt_ids(w, self.llm.tokenizer, self.llm.model.config.vocab_size, scale)
                         for w in workloads}
-        # the ratio and its profile over the same tokens: 256 cached, shrunk with the long prompt in smoke runs (in
-        # the GPU dry run, the Triton interpreter's verification took 5.0 s over 92 tokens and 1.7 s over 16)
-        self.verify_context = min(max(16, int(256 * scale)), int(self.max_len) - 8)
-        # and over fewer repeats: at toy sizes the ratio is a check that it runs, not a figure
+        for w in workloads:  # the pool was sized on this bound
+            longest = max(map(len, self.prompts[w.name]))
+            if w.prompt_tokens is None and longest >= CHAT_PROMPT_LIMIT:
+                raise ValueError(f"workload {w.name}: a chat prompt of {longest} tokens, over the {CHAT_PROMPT_LIMIT} "
+                                 f"the KV pool was sized for (lab.bench.engine.CHAT_PROMPT_LIMIT)")
+        # the verification over fewer repeats: at toy sizes the ratio is a check that it runs, not a figure
         self.verify_repeats = max(1, round(VERIFY_REPEATS * min(1.0, scale)))
 
     def measure(self, workload: Workload) -> dict:
@@ -190,6 +225,7 @@ class EngineContender:
         v = summarize(verify)
         out["verify_5_rows_over_1"], out["verify_span"] = v["value"], v["span"]
         out["verify_context"], out["verify_repeats"] = self.verify_context, self.verify_repeats
+        out["kv_blocks"], out["kv_cache_MB"] = self.kv_blocks, self.llm.stats()["kv_cache_bytes"] / 1e6
         if profile_dir is not None:
             from lab.bench.profile import profile_verification
 

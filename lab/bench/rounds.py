@@ -73,9 +73,12 @@ def run_rounds(contenders: list, workloads: list, rounds: int,
 
 def combine(measured: list[dict]) -> dict:
     """One workload's rounds on one contender as a single record: the median of every number over the rounds (so
-    a record reads as before), the metric's span and values, and the number of rounds."""
+    a record reads as before; preemptions, a count, summed), the metric's span and values, and the number of
+    rounds."""
     keys = [k for k, v in measured[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
     out = {k: statistics.median([m[k] for m in measured if m.get(k) is not None])
            for k in keys if any(m.get(k) is not None for m in measured)}
+    if "preemptions" in out:  # a count: one round's preemptions must not vanish in the median
+        out["preemptions"] = sum(m.get("preemptions") or 0 for m in measured)
     out.update(summarize([m["value"] for m in measured]), rounds=len(measured))
     return out
