@@ -108,24 +108,25 @@ batch[["max_num_seqs", "ttft_p50", "ttft_p99", "tpot_p50", "output_throughput", 
 # ## 3. Chunked prefill with long prompts mixed in
 # One request in 1/LONG_SHARE has a LONG_PROMPT-token prompt. Without chunking, a step that admits one runs its
 # whole prefill, and every decoding request waits for it: the largest inter-token gap (`max_gap`) shows it.
-# REPEATS runs, on and off back to back in each.
+# REPEATS runs, on and off back to back in each, in turn: which runs first (`position` 0) alternates by run.
 
 # %%
 chunked, chunked_reports = study.chunked_prefill(params, model, tok, op)
 run.save_table("chunked_prefill", chunked)
 for on, rep in chunked_reports.items():
     dashboard.save(run, f"dashboard_chunked_{'on' if on else 'off'}", rep, f"chunked prefill {'on' if on else 'off'}")
-chunked[["repeat", "chunked_prefill", "max_num_batched_tokens"] + cols].round(3)
+chunked[["repeat", "chunked_prefill", "position", "max_num_batched_tokens"] + cols].round(3)
 
 # %% [markdown]
 # ## 4. Prefix caching with a shared system prompt, and with random prompts
-# Caching on and off, back to back, at the operating point: requests that share a SYSTEM_PROMPT-token prefix, and
-# random prompts with nothing to reuse; REPEATS runs, each drawing its own requests.
+# Caching on and off, back to back and in turn (which runs first alternates by run), at the operating point:
+# requests that share a SYSTEM_PROMPT-token prefix, and random prompts with nothing to reuse; REPEATS runs, each
+# drawing its own requests.
 
 # %%
 prefix, _ = study.prefix_caching(params, model, tok, op)
 run.save_table("prefix_caching", prefix)
-prefix[["prompts", "repeat", "prefix_caching", "system_prompt_tokens", "hit_rate"] + cols].round(3)
+prefix[["prompts", "repeat", "prefix_caching", "position", "system_prompt_tokens", "hit_rate"] + cols].round(3)
 
 # %% [markdown]
 # A timestamp inserted into the shared system prompt (at its start, halfway, at its end): the prompt tokens the
@@ -151,12 +152,12 @@ cold.round(4)
 # ## 6. Fixed against log-normal lengths
 # The same closed-loop load at the operating point with log-normal lengths, with every length fixed at the
 # P50 (what a quick benchmark does), and fixed at the log-normal's mean (the same token volume), back to back in
-# each of REPEATS runs.
+# each of REPEATS runs, in an order rotated by run (with 3 runs each shape runs once in each position).
 
 # %%
 shapes = study.length_shapes(params, model, tok, op)
 run.save_table("length_shapes", shapes)
-shapes[["lengths", "repeat", "input_p50", "output_p50", "goodput_requests", "output_throughput", "tpot_p99",
+shapes[["lengths", "repeat", "position", "input_p50", "output_p50", "goodput_requests", "output_throughput", "tpot_p99",
         "ttft_p99", "goodput_requests_vs_lognormal", "ttft_p99_vs_lognormal"]].round(3)
 
 # %% [markdown]

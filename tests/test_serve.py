@@ -429,3 +429,40 @@ def test_the_dashboard_spans_the_load_however_close_the_metrics_polls():
         assert [ax.get_xlim() for ax in fig.axes if ax.get_visible()] == [(0.0, 1.3)] * 5
     finally:
         plt.close(fig)
+
+
+def test_compared_settings_take_turns_running_first(monkeypatch):
+    """Study 06 compares settings back to back within a run; a fixed order lets a drift over the run's minutes
+    favour whichever runs first (prefix caching on always ran before off). Each setting now runs first equally
+    often, and with as many runs as settings the three length shapes take every position once."""
+    from lab.bench.serve import LoadReport
+    from lab.studies.serving import measure
+
+    ran = []
+
+    def fake_serve_and_load(model, tokenizer, engine, cfg):
+        ran.append((cfg.seed, engine.get("enable_prefix_caching"), engine.get("enable_chunked_prefill"),
+                    cfg.input_len.p50, cfg.system_prompt_tokens))
+        report = LoadReport.__new__(LoadReport)
+        report.scrapes = []
+        return report
+
+    monkeypatch.setattr(measure, "serve_and_load", fake_serve_and_load)
+    metrics = dict.fromkeys(("goodput_requests", "output_throughput", "tpot_p99", "ttft_p99"), 1.0)
+    monkeypatch.setattr(measure, "_row", lambda label, report: {**label, **metrics})
+    p = measure.ServingParams(REPEATS=3)
+    model = type("M", (), {"config": type("C", (), {"vocab_size": 100})()})()
+
+    prefix, _ = measure.prefix_caching(p, model, None, 2)
+    first = prefix[prefix["position"] == 0].groupby("prompts")["prefix_caching"].apply(list)
+    assert all(v == [True, False, True] for v in first), first  # on first in runs 0 and 2, off first in run 1
+    assert [c for _, c, *_ in ran[:4]] == [True, False, True, False] and [c for _, c, *_ in ran[4:8]] == [False, True] * 2
+
+    chunked, _ = measure.chunked_prefill(p, model, None, 2)
+    assert chunked.sort_values(["repeat", "position"])["chunked_prefill"].tolist() == [True, False, False, True,
+                                                                                     True, False]
+    shapes = measure.length_shapes(p, model, None, 2)
+    by_position = shapes.pivot(index="repeat", columns="position", values="lengths")
+    for col in by_position:  # every shape once in every position over the three runs
+        assert sorted(by_position[col]) == sorted(shapes["lengths"].unique()), by_position
+    assert measure.in_turn(("a", "b", "c"), 4) == ["b", "c", "a"]

@@ -141,6 +141,16 @@ def _engine(p: ServingParams, **kw) -> dict:
             "num_kv_blocks": p.KV_BLOCKS} | kw
 
 
+def in_turn(arms: tuple, run: int) -> list:
+    """The compared settings of one run in the order they run: rotated by the run's index, so each runs first
+    equally often (in every position, with as many runs as settings) and a drift over a run's minutes (the
+    machine's speed, what the engine before left in memory) favours none. Until 7 December every run took them in
+    one order: prefix caching on always ran before off, and on random prompts, where there is nothing to reuse, it
+    came out lower in TTFT P50 in 4 of 6 runs over the two reference runs."""
+    k = run % len(arms)
+    return list(arms[k:] + arms[:k])
+
+
 def _row(label: dict, report: LoadReport) -> dict:
     return label | report.summary()
 
@@ -221,17 +231,18 @@ def batch_rule(t: pd.DataFrame, ttft_rise: float = 0.2, min_gain: float = 0.1) -
 def chunked_prefill(p: ServingParams, model, tokenizer, concurrency: int) -> tuple[pd.DataFrame, dict]:
     """A share of long prompts among the usual ones; the chunked engine takes CHUNK_TOKENS a step, the other
     must take a whole prompt in one (its budget is max_model_len). REPEATS runs, on and off back to back in
-    each ("repeat"); the reports are the last run's."""
+    each ("repeat"), in turn (`in_turn`: "position" 0 ran first); the reports are the last run's."""
     n = max(p.REQUESTS_PER_LEVEL, 2 * concurrency)
     long_every = max(1, round(1 / p.LONG_SHARE)) if p.LONG_SHARE else 0
     rows, reports = [], {}
-    for r, chunked in tqdm([(r, c) for r in range(p.REPEATS) for c in (True, False)], desc="chunked prefill on/off"):
+    runs = [(r, i, c) for r in range(p.REPEATS) for i, c in enumerate(in_turn((True, False), r))]
+    for r, position, chunked in tqdm(runs, desc="chunked prefill on/off"):
         engine = _engine(p, enable_chunked_prefill=chunked,
                          max_num_batched_tokens=p.CHUNK_TOKENS if chunked else p.MAX_MODEL_LEN)
         cfg = load_config(p, num_requests=n, max_concurrency=concurrency, long_prompt_every=long_every,
                           long_prompt_tokens=p.LONG_PROMPT, seed=p.SEED + r)
         reports[chunked] = serve_and_load(model, tokenizer, engine, cfg)
-        rows.append(_row({"repeat": r, "chunked_prefill": chunked,
+        rows.append(_row({"repeat": r, "chunked_prefill": chunked, "position": position,
                           "max_num_batched_tokens": engine["max_num_batched_tokens"]}, reports[chunked]))
     return pd.DataFrame(rows), reports
 
@@ -272,25 +283,27 @@ PROMPTS = {"shared system prompt": True, "random prompts": False}  # prefix cach
 
 
 def prefix_caching(p: ServingParams, model, tokenizer, concurrency: int) -> tuple[pd.DataFrame, dict]:
-    """Prefix caching on and off, back to back, under a load whose requests share a SYSTEM_PROMPT-token prefix and
-    under one of random prompts (nothing to reuse), in each of REPEATS runs (request draws seeded by the run)."""
+    """Prefix caching on and off, back to back and in turn (`in_turn`: "position" 0 ran first), under a load whose
+    requests share a SYSTEM_PROMPT-token prefix and under one of random prompts (nothing to reuse), in each of
+    REPEATS runs (request draws seeded by the run)."""
     rows, reports = [], {}
-    for r, (prompts, shared), cached in tqdm([(r, kind, cached) for r in range(p.REPEATS) for kind in PROMPTS.items()
-                                              for cached in (True, False)], desc="prefix caching on/off"):
+    runs = [(r, kind, i, cached) for r in range(p.REPEATS) for kind in PROMPTS.items()
+            for i, cached in enumerate(in_turn((True, False), r))]
+    for r, (prompts, shared), position, cached in tqdm(runs, desc="prefix caching on/off"):
         cfg = load_config(p, max_concurrency=concurrency, system_prompt_tokens=p.SYSTEM_PROMPT if shared else 0,
                           seed=p.SEED + r)
         engine = _engine(p, enable_prefix_caching=cached)
         report = reports[prompts, cached, r] = serve_and_load(model, tokenizer, engine, cfg)
         hit = max((s.get("lab_prefix_cache_hit_rate", 0.0) for s in report.scrapes), default=float("nan"))
-        rows.append(_row({"prompts": prompts, "repeat": r, "prefix_caching": cached,
+        rows.append(_row({"prompts": prompts, "repeat": r, "prefix_caching": cached, "position": position,
                           "system_prompt_tokens": cfg.system_prompt_tokens, "hit_rate": hit}, report))
     return pd.DataFrame(rows), reports
 
 
 def length_shapes(p: ServingParams, model, tokenizer, concurrency: int) -> pd.DataFrame:
     """The same load with log-normal lengths, lengths fixed at the P50 (the usual benchmark), and fixed at the
-    log-normal's mean (same token volume), back to back in each of REPEATS runs (request draws seeded by the run);
-    each relative to the log-normal of its run."""
+    log-normal's mean (same token volume), back to back and in turn (`in_turn`) in each of REPEATS runs (request
+    draws seeded by the run); each relative to the log-normal of its run."""
     rows = []
     lognormal_in, lognormal_out = LengthDist(*p.INPUT_LEN), LengthDist(*p.OUTPUT_LEN)
 
@@ -304,10 +317,11 @@ def length_shapes(p: ServingParams, model, tokenizer, concurrency: int) -> pd.Da
               "fixed at the mean": tuple(LengthDist(mean(d), mean(d), mean(d), fixed=True)
                                          for d in (lognormal_in, lognormal_out))}
     for r in range(p.REPEATS):
-        for name, (i, o) in shapes.items():
+        for position, name in enumerate(in_turn(tuple(shapes), r)):
+            i, o = shapes[name]
             cfg = load_config(p, max_concurrency=concurrency, input_len=i, output_len=o, seed=p.SEED + r)
-            rows.append(_row({"lengths": name, "repeat": r, "input_p50": i.p50, "output_p50": o.p50},
-                             serve_and_load(model, tokenizer, _engine(p), cfg)))
+            rows.append(_row({"lengths": name, "repeat": r, "position": position, "input_p50": i.p50,
+                              "output_p50": o.p50}, serve_and_load(model, tokenizer, _engine(p), cfg)))
     t = pd.DataFrame(rows)
     base = t[t["lengths"] == "log-normal"].set_index("repeat")
     for col in ("goodput_requests", "output_throughput", "tpot_p99", "ttft_p99"):
