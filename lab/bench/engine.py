@@ -29,7 +29,7 @@ import torch
 
 from lab.bench.bounds import ModelBytes, workload_bound
 from lab.bench.caselog import CaseLog
-from lab.bench.workloads import WORKLOADS, Workload, metric_of, prompt_ids
+from lab.bench.workloads import CHAT_PROMPT_LIMIT, WORKLOADS, Workload, long_prompt_tokens, metric_of, prompt_ids
 
 
 @dataclass(frozen=True)
@@ -76,28 +76,25 @@ def cpu_busy_fraction(seconds: float = 1.0) -> float | None:
     return 1 - (idle1 - idle0) / max(1, total1 - total0)
 
 
-KV_BLOCK = 16  # tokens a KV block of the benchmark's engines holds (the engine's default)
-
-
 def kv_blocks_needed(lengths: list[tuple[int, int]], probe_tokens: int = 0) -> int:
     """KV blocks for the benchmark's workloads one at a time: the most that any one holds at once, each of its
     `lengths` (requests, longest prompt + tokens out) a request's blocks, and the verification probe's context
     (`probe_tokens`). The workloads never run together, so the pool is sized for the largest of them, not for
     max_num_seqs requests of the longest length (32 x 2K tokens: 3.1 GB of float32 KV for SmolLM2, against 0.3 GB
     needed, which kept the reference benchmark's seven contenders from being held at once on a 23-GB machine)."""
+    from lab.engine import EngineConfig
+
     if not lengths:
         raise ValueError("kv_blocks_needed: no workload to size the KV pool for")
-    per_request = lambda n: -(-(n + 1) // KV_BLOCK)  # noqa: E731  (one spare token a request)
+    block = EngineConfig.block_size  # the engine's default, which the benchmark's engines keep
+    per_request = lambda n: -(-(n + 1) // block)  # noqa: E731  (one spare token a request)
     return max([requests * per_request(length) for requests, length in lengths] + [per_request(probe_tokens)])
 
 
-CHAT_PROMPT_LIMIT = 96  # tokens a chat workload's prompt stays under (checked when the prompts are built)
-
-
 def workload_lengths(workloads: list[Workload], scale: float = 1.0) -> list[tuple[int, int]]:
-    """(requests, longest prompt + tokens out) of each workload; `scale` shrinks a long prompt as `prompt_ids`."""
-    return [(w.num_requests, (max(2, int(w.prompt_tokens * scale)) if w.prompt_tokens else CHAT_PROMPT_LIMIT)
-             + w.max_tokens) for w in workloads]
+    """(requests, longest prompt + tokens out) of each workload; a chat prompt is bounded by CHAT_PROMPT_LIMIT
+    (checked when the prompts are built)."""
+    return [(w.num_requests, (long_prompt_tokens(w, scale) or CHAT_PROMPT_LIMIT) + w.max_tokens) for w in workloads]
 
 
 def build_engine(variant: Variant, model: str, workload_max_len: int, max_num_seqs: int, num_kv_blocks: int):
@@ -107,7 +104,7 @@ def build_engine(variant: Variant, model: str, workload_max_len: int, max_num_se
     from lab.engine import LLM
 
     options = dict(dtype=variant.dtype, max_model_len=workload_max_len, max_num_seqs=max_num_seqs,
-                   block_size=KV_BLOCK, max_num_batched_tokens=max(2048, workload_max_len), num_kv_blocks=num_kv_blocks,
+                   max_num_batched_tokens=max(2048, workload_max_len), num_kv_blocks=num_kv_blocks,
                    enforce_eager=variant.enforce_eager, attention_backend=variant.attention_backend)
     if not variant.int4:
         return LLM(model, **options)
@@ -186,7 +183,7 @@ class EngineContender:
             longest = max(map(len, self.prompts[w.name]))
             if w.prompt_tokens is None and longest >= CHAT_PROMPT_LIMIT:
                 raise ValueError(f"workload {w.name}: a chat prompt of {longest} tokens, over the {CHAT_PROMPT_LIMIT} "
-                                 f"the KV pool was sized for (lab.bench.engine.CHAT_PROMPT_LIMIT)")
+                                 f"the KV pool was sized for (lab.bench.workloads.CHAT_PROMPT_LIMIT)")
         # the verification over fewer repeats: at toy sizes the ratio is a check that it runs, not a figure
         self.verify_repeats = max(1, round(VERIFY_REPEATS * min(1.0, scale)))
 

@@ -47,6 +47,12 @@ def workload_prompts(tokenizer, n: int) -> list[str]:
 
 # A model without a tokenizer (`random:<preset>`) gets random prompts of about the chat questions' length.
 CHAT_PROMPT_TOKENS = 40
+CHAT_PROMPT_LIMIT = 96  # tokens every chat prompt stays under: what `lab.bench.engine` sizes its KV pool for
+
+
+def long_prompt_tokens(workload: Workload, scale: float = 1.0) -> int | None:
+    """A long-prompt workload's prompt length, shrunk by `scale` (smoke runs); None for chat questions."""
+    return max(2, int(workload.prompt_tokens * scale)) if workload.prompt_tokens else None
 
 
 def prompt_ids(workload: Workload, tokenizer, vocab_size: int, scale: float = 1.0) -> list[list[int]]:
@@ -54,7 +60,7 @@ def prompt_ids(workload: Workload, tokenizer, vocab_size: int, scale: float = 1.
     if workload.prompt_tokens is None and tokenizer is not None:
         return [tokenizer.encode(p, add_special_tokens=False) for p in workload_prompts(tokenizer, workload.num_requests)]
     g = torch.Generator().manual_seed(0)
-    n = max(2, int(workload.prompt_tokens * scale)) if workload.prompt_tokens else CHAT_PROMPT_TOKENS
+    n = long_prompt_tokens(workload, scale) or CHAT_PROMPT_TOKENS
     return [torch.randint(min(256, vocab_size - 1), vocab_size, (n,), generator=g).tolist()
             for _ in range(workload.num_requests)]
 
