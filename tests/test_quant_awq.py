@@ -99,6 +99,36 @@ def test_clip_never_increases_the_error(smollm, layer3_inputs, spec, which):
     assert torch.equal(search_clip(w, x, spec, max_shrink=0.0, n_grid=1)[0], w)  # ratio 1 only: no clip
 
 
+
+@pytest.mark.parametrize("spec", [QuantSpec(4, 64), QuantSpec(3, 128, True), QuantSpec(4, None)])
+@pytest.mark.parametrize("tokens", [40, 300])  # fewer tokens than a group's columns, and more (the Gram form)
+def test_clip_ratio_is_the_direct_objectives_argmin(spec, tokens):
+    """The search's choice per (row, group) against mean over tokens of (x_g (Q(clamp(w_g)) - w_g)^T)^2 taken
+    directly, in float64, on a weight whose last group is ragged (200 = 3 x 64 + 8 columns)."""
+    torch.manual_seed(0)
+    w, x = torch.randn(48, 200) * 0.02, torch.randn(tokens, 200) * torch.rand(200) * 3
+    clipped, ratios, stats = search_clip(w, x, spec, n_grid=8, max_shrink=0.4)
+    grid = torch.linspace(1.0, 0.6, 8).tolist()
+    width = spec.group_width(200)
+    errs = []
+    for c0 in range(0, 200, width):
+        wg, xg = w[:, c0:c0 + width], x[:, c0:c0 + width].double()
+        m, per_ratio = wg.abs().amax(1, keepdim=True), []
+        for r in grid:
+            q = fake_quantize(wg.clamp(-r * m, r * m), QuantSpec(spec.bits, None, spec.symmetric))
+            per_ratio.append((xg @ (q - wg).double().t()).pow(2).mean(0))
+        errs.append(torch.stack(per_ratio, 1))  # [rows, ratios]
+    errs = torch.stack(errs, 1)  # [rows, groups, ratios]
+    assert stats.err_before == pytest.approx(float(errs[..., 0].sum()), rel=1e-5)
+    assert stats.err_after == pytest.approx(float(errs.amin(-1).sum()), rel=1e-5)
+    best = torch.tensor(grid)[errs.argmin(-1)].float()
+    top2 = errs.topk(2, dim=-1, largest=False).values
+    clear = (top2[..., 1] - top2[..., 0]) > 1e-5 * top2[..., 0]  # not a tie within float32's rounding
+    assert clear.float().mean() > 0.9 and torch.equal(ratios[clear], best[clear])
+    absmax = torch.stack([w[:, c0:c0 + width].abs().amax(1) for c0 in range(0, 200, width)], 1)
+    m = (ratios * absmax).repeat_interleave(width, 1)[:, :200]
+    assert torch.equal(clipped, w.clamp(-m, m))
+
 def test_awq_model_first_layers_beats_rtn_on_logits(smollm, quant_prompt_ids, rtn_copy):
     model, tok = smollm
     spec, layers = QuantSpec(4, 128), [0, 1]
