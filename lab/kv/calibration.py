@@ -139,17 +139,15 @@ class QuantizedContiguousKVCache:
     per-channel key groups (multiples of `fmt.token_group` from position 0) are quantized again as they fill,
     so writing chunk by chunk equals writing all at once. A window and a group still filling are read exactly,
     per query (`lab.kv.format.exact_mask`). `roles` "k" or "v" quantizes only keys or only values (which of the
-    two is sensitive). `blocked` computes attention in query blocks even when nothing is read exactly: at 8K
-    tokens ~3x faster on CPU than SDPA, which the engine uses (and whose rounding the default matches, so a
-    quantization boundary falls the same way in both)."""
+    two is sensitive). Where nothing is read exactly, attention is SDPA's, as the engine computes it (so its
+    rounding, and where a quantization boundary falls, match the engine's); otherwise `partly_exact_attention`."""
 
-    def __init__(self, model, fmt: KVCacheFormat, scales: KVScales | None = None, roles: str = "kv",
-                 blocked: bool = False):
+    def __init__(self, model, fmt: KVCacheFormat, scales: KVScales | None = None, roles: str = "kv"):
         if fmt.static and scales is None:
             raise ValueError(f"{fmt.granularity} needs calibrated KVScales (or KVScales.unit for vLLM's 1.0)")
         if roles not in ("kv", "k", "v"):
             raise ValueError(f"roles={roles!r}: quantize 'kv' (both), 'k' (keys only) or 'v' (values only)")
-        self.model, self.fmt, self.scales, self.roles, self.blocked = model, fmt, scales, roles, blocked
+        self.model, self.fmt, self.scales, self.roles = model, fmt, scales, roles
         n = len(model.layers)
         self.exact = {r: [None] * n for r in "kv"}
         self.read = {r: [None] * n for r in "kv"}
@@ -182,6 +180,6 @@ class QuantizedContiguousKVCache:
             else:
                 read[role], masks[role] = exact[role], None
             self.exact[role][layer], self.read[role][layer] = exact[role], read[role]
-        if masks["k"] is None and masks["v"] is None and not self.blocked:
+        if masks["k"] is None and masks["v"] is None:
             return causal_attention(q, read["k"], read["v"])  # SDPA, as the engine computes it
         return partly_exact_attention(q, read["k"], read["v"], exact["k"], exact["v"], masks["k"], masks["v"])
