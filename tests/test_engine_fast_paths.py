@@ -267,21 +267,23 @@ def test_engine_bench_times_the_triton_backend_beside_the_torch_one(tmp_path, ca
     assert "attention backend 'cuda' is not one of ('torch', 'triton')" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("T, S", [(64, 64), (16, 64)])
-def test_prefill_attention_takes_sdpas_fused_kernel(T, S):
+@pytest.mark.parametrize("T, S, sampled", [(64, 64, False), (16, 64, False), (16, 64, True)])
+def test_prefill_attention_takes_sdpas_fused_kernel(T, S, sampled):
     """A defect found by `lab bench engine`: 3-D inputs sent SDPA to its math path on the CPU (a 2048-token
-    prefill's attention 7.5x slower); the reference attention must reach the fused kernel, as 4-D inputs do."""
+    prefill's attention 7.5x slower); the reference attention must reach the fused kernel, as 4-D inputs do.
+    Sampled: the queries sit at every 4th position (`q_positions`, the KV study's attention error)."""
     from torch.profiler import profile
 
     from lab.models.attention import causal_attention
 
     q, k, v = torch.randn(T, 9, 64), torch.randn(S, 3, 64), torch.randn(S, 3, 64)
+    positions = torch.arange(3, S, 4) if sampled else torch.arange(S - T, S)
     with profile() as prof:
-        out = causal_attention(q, k, v)
+        out = causal_attention(q, k, v, q_positions=positions if sampled else None)
     kernels = {e.key for e in prof.key_averages()}
     assert "aten::_scaled_dot_product_flash_attention_for_cpu" in kernels
     assert "aten::_scaled_dot_product_attention_math" not in kernels
     reps = [x.repeat_interleave(3, 1).transpose(0, 1) for x in (k, v)]
     scores = torch.einsum("thd,hsd->hts", q, reps[0]) / 8
-    scores = scores.masked_fill(torch.arange(S)[None, :] > torch.arange(S - T, S)[:, None], float("-inf"))
+    scores = scores.masked_fill(torch.arange(S)[None, :] > positions[:, None], float("-inf"))
     torch.testing.assert_close(out, torch.einsum("hts,hsd->thd", scores.softmax(-1), reps[1]), atol=1e-5, rtol=1e-5)

@@ -95,30 +95,26 @@ def capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
-                     softcap: float | None = None) -> torch.Tensor:
-    """q [T, n_heads, d] are the last T positions of the S keys/values k, v [S, n_kv_heads, d]; each query sees
-    the last `window` keys up to itself if a window is given, and its scores are soft-capped if `softcap`."""
+                     softcap: float | None = None, q_positions: torch.Tensor | None = None) -> torch.Tensor:
+    """q [T, n_heads, d] are the last T positions of the S keys/values k, v [S, n_kv_heads, d], or those at
+    `q_positions` [T] if given (e.g. a sample of them); each query sees the last `window` keys up to itself if a
+    window is given, and its scores are soft-capped if `softcap`."""
     T, S = q.shape[0], k.shape[0]
     if window is not None and window >= S:
         window = None  # no query can reach past it
-    if window is not None or softcap is not None:
+    # A batch dimension of 1: SDPA's fused CPU kernel takes only 4-D inputs; 3-D ones fall back to the math path,
+    # which materializes the T x S scores (measured: a 2048-token prefill's attention 0.32 s a layer, 0.04 s 4-D).
+    qh, kh, vh = (x.transpose(0, 1)[None] for x in (q, k, v))
+    if window is None and softcap is None and q_positions is None and T == S:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
+    else:
         pos = torch.arange(S, device=q.device)
-        mask = attention_mask(pos[S - T:], pos, window)
-        qh, kh, vh = (x.transpose(0, 1)[None] for x in (q, k, v))
+        # Query i sits at position S - T + i, unless placed elsewhere, and sees keys 0 .. its position.
+        mask = attention_mask(pos[S - T:] if q_positions is None else q_positions, pos, window)
         if softcap is None:
             out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
         else:
             out = capped_attention(qh, kh, vh, mask, softcap)
-        return out[0].transpose(0, 1)
-    # A batch dimension of 1: SDPA's fused CPU kernel takes only 4-D inputs; 3-D ones fall back to the math path,
-    # which materializes the T x S scores (measured: a 2048-token prefill's attention 0.32 s a layer, 0.04 s 4-D).
-    qh, kh, vh = (x.transpose(0, 1)[None] for x in (q, k, v))
-    if T == S:
-        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
-    else:
-        # Query i sits at position S - T + i and sees keys 0 .. S - T + i.
-        mask = torch.arange(S, device=q.device)[None, :] <= torch.arange(S - T, S, device=q.device)[:, None]
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
     return out[0].transpose(0, 1)
 
 
