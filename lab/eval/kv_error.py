@@ -27,7 +27,7 @@ class _Recorder:
     """An `AttentionContext` (one sequence, one forward) that keeps every layer's q, k, v and output; the
     forward's result is the exact model's hidden states (`hidden`, set by `record`). Attention is SDPA's, as in
     the engine and in a quantized cache that reads nothing exactly. It used to run blocked (`partly_exact_attention`
-    with nothing exact), then ~3x faster than SDPA on a CPU; on the EPYC of 7 December SDPA (4-D, its fused
+    with nothing exact), said to be ~3x faster than SDPA on a CPU; on the EPYC of 7 December SDPA (4-D, its fused
     kernel) took 0.62 s against 1.95 s for one layer's 8K-token attention, and an 8K-token forward through an
     int8 cache 28 s against 42 s."""
 
