@@ -202,11 +202,13 @@ def test_stay_up_on_failure_keeps_answering_503(tmp_path):
 
 
 def test_sigterm_drains_open_streams_then_exits_0(tmp_path):
-    server = Server(tmp_path, "--drain-timeout", "2", "--num-kv-blocks", "1024")
+    # The short streams must still be running when SIGTERM lands and finish within the drain: with 30 tokens and a
+    # 2-s drain, one finished before the signal in a loaded hour (the server drained 3, not 4; 7 December).
+    server = Server(tmp_path, "--drain-timeout", "6", "--num-kv-blocks", "1024")
     try:
         children = descendants(server.proc.pid)
         long = [Stream(server.url, 3500) for _ in range(2)]
-        short = [Stream(server.url, 30) for _ in range(2)]
+        short = [Stream(server.url, 80) for _ in range(2)]
         for s in long + short:
             assert s.first.wait(60), server.log()
         server.proc.send_signal(signal.SIGTERM)
@@ -220,12 +222,13 @@ def test_sigterm_drains_open_streams_then_exits_0(tmp_path):
         for s in short + long:
             s.join(30)
         # short streams finished normally, long ones at the deadline with their final chunk; every stream closed
-        assert [(s.finish, s.tokens, s.done) for s in short] == [("length", 30, True)] * 2, [vars(s) for s in short]
+        assert [(s.finish, s.tokens, s.done) for s in short] == [("length", 80, True)] * 2, [vars(s) for s in short]
         assert all(s.finish == "abort" and 0 < s.tokens < 3500 and s.done and s.error is None for s in long), \
             [vars(s) for s in long]
         assert server.wait_exit(30) == 0, server.log()
         log = server.log(tail=10**6)
-        assert "drained: 2 request(s) finished, 2 aborted at the 2-s deadline; KV blocks in use 0 of 1024" in log, log
+        assert "SIGTERM: not ready; draining 4 request(s)" in log, log
+        assert "drained: 2 request(s) finished, 2 aborted at the 6-s deadline; KV blocks in use 0 of 1024" in log, log
         assert not [p for p in children if _alive(p)]
     finally:
         server.close()
