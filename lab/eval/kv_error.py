@@ -26,10 +26,9 @@ from lab.kv.calibration import KVScales, QuantizedContiguousKVCache, quantize_ke
 class _Recorder:
     """An `AttentionContext` (one sequence, one forward) that keeps every layer's q, k, v and output; the
     forward's result is the exact model's hidden states (`hidden`, set by `record`). Attention is SDPA's, as in
-    the engine and in a quantized cache that reads nothing exactly. It used to run blocked (`partly_exact_attention`
-    with nothing exact), said to be ~3x faster than SDPA on a CPU; on the EPYC of 7 December SDPA (4-D, its fused
-    kernel) took 0.62 s against 1.95 s for one layer's 8K-token attention, and an 8K-token forward through an
-    int8 cache 28 s against 42 s."""
+    the engine and in a quantized cache that reads nothing exactly (`partly_exact_attention`). It used to run blocked,
+    said to be ~3x faster than SDPA on a CPU; on the EPYC of 7 December an 8K-token forward through an int8 cache
+    took 28 s through SDPA against 42 s blocked."""
 
     def __init__(self, n_layers: int, layout: AttentionLayout | None = None):
         self.q, self.k, self.v, self.out = ([None] * n_layers for _ in range(4))
@@ -80,11 +79,7 @@ def attention_error_by_position(model, rec: _Recorder, fmt: KVCacheFormat, roles
             scale = _layer_scale(scales, fmt, layer, role)
             read[role] = quantize_keys(model, k, fmt, scale) if role == "k" else fake_quantize(v, fmt, "v", scale)
             masks[role] = exact_mask(fmt, role, rows[:, None], pos[None, :])
-        if masks["k"] is None and masks["v"] is None:  # SDPA, as `record` computed `out` (0.16 s against 0.54 s for
-            # 1,024 of 8,192 queries of a layer on the EPYC of 7 December)
-            got = causal_attention(q, read["k"], read["v"], q_positions=rows)
-        else:
-            got = partly_exact_attention(q, read["k"], read["v"], k, v, masks["k"], masks["v"], q_positions=rows)
+        got = partly_exact_attention(q, read["k"], read["v"], k, v, masks["k"], masks["v"], q_positions=rows)
         errors.append((got - out).flatten(1).norm(dim=1) / out.flatten(1).norm(dim=1).clamp_min(1e-12))
     full = torch.full((T,), float("nan"), device=device)
     full[rows] = torch.stack(errors).mean(0)

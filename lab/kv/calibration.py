@@ -139,8 +139,8 @@ class QuantizedContiguousKVCache:
     per-channel key groups (multiples of `fmt.token_group` from position 0) are quantized again as they fill,
     so writing chunk by chunk equals writing all at once. A window and a group still filling are read exactly,
     per query (`lab.kv.format.exact_mask`). `roles` "k" or "v" quantizes only keys or only values (which of the
-    two is sensitive). Where nothing is read exactly, attention is SDPA's, as the engine computes it (so its
-    rounding, and where a quantization boundary falls, match the engine's); otherwise `partly_exact_attention`."""
+    two is sensitive). Attention is `partly_exact_attention`, which is SDPA's where nothing is read exactly, as the
+    engine computes it (so its rounding, and where a quantization boundary falls, match the engine's)."""
 
     def __init__(self, model, fmt: KVCacheFormat, scales: KVScales | None = None, roles: str = "kv"):
         if fmt.static and scales is None:
@@ -180,6 +180,4 @@ class QuantizedContiguousKVCache:
             else:
                 read[role], masks[role] = exact[role], None
             self.exact[role][layer], self.read[role][layer] = exact[role], read[role]
-        if masks["k"] is None and masks["v"] is None:
-            return causal_attention(q, read["k"], read["v"])  # SDPA, as the engine computes it
         return partly_exact_attention(q, read["k"], read["v"], exact["k"], exact["v"], masks["k"], masks["v"])

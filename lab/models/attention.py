@@ -131,7 +131,12 @@ def partly_exact_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Te
     says, and the exact values correct the output there. Exact reads sit in a band near the diagonal, so
     `block` queries at a time compute them only over the columns where that block has any, and only up to
     the block's last visible key (which also keeps the scores of 8K tokens within memory). `q_positions`
-    [T] (increasing) places the queries elsewhere than the last T positions, e.g. a sample of them."""
+    [T] (increasing) places the queries elsewhere than the last T positions, e.g. a sample of them. Where nothing
+    is read exactly it is SDPA's causal attention (`causal_attention`), the engine's kernel and its rounding: on the
+    EPYC of 7 December 0.62 s against 1.95 s blocked for one layer's 8K-token attention, 0.16 s against 0.54 s for
+    every 8th of those queries."""
+    if key_exact is None and value_exact is None:
+        return causal_attention(q, keys, values, q_positions=q_positions)
     T, n_heads, d = q.shape
     S, n_kv = keys.shape[:2]
     group = n_heads // n_kv
