@@ -169,3 +169,28 @@ def test_the_ladder_scores_each_rung_and_reuses_only_identical_weights(smollm):
     fresh = copy.deepcopy(model)
     apply_rung(fresh, ladder(bits=())[3], layers=(0,))
     assert score_sequences(model, fresh, texts["code"]).nll[0] == by.loc["rtn w4g32", "nll"]
+
+
+def test_the_grid_runs_the_control_as_the_reference_and_that_is_what_running_it_gives(smollm, monkeypatch):
+    """On the Q4_1 model the gguf-q4_1 control lands on the reference's weights bit for bit, so `run_grid` neither
+    generates its sensitive outputs again nor runs its forwards; what it reuses is what running the control gives."""
+    from lab.eval import harness
+    from lab.eval.scores import score_sequences
+    from lab.studies.quant_accuracy import measure
+
+    model, tok = smollm
+    p = measure.QuantAccuracyParams(METHODS=("gguf-q4_1",), DOMAINS=("code",), HELDOUT_SEQUENCES=2, HELDOUT_TOKENS=24,
+                                    MAX_TOKENS=4, ITEMS_PER_CATEGORY=1, LONG_CONTEXT_ITEMS=0, QUANT_LAYERS=(0,))
+    generated = []
+    run_sensitive = harness.run_sensitive
+    monkeypatch.setattr(measure, "run_sensitive", lambda m, *a, **k: generated.append(m) or run_sensitive(m, *a, **k))
+    grid = measure.run_grid(p, model, tok, log=lambda _: None)
+    assert generated == [model]  # the reference's run only
+    control, *_ = measure.quantize_copy(model, tok, measure.make_job(p, "gguf-q4_1", measure.parse_config("w4g32"),
+                                                                       p.AWQ_CALIB))
+    assert control is not model
+    fresh = run_sensitive(control, tok, measure.sensitive_items(p, long_context=False), p.MAX_TOKENS)
+    pd.testing.assert_frame_equal(grid.outputs["gguf-q4_1 w4g32"], fresh)
+    seqs = measure.heldout(p, tok)["code"]
+    kept = grid.scores[grid.scores["model"] == "gguf-q4_1 w4g32"]
+    assert list(kept["nll"]) == list(score_sequences(model, control, seqs).nll) and (kept["kl"] == 0).all()
